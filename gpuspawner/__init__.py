@@ -1,0 +1,16 @@
+"""gpuspawner: a KubeSpawner for a shared pool of GPUs."""
+
+__version__ = "0.1.0.dev0"
+
+
+def __getattr__(name: str):
+    # Importing the spawner pulls in JupyterHub and kubernetes_asyncio; the
+    # culler, image tool and sandbox import gpuspawner's core without them.
+    if name == "GPUSpawner":
+        from .spawner import GPUSpawner
+
+        return GPUSpawner
+    raise AttributeError(name)
+
+
+__all__ = ["GPUSpawner", "__version__"]

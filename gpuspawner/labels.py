@@ -1,0 +1,40 @@
+"""The one place for every label, annotation and environment variable name.
+
+Limits, the culler, the inventory, the admin page and the DCGM exporter's pod
+matching all find GPU servers by these names, so they are defined once here
+and imported everywhere else.
+"""
+
+LABEL_PREFIX = "gpuspawner.io"
+
+#: Pod label: the catalog image (profile) key the server was started with.
+LABEL_PROFILE = f"{LABEL_PREFIX}/profile"
+#: Pod label: the catalog GPU type key, or "none" for CPU-only servers.
+LABEL_GPU_TYPE = f"{LABEL_PREFIX}/gpu-type"
+#: Pod label: the number of GPU units requested, as a decimal string ("0" for CPU-only).
+LABEL_GPUS = f"{LABEL_PREFIX}/gpus"
+#: Pod label present (value "true") on every pod GPUSpawner manages.
+LABEL_MANAGED = f"{LABEL_PREFIX}/managed"
+
+#: Pod annotation: the Kubernetes resource name the GPUs were requested as.
+ANNOTATION_GPU_RESOURCE = f"{LABEL_PREFIX}/gpu-resource"
+#: Pod annotation: the unescaped JupyterHub user name (labels must be escaped).
+ANNOTATION_USER = f"{LABEL_PREFIX}/user"
+#: Pod annotation: the unescaped server name ("" for the default server).
+ANNOTATION_SERVER = f"{LABEL_PREFIX}/server"
+
+#: KubeSpawner's own annotations, read when ours are missing (pods started by plain KubeSpawner).
+KUBESPAWNER_ANNOTATION_USER = "hub.jupyter.org/username"
+KUBESPAWNER_ANNOTATION_SERVER = "hub.jupyter.org/servername"
+
+#: The value of LABEL_GPU_TYPE on CPU-only servers.
+NO_GPU_TYPE = "none"
+
+#: Name of the validation init container.
+VALIDATION_CONTAINER_NAME = "gpu-check"
+
+ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+ENV_DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
+#: Forced on every container of a CPU-only pod so that no GPU is injected by the runtime.
+VISIBLE_DEVICES_NONE = "void"
+DRIVER_CAPABILITIES = "compute,utility"
