@@ -18,12 +18,8 @@ LABEL_MANAGED = f"{LABEL_PREFIX}/managed"
 
 #: Pod annotation: the Kubernetes resource name the GPUs were requested as.
 ANNOTATION_GPU_RESOURCE = f"{LABEL_PREFIX}/gpu-resource"
-#: Pod annotation: the unescaped JupyterHub user name (labels must be escaped).
-ANNOTATION_USER = f"{LABEL_PREFIX}/user"
-#: Pod annotation: the unescaped server name ("" for the default server).
-ANNOTATION_SERVER = f"{LABEL_PREFIX}/server"
-
-#: KubeSpawner's own annotations, read when ours are missing (pods started by plain KubeSpawner).
+#: KubeSpawner's own annotations carry the unescaped user and server names (labels must be
+#: escaped), so limits and the culler read these rather than adding copies of their own.
 KUBESPAWNER_ANNOTATION_USER = "hub.jupyter.org/username"
 KUBESPAWNER_ANNOTATION_SERVER = "hub.jupyter.org/servername"
 
@@ -38,3 +34,9 @@ ENV_DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
 #: Forced on every container of a CPU-only pod so that no GPU is injected by the runtime.
 VISIBLE_DEVICES_NONE = "void"
 DRIVER_CAPABILITIES = "compute,utility"
+
+#: Pod annotation: the weight of one GPU of the type in GPU units (e.g. 0.142857 for mig-1g.10gb),
+#: kept so that limits still count a pod whose type was later removed from the catalog.
+ANNOTATION_GPU_WEIGHT = f"{LABEL_PREFIX}/gpu-weight"
+#: Pod annotation: the user's groups that have a shared GPU pool cap, comma-separated.
+ANNOTATION_POOL_GROUPS = f"{LABEL_PREFIX}/pool-groups"
