@@ -1,0 +1,156 @@
+"""The sandbox topology: validation, deterministic device identities, node labels."""
+
+import re
+
+import pytest
+
+from gpuspawner.sandbox.topology import (
+    GPU_RESOURCE,
+    TopologyError,
+    extended_resources,
+    gpu_uuid,
+    load_topology,
+    node_labels,
+    node_taints,
+    parse_topology,
+)
+
+UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+MIG_NODE = {
+    "name": "gpu-mig-0",
+    "gpu": {"model": "A100-SXM4-40GB", "count": 2},
+    "mig": {"strategy": "mixed", "profiles": {"3g.20gb": 1, "1g.5gb": 4}},
+}
+
+
+def test_default_topology_is_the_documented_cluster():
+    topo = load_topology()
+    by_name = {n.name: n for n in topo.nodes}
+    gpu_nodes = {n: extended_resources(s) for n, s in by_name.items() if s.gpus}
+    assert sorted(gpu_nodes.values(), key=str) == sorted(
+        [{GPU_RESOURCE: 4}, {GPU_RESOURCE: 4}, {GPU_RESOURCE: 8}], key=str
+    )
+    products = sorted(node_labels(by_name[n])["nvidia.com/gpu.product"] for n in gpu_nodes)
+    assert products == ["NVIDIA-A100-SXM4-80GB"] * 2 + ["NVIDIA-H100-80GB-HBM3"]
+    cpu_only = [s for s in topo.nodes if not s.gpus]
+    assert len(cpu_only) == 1
+    assert node_taints(cpu_only[0]) == []
+    assert "nvidia.com/gpu.present" not in node_labels(cpu_only[0])
+
+
+def test_uuids_are_deterministic_unique_and_in_nvidia_format():
+    a, b = load_topology(), load_topology()
+    uuids = [g.uuid for n in a.nodes for g in n.gpus]
+    assert uuids == [g.uuid for n in b.nodes for g in n.gpus]
+    assert len(set(uuids)) == len(uuids) == 16
+    assert all(UUID.match(u) for u in uuids)
+    assert gpu_uuid("x", 0) != gpu_uuid("x", 1) != gpu_uuid("y", 0)
+
+
+def test_gfd_labels_and_taint_of_a_gpu_node():
+    node = parse_topology(
+        {
+            "driver": "570.133.20",
+            "nodes": [{"name": "g", "gpu": {"model": "H100-80GB-HBM3", "count": 8}}],
+        }
+    ).nodes[0]
+    labels = node_labels(node)
+    assert labels["nvidia.com/gpu.count"] == "8"
+    assert labels["nvidia.com/gpu.memory"] == "81559"
+    assert labels["nvidia.com/gpu.family"] == "hopper"
+    assert (labels["nvidia.com/cuda.driver.major"], labels["nvidia.com/cuda.driver.minor"]) == (
+        "570",
+        "133",
+    )
+    assert labels["nvidia.com/cuda.driver.rev"] == "20"
+    assert (labels["nvidia.com/cuda.runtime.major"], labels["nvidia.com/cuda.runtime.minor"]) == (
+        "12",
+        "8",
+    )
+    assert labels["nvidia.com/mig.strategy"] == "none"
+    assert labels["nvidia.com/gpu.present"] == "true"
+    assert node_taints(node) == [
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    ]
+
+
+def test_mixed_mig_node_advertises_mig_resources_and_labels():
+    node = parse_topology({"nodes": [MIG_NODE]}).nodes[0]
+    assert extended_resources(node) == {"nvidia.com/mig-3g.20gb": 2, "nvidia.com/mig-1g.5gb": 8}
+    labels = node_labels(node)
+    assert labels["nvidia.com/mig.strategy"] == "mixed"
+    assert labels["nvidia.com/mig-1g.5gb.count"] == "8"
+    assert labels["nvidia.com/mig-1g.5gb.memory"] == "4864"
+    assert labels["nvidia.com/mig-3g.20gb.slices.gi"] == "3"
+    migs = [m.uuid for g in node.gpus for m in g.mig]
+    assert len(set(migs)) == 10 and all(MIG_UUID.match(m) for m in migs)
+
+
+def test_single_mig_strategy_overloads_the_gpu_resource():
+    raw = dict(MIG_NODE, mig={"strategy": "single", "profiles": {"1g.5gb": 7}})
+    node = parse_topology({"nodes": [raw]}).nodes[0]
+    assert extended_resources(node) == {GPU_RESOURCE: 14}
+    labels = node_labels(node)
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
+    assert labels["nvidia.com/gpu.count"] == "14"
+    assert labels["nvidia.com/gpu.memory"] == "4864"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({}, "non-empty 'nodes'"),
+        ({"nodes": [{"name": "Bad_Name"}]}, "lowercase DNS label"),
+        ({"nodes": [{"name": "a"}, {"name": "a"}]}, "more than once"),
+        (
+            {"nodes": [{"name": "a", "gpu": {"model": "V99", "count": 1}}]},
+            "unknown GPU model 'V99'",
+        ),
+        ({"nodes": [{"name": "a", "gpu": {"model": "T4", "count": 9}}]}, "from 1 to 8"),
+        ({"nodes": [{"name": "a", "driver": "latest"}]}, "driver 'latest'"),
+        ({"nodes": [{"name": "a", "colour": "red"}]}, "unknown field(s): colour"),
+        (
+            {"nodes": [dict(MIG_NODE, mig={"profiles": {"3g.20gb": 3}})]},
+            "uses 9 compute slices",
+        ),
+        (
+            {"nodes": [dict(MIG_NODE, mig={"profiles": {"2g.20gb": 1}})]},
+            "no MIG profile '2g.20gb'",
+        ),
+        (
+            {
+                "nodes": [
+                    dict(
+                        MIG_NODE,
+                        mig={"strategy": "single", "profiles": {"3g.20gb": 1, "1g.5gb": 1}},
+                    )
+                ]
+            },
+            "needs one profile",
+        ),
+        (
+            {
+                "nodes": [
+                    {"name": "a", "gpu": {"model": "T4", "count": 1}, "mig": {"profiles": {"x": 1}}}
+                ]
+            },
+            "does not support MIG",
+        ),
+    ],
+)
+def test_invalid_topologies_get_one_readable_sentence(raw, message):
+    with pytest.raises(TopologyError) as e:
+        parse_topology(raw)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_unreadable_file_is_a_topology_error(tmp_path):
+    with pytest.raises(TopologyError, match="Cannot read"):
+        load_topology(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nodes: [")
+    with pytest.raises(TopologyError, match="not valid YAML"):
+        load_topology(bad)
