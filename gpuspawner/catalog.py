@@ -1,0 +1,654 @@
+"""The GPU catalog: which images, GPU types, counts and limits exist.
+
+An admin writes the catalog once, as ``c.GPUSpawner.catalog = {...}`` or as a
+YAML file named by ``c.GPUSpawner.catalog_file``; both go through
+:func:`parse_catalog`, so the two forms accept exactly the same schema and
+produce exactly the same error messages.
+
+Every problem is reported as one :class:`CatalogError` naming the source, the
+key path and what is wrong, e.g.::
+
+    /etc/gpuspawner/catalog.yaml: gpu_types.a100.counts[1]: expected a whole number >= 1, got 'two'
+
+This module is pure: it reads a file at most, and imports nothing from
+JupyterHub or Kubernetes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: The extended resource most NVIDIA device plugins advertise.
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+#: Counts offered when the catalog does not list any.
+DEFAULT_GPU_COUNTS = (0, 1, 2, 4, 8)
+#: The taint NVIDIA's GPU operator and most managed clusters put on GPU nodes.
+DEFAULT_GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+)
+#: The limit value an admin writes for "no limit".
+UNLIMITED = "unlimited"
+
+# Keys end up in label values and form field names, so they follow the
+# Kubernetes label-value rules (and are lower case, like KubeSpawner slugs).
+_KEY_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}(\.\d{1,3})?$")
+# Kubernetes extended resource names: an optional DNS prefix and a name.
+_RESOURCE_RE = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_QUANTITY_RE = re.compile(r"^\d+(\.\d+)?([EPTGMK]i?|[munk])?$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+_TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+_TOLERATION_EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
+_AFFINITY_OPERATORS = {"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"}
+
+#: Environment variables the spawner owns: an image's ``env`` may not set them.
+RESERVED_ENV = frozenset({"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"})
+
+
+class CatalogError(ValueError):
+    """A catalog problem, as one sentence naming the source and the key."""
+
+    def __init__(self, source: str, path: str, problem: str):
+        self.source = source
+        self.path = path
+        self.problem = problem
+        where = f"{source}: {path}" if path else source
+        super().__init__(f"{where}: {problem}")
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """A framework image users can pick (one KubeSpawner profile)."""
+
+    key: str
+    display_name: str
+    image: str
+    description: str = ""
+    cuda: str | None = None
+    default: bool = False
+    gpu_types: tuple[str, ...] | None = None
+    allow_cpu: bool = True
+    cpu_guarantee: float | None = None
+    cpu_limit: float | None = None
+    mem_guarantee: str | None = None
+    mem_limit: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GPUType:
+    """A kind of GPU, as the cluster exposes it (a resource name plus node selection)."""
+
+    key: str
+    display_name: str
+    resource: str = DEFAULT_GPU_RESOURCE
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    node_affinity: tuple[Mapping[str, Any], ...] = ()
+    tolerations: tuple[Mapping[str, Any], ...] = DEFAULT_GPU_TOLERATIONS
+    memory: str = ""
+    counts: tuple[int, ...] | None = None
+    weight: float = 1.0
+
+    @property
+    def is_mig(self) -> bool:
+        """True when the type is a MIG slice resource (``nvidia.com/mig-…``)."""
+        return self.resource.startswith("nvidia.com/mig-")
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """How many GPUs one rule allows: ``None`` means unlimited."""
+
+    total: float | None = None
+    per_type: Mapping[str, float | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LimitRules:
+    """Per-user GPU limits: a default, per-group and per-user rules, group pools."""
+
+    default: Allowance = Allowance()
+    groups: Mapping[str, Allowance] = field(default_factory=dict)
+    users: Mapping[str, Allowance] = field(default_factory=dict)
+    group_pools: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The choice an empty request (``{}``) gets."""
+
+    image: str
+    gpu_type: str | None
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """A validated catalog. Build it with :func:`parse_catalog`."""
+
+    images: Mapping[str, ImageSpec]
+    gpu_types: Mapping[str, GPUType]
+    gpu_counts: tuple[int, ...]
+    defaults: Defaults
+    limits: LimitRules
+    source: str = "c.GPUSpawner.catalog"
+
+    def types_for_image(self, image: ImageSpec) -> list[GPUType]:
+        """The GPU types an image may run on, in catalog order."""
+        if image.gpu_types is None:
+            return list(self.gpu_types.values())
+        return [self.gpu_types[key] for key in image.gpu_types]
+
+    def counts_for_type(self, gpu_type: GPUType) -> tuple[int, ...]:
+        """The positive GPU counts allowed for a type."""
+        if gpu_type.counts is not None:
+            return gpu_type.counts
+        return tuple(n for n in self.gpu_counts if n > 0)
+
+    def cpu_allowed(self, image: ImageSpec) -> bool:
+        """Whether the image may be started with no GPU."""
+        return image.allow_cpu and 0 in self.gpu_counts
+
+
+# ---------------------------------------------------------------------------
+# parsing
+# ---------------------------------------------------------------------------
+
+
+class _Reader:
+    """Walks the raw data, keeping the key path for error messages."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, path: str, problem: str) -> CatalogError:
+        return CatalogError(self.source, path, problem)
+
+    def mapping(self, value: Any, path: str, known: set[str] | None = None) -> Mapping:
+        if not isinstance(value, Mapping):
+            raise self.fail(path, f"expected a mapping of keys to values, got {_show(value)}")
+        for key in value:
+            if not isinstance(key, str):
+                raise self.fail(path, f"keys must be strings, got {_show(key)}")
+        if known is not None:
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise self.fail(
+                    _join(path, unknown[0]),
+                    f"unknown key '{unknown[0]}'; expected one of: {', '.join(sorted(known))}",
+                )
+        return value
+
+    def string(self, value: Any, path: str, allow_empty: bool = False) -> str:
+        if not isinstance(value, str) or (not allow_empty and not value.strip()):
+            raise self.fail(path, f"expected a non-empty string, got {_show(value)}")
+        return value
+
+    def key(self, value: Any, path: str) -> str:
+        if not isinstance(value, str) or not _KEY_RE.match(value):
+            raise self.fail(
+                path,
+                f"{_show(value)} is not a valid key: use 1-63 lower-case letters, digits and "
+                "'-', starting and ending with a letter or digit",
+            )
+        return value
+
+    def boolean(self, value: Any, path: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(path, f"expected true or false, got {_show(value)}")
+        return value
+
+    def count(self, value: Any, path: str, minimum: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.fail(path, f"expected a whole number >= {minimum}, got {_show(value)}")
+        return value
+
+    def number(self, value: Any, path: str) -> float:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise self.fail(path, f"expected a positive number, got {_show(value)}")
+        return float(value)
+
+    def quantity(self, value: Any, path: str) -> str:
+        text = (
+            str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+        )
+        if not isinstance(text, str) or not _QUANTITY_RE.match(text):
+            raise self.fail(
+                path, f"expected a Kubernetes quantity such as '8G' or '512Mi', got {_show(value)}"
+            )
+        return text
+
+    def limit(self, value: Any, path: str) -> float | None:
+        if value == UNLIMITED:
+            return None
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise self.fail(
+                path, f"expected a number of GPUs >= 0 or '{UNLIMITED}', got {_show(value)}"
+            )
+        return float(value)
+
+    def string_map(self, value: Any, path: str) -> dict[str, str]:
+        mapping = self.mapping(value, path)
+        out = {}
+        for key, item in mapping.items():
+            if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+                raise self.fail(_join(path, key), f"expected a string value, got {_show(item)}")
+            out[key] = str(item)
+        return out
+
+    def sequence(self, value: Any, path: str) -> list:
+        if not isinstance(value, (list, tuple)):
+            raise self.fail(path, f"expected a list, got {_show(value)}")
+        return list(value)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _join(path: str, key: Any) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else str(key)
+
+
+_TOP_KEYS = {"images", "gpu_types", "gpu_counts", "defaults", "limits"}
+_IMAGE_KEYS = {
+    "display_name",
+    "description",
+    "image",
+    "cuda",
+    "default",
+    "gpu_types",
+    "allow_cpu",
+    "cpu_guarantee",
+    "cpu_limit",
+    "mem_guarantee",
+    "mem_limit",
+    "env",
+}
+_TYPE_KEYS = {
+    "display_name",
+    "resource",
+    "node_selector",
+    "node_affinity",
+    "tolerations",
+    "memory",
+    "counts",
+    "weight",
+}
+_LIMIT_KEYS = {"default", "groups", "users", "group_pools"}
+_ALLOWANCE_KEYS = {"gpus", "per_type"}
+_DEFAULT_KEYS = {"image", "gpu_type", "gpus"}
+
+
+def parse_catalog(data: Any, source: str = "c.GPUSpawner.catalog") -> Catalog:
+    """Validate raw catalog data (from YAML or traitlets) and build a :class:`Catalog`.
+
+    Raises :class:`CatalogError` for the first problem found.
+    """
+    r = _Reader(source)
+    top = r.mapping(data, "", _TOP_KEYS)
+    if "images" not in top:
+        raise r.fail("images", "the catalog must list at least one image")
+
+    gpu_types = _parse_gpu_types(r, top.get("gpu_types", {}))
+    gpu_counts = _parse_counts(r, top.get("gpu_counts", list(DEFAULT_GPU_COUNTS)), "gpu_counts", 0)
+    if not gpu_types and 0 not in gpu_counts:
+        raise r.fail("gpu_counts", "without gpu_types, 0 must be an allowed count")
+    images = _parse_images(r, top["images"], gpu_types)
+
+    for key, image in images.items():
+        if not image.allow_cpu or 0 not in gpu_counts:
+            if not gpu_types or (image.gpu_types is not None and not image.gpu_types):
+                raise r.fail(
+                    f"images.{key}",
+                    "this image can be started neither without GPUs (CPU-only is off) "
+                    "nor with any GPU type",
+                )
+
+    catalog = Catalog(
+        images=images,
+        gpu_types=gpu_types,
+        gpu_counts=gpu_counts,
+        defaults=Defaults(image="", gpu_type=None, gpus=0),
+        limits=LimitRules(),
+        source=source,
+    )
+    defaults = _parse_defaults(r, top.get("defaults", {}), catalog)
+    limits = _parse_limits(r, top.get("limits", {}), gpu_types)
+    return Catalog(
+        images=images,
+        gpu_types=gpu_types,
+        gpu_counts=gpu_counts,
+        defaults=defaults,
+        limits=limits,
+        source=source,
+    )
+
+
+def _parse_counts(r: _Reader, value: Any, path: str, minimum: int) -> tuple[int, ...]:
+    items = r.sequence(value, path)
+    if not items:
+        raise r.fail(path, "expected at least one GPU count")
+    counts = [r.count(item, _join(path, i), minimum) for i, item in enumerate(items)]
+    if len(set(counts)) != len(counts):
+        raise r.fail(path, f"counts must not repeat, got {counts}")
+    return tuple(sorted(counts))
+
+
+def _parse_gpu_types(r: _Reader, value: Any) -> dict[str, GPUType]:
+    raw = r.mapping(value, "gpu_types")
+    types = {}
+    for key, spec in raw.items():
+        path = _join("gpu_types", key)
+        r.key(key, path)
+        spec = r.mapping(spec, path, _TYPE_KEYS)
+        resource = spec.get("resource", DEFAULT_GPU_RESOURCE)
+        if not isinstance(resource, str) or not _RESOURCE_RE.match(resource) or "/" not in resource:
+            raise r.fail(
+                _join(path, "resource"),
+                "expected an extended resource name such as 'nvidia.com/gpu' or "
+                f"'nvidia.com/mig-1g.10gb', got {_show(resource)}",
+            )
+        tolerations = spec.get("tolerations", list(DEFAULT_GPU_TOLERATIONS))
+        types[key] = GPUType(
+            key=key,
+            display_name=r.string(spec.get("display_name", key), _join(path, "display_name")),
+            resource=resource,
+            node_selector=r.string_map(spec.get("node_selector", {}), _join(path, "node_selector")),
+            node_affinity=_parse_affinity(
+                r, spec.get("node_affinity", []), _join(path, "node_affinity")
+            ),
+            tolerations=_parse_tolerations(r, tolerations, _join(path, "tolerations")),
+            memory=r.string(spec.get("memory", ""), _join(path, "memory"), allow_empty=True),
+            counts=(
+                _parse_counts(r, spec["counts"], _join(path, "counts"), 1)
+                if "counts" in spec
+                else None
+            ),
+            weight=r.number(spec.get("weight", 1), _join(path, "weight")),
+        )
+    return types
+
+
+def _parse_tolerations(r: _Reader, value: Any, path: str) -> tuple[dict, ...]:
+    out = []
+    for i, item in enumerate(r.sequence(value, path)):
+        item_path = _join(path, i)
+        item = dict(r.mapping(item, item_path, _TOLERATION_KEYS))
+        if item.get("operator", "Equal") not in ("Equal", "Exists"):
+            raise r.fail(_join(item_path, "operator"), "expected 'Equal' or 'Exists'")
+        if "effect" in item and item["effect"] not in _TOLERATION_EFFECTS:
+            raise r.fail(
+                _join(item_path, "effect"),
+                f"expected one of {', '.join(sorted(_TOLERATION_EFFECTS))}, got {_show(item['effect'])}",
+            )
+        out.append(item)
+    return tuple(out)
+
+
+def _parse_affinity(r: _Reader, value: Any, path: str) -> tuple[dict, ...]:
+    out = []
+    for i, item in enumerate(r.sequence(value, path)):
+        item_path = _join(path, i)
+        item = dict(r.mapping(item, item_path, {"key", "operator", "values"}))
+        r.string(item.get("key"), _join(item_path, "key"))
+        if item.get("operator") not in _AFFINITY_OPERATORS:
+            raise r.fail(
+                _join(item_path, "operator"),
+                f"expected one of {', '.join(sorted(_AFFINITY_OPERATORS))}, got {_show(item.get('operator'))}",
+            )
+        if "values" in item:
+            item["values"] = [
+                r.string(v, _join(_join(item_path, "values"), j))
+                for j, v in enumerate(r.sequence(item["values"], _join(item_path, "values")))
+            ]
+        out.append(item)
+    return tuple(out)
+
+
+def _parse_images(r: _Reader, value: Any, gpu_types: Mapping[str, GPUType]) -> dict[str, ImageSpec]:
+    raw = r.mapping(value, "images")
+    if not raw:
+        raise r.fail("images", "the catalog must list at least one image")
+    images = {}
+    for key, spec in raw.items():
+        path = _join("images", key)
+        r.key(key, path)
+        spec = r.mapping(spec, path, _IMAGE_KEYS)
+        if "image" not in spec:
+            raise r.fail(_join(path, "image"), "every image needs an image reference")
+        cuda = spec.get("cuda")
+        if cuda is not None:
+            cuda = (
+                str(cuda) if isinstance(cuda, (int, float)) and not isinstance(cuda, bool) else cuda
+            )
+            if not isinstance(cuda, str) or not _CUDA_RE.match(cuda):
+                raise r.fail(
+                    _join(path, "cuda"),
+                    f"expected a CUDA version such as '12.4', got {_show(spec.get('cuda'))}",
+                )
+        allowed_types = None
+        if "gpu_types" in spec:
+            allowed_types = []
+            for i, type_key in enumerate(r.sequence(spec["gpu_types"], _join(path, "gpu_types"))):
+                if type_key not in gpu_types:
+                    raise r.fail(
+                        _join(_join(path, "gpu_types"), i),
+                        f"unknown GPU type {_show(type_key)}; defined types: "
+                        f"{', '.join(gpu_types) or '(none)'}",
+                    )
+                allowed_types.append(type_key)
+            allowed_types = tuple(allowed_types)
+        env = r.string_map(spec.get("env", {}), _join(path, "env"))
+        for name in env:
+            if not _ENV_NAME_RE.match(name):
+                raise r.fail(
+                    _join(_join(path, "env"), name), "not a valid environment variable name"
+                )
+            if name in RESERVED_ENV:
+                raise r.fail(
+                    _join(_join(path, "env"), name),
+                    "is set by gpuspawner from the GPUs a server gets and cannot be set per image",
+                )
+        images[key] = ImageSpec(
+            key=key,
+            display_name=r.string(spec.get("display_name", key), _join(path, "display_name")),
+            image=r.string(spec["image"], _join(path, "image")),
+            description=r.string(
+                spec.get("description", ""), _join(path, "description"), allow_empty=True
+            ),
+            cuda=cuda,
+            default=r.boolean(spec.get("default", False), _join(path, "default")),
+            gpu_types=allowed_types,
+            allow_cpu=r.boolean(spec.get("allow_cpu", True), _join(path, "allow_cpu")),
+            cpu_guarantee=_optional(r.number, spec, "cpu_guarantee", path),
+            cpu_limit=_optional(r.number, spec, "cpu_limit", path),
+            mem_guarantee=_optional(r.quantity, spec, "mem_guarantee", path),
+            mem_limit=_optional(r.quantity, spec, "mem_limit", path),
+            env=env,
+        )
+    marked = [key for key, image in images.items() if image.default]
+    if len(marked) > 1:
+        raise r.fail("images", f"only one image may be the default, got {', '.join(marked)}")
+    return images
+
+
+def _optional(parse, spec: Mapping, name: str, path: str):
+    if spec.get(name) is None:
+        return None
+    return parse(spec[name], _join(path, name))
+
+
+def _parse_defaults(r: _Reader, value: Any, catalog: Catalog) -> Defaults:
+    raw = r.mapping(value, "defaults", _DEFAULT_KEYS)
+    if "image" in raw:
+        image_key = raw["image"]
+        if image_key not in catalog.images:
+            raise r.fail(
+                "defaults.image",
+                f"unknown image {_show(image_key)}; defined images: {', '.join(catalog.images)}",
+            )
+    else:
+        marked = [key for key, image in catalog.images.items() if image.default]
+        image_key = marked[0] if marked else next(iter(catalog.images))
+    image = catalog.images[image_key]
+    types = catalog.types_for_image(image)
+
+    if "gpu_type" in raw:
+        type_key = raw["gpu_type"]
+        if type_key not in {t.key for t in types}:
+            raise r.fail(
+                "defaults.gpu_type",
+                f"{_show(type_key)} is not a GPU type the default image '{image_key}' may use",
+            )
+    else:
+        type_key = types[0].key if types else None
+
+    if "gpus" in raw:
+        gpus = r.count(raw["gpus"], "defaults.gpus", 0)
+        if gpus == 0 and not catalog.cpu_allowed(image):
+            raise r.fail(
+                "defaults.gpus", f"the default image '{image_key}' may not run without GPUs"
+            )
+        if gpus > 0 and (
+            type_key is None or gpus not in catalog.counts_for_type(catalog.gpu_types[type_key])
+        ):
+            raise r.fail(
+                "defaults.gpus", f"{gpus} is not an allowed GPU count for the default GPU type"
+            )
+    elif catalog.cpu_allowed(image):
+        gpus = 0
+    else:
+        gpus = catalog.counts_for_type(catalog.gpu_types[type_key])[0]
+    return Defaults(image=image_key, gpu_type=type_key, gpus=gpus)
+
+
+def _parse_allowance(
+    r: _Reader, value: Any, path: str, gpu_types: Mapping[str, GPUType]
+) -> Allowance:
+    if not isinstance(value, Mapping):
+        return Allowance(total=r.limit(value, path))
+    raw = r.mapping(value, path, _ALLOWANCE_KEYS)
+    per_type = {}
+    for type_key, limit in r.mapping(raw.get("per_type", {}), _join(path, "per_type")).items():
+        if type_key not in gpu_types:
+            raise r.fail(
+                _join(_join(path, "per_type"), type_key),
+                f"unknown GPU type; defined types: {', '.join(gpu_types) or '(none)'}",
+            )
+        per_type[type_key] = r.limit(limit, _join(_join(path, "per_type"), type_key))
+    total = r.limit(raw.get("gpus", UNLIMITED), _join(path, "gpus"))
+    return Allowance(total=total, per_type=per_type)
+
+
+def _parse_limits(r: _Reader, value: Any, gpu_types: Mapping[str, GPUType]) -> LimitRules:
+    raw = r.mapping(value, "limits", _LIMIT_KEYS)
+    default = _parse_allowance(r, raw.get("default", UNLIMITED), "limits.default", gpu_types)
+    groups = {
+        name: _parse_allowance(r, rule, _join("limits.groups", name), gpu_types)
+        for name, rule in r.mapping(raw.get("groups", {}), "limits.groups").items()
+    }
+    users = {
+        name: _parse_allowance(r, rule, _join("limits.users", name), gpu_types)
+        for name, rule in r.mapping(raw.get("users", {}), "limits.users").items()
+    }
+    pools = {}
+    for name, cap in r.mapping(raw.get("group_pools", {}), "limits.group_pools").items():
+        limit = r.limit(cap, _join("limits.group_pools", name))
+        if limit is not None:
+            pools[name] = limit
+    return LimitRules(default=default, groups=groups, users=users, group_pools=pools)
+
+
+# ---------------------------------------------------------------------------
+# files
+# ---------------------------------------------------------------------------
+
+
+def load_catalog_file(path: str | os.PathLike) -> Catalog:
+    """Read and validate a YAML catalog file."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CatalogError(source, "", "the catalog file does not exist") from None
+    except OSError as e:
+        raise CatalogError(source, "", f"the catalog file cannot be read ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
+        problem = getattr(e, "problem", None) or "invalid YAML"
+        raise CatalogError(source, "", f"invalid YAML at {where}: {problem}") from None
+    if data is None:
+        raise CatalogError(source, "", "the catalog file is empty")
+    return parse_catalog(data, source)
+
+
+class CatalogFile:
+    """A catalog file that is re-read when it changes.
+
+    ``get()`` stats the file (cheap) and re-parses it only when its
+    modification time, size or inode changed. A change that does not validate
+    keeps the last good catalog in service and records the error in
+    ``last_error``, so a typo made while the hub runs never breaks spawning.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._stamp: tuple[int, int, int] | None = None
+        self._catalog: Catalog | None = None
+        self.last_error: CatalogError | None = None
+
+    def _current_stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def get(self) -> tuple[Catalog, bool]:
+        """Return the catalog in effect and whether it was (re)loaded by this call.
+
+        Raises :class:`CatalogError` only when no valid catalog was ever loaded.
+        """
+        stamp = self._current_stamp()
+        if self._catalog is not None and stamp == self._stamp:
+            return self._catalog, False
+        try:
+            catalog = load_catalog_file(self.path)
+        except CatalogError as e:
+            self._stamp = stamp
+            self.last_error = e
+            if self._catalog is None:
+                raise
+            return self._catalog, False
+        self._stamp = stamp
+        self._catalog = catalog
+        self.last_error = None
+        return catalog, True

@@ -1,0 +1,125 @@
+"""Turn the catalog (and what a user may still take) into a KubeSpawner ``profile_list``.
+
+One profile per image, each with the profile options ``gpu_type`` and
+``gpus``. KubeSpawner's form names them ``profile-option-<image>--gpu_type``
+and ``profile-option-<image>--gpus`` and its ``options_from_form`` turns them
+into ``{"profile": ..., "gpu_type": ..., "gpus": ...}`` — the same shape the
+REST API takes — so KubeSpawner's form, jupyterhub-fancy-profiles and API
+clients all work unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .catalog import Catalog, GPUType, ImageSpec
+from .limits import format_units
+
+_EPSILON = 1e-9
+
+
+def _type_label(gpu_type: GPUType) -> str:
+    if gpu_type.memory and gpu_type.memory not in gpu_type.display_name:
+        return f"{gpu_type.display_name} ({gpu_type.memory} per GPU)"
+    return gpu_type.display_name
+
+
+def _count_label(count: int) -> str:
+    if count == 0:
+        return "None (CPU only)"
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"
+
+
+def offered_counts(
+    image: ImageSpec, catalog: Catalog, room: Mapping[str, float | None] | None
+) -> list[int]:
+    """The counts the form offers for an image: allowed by the catalog and within the user's room."""
+    counts: set[int] = set()
+    for gpu_type in catalog.types_for_image(image):
+        type_room = None if room is None else room.get(gpu_type.key)
+        for n in catalog.counts_for_type(gpu_type):
+            if type_room is None or n <= type_room + _EPSILON:
+                counts.add(n)
+    if catalog.cpu_allowed(image):
+        counts.add(0)
+    return sorted(counts)
+
+
+def build_profile_list(
+    catalog: Catalog,
+    room: Mapping[str, float | None] | None = None,
+    held_summary: str = "",
+) -> list[dict[str, Any]]:
+    """A KubeSpawner ``profile_list`` for the catalog.
+
+    ``room`` maps GPU type keys to how many more GPUs of that type the user
+    may take (None: unlimited); types with no room left are not offered, and
+    only counts that fit are. ``held_summary`` (e.g. "You are using 2 of your
+    2 GPUs.") is shown on profiles whose GPU choices it removed.
+    """
+    profiles = []
+    for key, image in catalog.images.items():
+        types = catalog.types_for_image(image)
+        usable_types = [
+            t
+            for t in types
+            if room is None
+            or room.get(t.key) is None
+            or room[t.key] + _EPSILON >= min(catalog.counts_for_type(t))
+        ]
+        counts = offered_counts(image, catalog, room)
+        description = image.description
+        if room is not None and len(usable_types) < len(types) and held_summary:
+            description = f"{description} {held_summary}".strip()
+        if not counts:
+            # Nothing fits right now: keep the image visible with its smallest
+            # choice, and let the server-side check explain the limit.
+            counts = [min(n for t in types for n in catalog.counts_for_type(t))] if types else [0]
+            usable_types = types
+        if not usable_types:
+            usable_types = types
+
+        is_default = key == catalog.defaults.image
+        type_choices = {}
+        for t in usable_types:
+            type_choices[t.key] = {
+                "display_name": _type_label(t),
+                "default": is_default and t.key == catalog.defaults.gpu_type,
+            }
+        if type_choices and not any(c["default"] for c in type_choices.values()):
+            next(iter(type_choices.values()))["default"] = True
+
+        default_count = catalog.defaults.gpus if is_default else counts[0]
+        if default_count not in counts:
+            default_count = counts[0]
+        count_choices = {
+            str(n): {"display_name": _count_label(n), "default": n == default_count} for n in counts
+        }
+
+        profile: dict[str, Any] = {
+            "display_name": image.display_name,
+            "slug": key,
+            "description": description,
+            "default": is_default,
+            "profile_options": {},
+        }
+        if type_choices:
+            profile["profile_options"]["gpu_type"] = {
+                "display_name": "GPU type",
+                "choices": type_choices,
+            }
+        profile["profile_options"]["gpus"] = {
+            "display_name": "Number of GPUs",
+            "choices": count_choices,
+        }
+        profiles.append(profile)
+    return profiles
+
+
+def held_summary(used: float, limit: float | None, servers: list[str]) -> str:
+    """A sentence for the form, e.g. "You are using 2 of your 2 GPUs (servers: default, exp1)."."""
+    if limit is None or used <= _EPSILON:
+        return ""
+    listed = f" (servers: {', '.join(servers)})" if servers else ""
+    return f"You are using {format_units(used)} of your {format_units(limit)} GPUs{listed}."

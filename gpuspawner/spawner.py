@@ -1,0 +1,467 @@
+"""GPUSpawner: KubeSpawner plus a GPU catalog, limits and a GPU check before the notebook starts.
+
+This module is glue. The decisions live in pure modules it calls:
+:mod:`~gpuspawner.catalog` (what exists), :mod:`~gpuspawner.options` (what was
+asked for), :mod:`~gpuspawner.limits` (whether it is allowed),
+:mod:`~gpuspawner.profiles` (what the form offers), :mod:`~gpuspawner.podspec`
+(what the pod gets) and :mod:`~gpuspawner.validation` (whether the GPUs work).
+
+Without a catalog, GPUSpawner behaves exactly like KubeSpawner, with two
+fixes: async callables in ``kubespawner_override`` are awaited, and an
+unknown profile option choice is a readable 400 instead of a ``KeyError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import json
+import weakref
+from typing import Any
+
+from jupyterhub.spawner import SpawnException
+from kubespawner import KubeSpawner
+from traitlets import Bool, Dict, List, Unicode, observe
+
+from . import labels, limits, podspec, profiles
+from .catalog import Catalog, CatalogError, CatalogFile, parse_catalog
+from .options import Refusal, Selection, ignored_options, resolve_selection
+
+
+def spawn_error(message: str, *, reason: str, status: int, log_message: str = "") -> SpawnException:
+    """A spawn failure JupyterHub shows as ``message`` (no traceback), with ``reason`` for metrics."""
+    error = SpawnException(message, reason=reason, status_code=status, log_message=log_message)
+    # Read by JupyterHub's error pages and API error bodies.
+    error.jupyterhub_message = message
+    return error
+
+
+class GPUCheckFailed(Exception):
+    """The validation init container reported broken or missing GPUs."""
+
+
+class GPUSpawner(KubeSpawner):
+    """A KubeSpawner for a shared pool of GPUs."""
+
+    catalog = Dict(
+        help="""
+        The GPU catalog: images, GPU types, allowed counts and per-user limits.
+
+        The same schema as ``catalog_file`` (see the README's catalog reference).
+        Ignored when ``catalog_file`` is set. When neither is set, GPUSpawner
+        behaves like KubeSpawner and uses ``profile_list`` as configured.
+        """,
+    ).tag(config=True)
+
+    catalog_file = Unicode(
+        "",
+        help="""
+        Path to a YAML file holding the GPU catalog.
+
+        The file is re-read when it changes, so images and limits can change
+        without restarting the hub. A change that does not validate is logged
+        and the last valid catalog stays in effect.
+        """,
+    ).tag(config=True)
+
+    validation_enabled = Bool(
+        True,
+        help="""
+        Run the nvidia-smi check as an init container in every GPU pod.
+
+        The check requests the same GPUs as the notebook, verifies that they
+        are all visible and healthy and that the driver supports the image's
+        CUDA version, and fails the spawn within seconds with the reason when
+        they are not.
+        """,
+    ).tag(config=True)
+
+    validation_image = Unicode(
+        "",
+        help="""
+        Image for the GPU check init container. Empty (the default) uses the
+        notebook's own image, so nothing extra is pulled; the check needs only
+        ``nvidia-smi`` (injected by the NVIDIA runtime) and ``python3``.
+        """,
+    ).tag(config=True)
+
+    validation_command = List(
+        Unicode(),
+        default_value=[],
+        help="""
+        Command for the GPU check init container, replacing the built-in one.
+
+        ``{gpus}``, ``{resource}`` and ``{cuda}`` are replaced by the requested
+        count, the Kubernetes resource name and the image's CUDA version (empty
+        when unknown). The command must exit non-zero on failure and should
+        write a one-line reason to ``/dev/termination-log``.
+        """,
+    ).tag(config=True)
+
+    # Shared by every spawner in the hub process: one lock per user name (and
+    # per pooled group) so that admission (count, check, reserve) of that
+    # user's concurrent requests runs one at a time; reservations cover
+    # requests admitted whose pods the API server does not show yet.
+    _admission_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+    _reservations: dict[tuple[str, str], limits.Holding] = {}
+    _catalog_files: dict[str, CatalogFile] = {}
+
+    _selection: Selection | None = None
+    _parsed_catalog: Catalog | None = None
+    _admin_values: dict[str, Any] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if self.gpu_catalog_configured:
+            if self.trait_has_value("profile_list") and self.profile_list not in ([], None):
+                self.log.warning(
+                    "c.KubeSpawner.profile_list is ignored: a GPU catalog is configured, "
+                    "and the profiles are built from it."
+                )
+            self.profile_list = self._catalog_profile_list
+
+    # ------------------------------------------------------------------
+    # catalog
+    # ------------------------------------------------------------------
+
+    @property
+    def gpu_catalog_configured(self) -> bool:
+        return bool(self.catalog_file or self.catalog)
+
+    @observe("catalog")
+    def _catalog_changed(self, change: dict) -> None:
+        self._parsed_catalog = None
+
+    def load_catalog(self) -> Catalog:
+        """The catalog in effect; raises CatalogError if there is no valid one."""
+        if self.catalog_file:
+            source = self._catalog_files.get(self.catalog_file)
+            if source is None:
+                source = self._catalog_files[self.catalog_file] = CatalogFile(self.catalog_file)
+            previous_error = source.last_error
+            catalog, reloaded = source.get()
+            if reloaded:
+                self.log.info("Loaded GPU catalog from %s", self.catalog_file)
+            elif source.last_error is not None and source.last_error is not previous_error:
+                self.log.error(
+                    "The changed GPU catalog was not loaded, the previous one stays in effect: %s",
+                    source.last_error,
+                )
+            return catalog
+        if self._parsed_catalog is None:
+            self._parsed_catalog = parse_catalog(self.catalog, "c.GPUSpawner.catalog")
+        return self._parsed_catalog
+
+    def _catalog_or_refuse(self) -> Catalog:
+        try:
+            return self.load_catalog()
+        except CatalogError as e:
+            self.log.error("GPU catalog is invalid: %s", e)
+            raise spawn_error(
+                "The GPU catalog is misconfigured, so no server can start right now. "
+                "Please tell an admin (the hub log names the problem).",
+                reason="catalog-invalid",
+                status=500,
+                log_message=f"GPU catalog is invalid: {e}",
+            ) from None
+
+    # ------------------------------------------------------------------
+    # usage and limits
+    # ------------------------------------------------------------------
+
+    def _group_names(self) -> list[str]:
+        return sorted(g.name for g in getattr(self.user, "groups", []) or [])
+
+    async def _list_gpu_pods(self) -> list[dict]:
+        """Every GPUSpawner pod, read from the API server (not the hub's memory)."""
+        selector = f"{labels.LABEL_MANAGED}=true"
+        kwargs = {
+            "label_selector": selector,
+            "_request_timeout": self.k8s_api_request_timeout,
+            "_preload_content": False,
+        }
+        if self.enable_user_namespaces:
+            response = await self.api.list_pod_for_all_namespaces(**kwargs)
+        else:
+            response = await self.api.list_namespaced_pod(self.namespace, **kwargs)
+        body = json.loads(await response.read())
+        return body.get("items") or []
+
+    async def current_holdings(self, catalog: Catalog) -> list[limits.Holding]:
+        """GPU holdings of every user: pods in the cluster plus admitted, not yet visible spawns."""
+        pods = await self._list_gpu_pods()
+        return limits.merge_reservations(
+            limits.holdings_from_pods(pods, catalog), list(self._reservations.values())
+        )
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        lock = self._admission_locks.get(name)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._admission_locks[name] = lock
+        return lock
+
+    async def _admit(self, catalog: Catalog, selection: Selection) -> None:
+        if not selection.is_gpu:
+            return
+        groups = self._group_names()
+        pools = limits.pool_groups_for(catalog.limits, groups)
+        # Locks are always taken in the same order (pools sorted, then the
+        # user) so two users sharing a pool cannot deadlock.
+        held_locks = [self._lock(f"pool:{g}") for g in pools] + [
+            self._lock(f"user:{self.user.name}")
+        ]
+        for lock in held_locks:
+            await lock.acquire()
+        try:
+            try:
+                holdings = await self.current_holdings(catalog)
+            except Exception as e:
+                self.log.error("Could not list GPU pods to check %s's limit: %s", self.user.name, e)
+                raise Refusal(
+                    "Your GPU usage could not be checked because the cluster did not answer. "
+                    "Please try again in a minute.",
+                    status=503,
+                    reason="usage-unknown",
+                ) from None
+            limits.check_request(
+                catalog=catalog,
+                user=self.user.name,
+                groups=groups,
+                server=self.name,
+                selection=selection,
+                holdings=holdings,
+            )
+            self._reservations[(self.user.name, self.name)] = limits.holding_for(
+                self.user.name, self.name, selection, pools
+            )
+        finally:
+            for lock in reversed(held_locks):
+                lock.release()
+
+    def _release_reservation(self) -> None:
+        self._reservations.pop((self.user.name, self.name), None)
+
+    async def _catalog_profile_list(self, spawner: GPUSpawner) -> list[dict]:
+        """``profile_list`` when a catalog is configured: only what the user may still take."""
+        catalog = self.load_catalog()
+        try:
+            holdings = await self.current_holdings(catalog)
+        except Exception as e:
+            self.log.warning("Showing all GPU choices: could not read current GPU usage: %s", e)
+            return profiles.build_profile_list(catalog)
+        groups = self._group_names()
+        room = limits.remaining(catalog, self.user.name, groups, self.name, holdings)
+        limit = limits.effective_limit(catalog.limits, self.user.name, groups)
+        mine = [h for h in holdings if h.user == self.user.name and h.server != self.name]
+        summary = profiles.held_summary(
+            sum(h.units for h in mine), limit.total, sorted({h.server_label for h in mine})
+        )
+        return profiles.build_profile_list(catalog, room, summary)
+
+    # ------------------------------------------------------------------
+    # user options
+    # ------------------------------------------------------------------
+
+    def _refusal(self, refusal: Refusal) -> SpawnException:
+        return spawn_error(refusal.message, reason=refusal.reason, status=refusal.status)
+
+    async def load_user_options(self) -> None:
+        if not self.gpu_catalog_configured:
+            return await self._load_kubespawner_profile()
+        catalog = self._catalog_or_refuse()
+        try:
+            selection = resolve_selection(self.user_options, catalog)
+            ignored = ignored_options(self.user_options)
+            if ignored:
+                self.log.info(
+                    "Ignoring unknown server options for %s: %s", self._log_name, ", ".join(ignored)
+                )
+            await self._admit(catalog, selection)
+        except Refusal as refusal:
+            self.log.info("Refused spawn of %s: %s", self._log_name, refusal.message)
+            raise self._refusal(refusal) from None
+        self.log.info("Starting %s: %s", self._log_name, selection.describe())
+        self._selection = selection
+        self._apply_selection(catalog, selection)
+
+    def _apply_selection(self, catalog: Catalog, selection: Selection) -> None:
+        if self._admin_values is None:
+            self._admin_values = {
+                name: copy.deepcopy(getattr(self, name)) for name in podspec.MANAGED_TRAITS
+            }
+        check = None
+        if selection.is_gpu and self.validation_enabled:
+            check = podspec.validation_container(
+                selection,
+                command=self._validation_command(selection),
+                image=self.validation_image or None,
+                image_pull_policy=self.image_pull_policy,
+            )
+        for name, value in podspec.trait_values(
+            self._admin_values, selection, catalog, check_container=check
+        ).items():
+            setattr(self, name, value)
+
+    def _validation_command(self, selection: Selection) -> list[str]:
+        assert selection.gpu_type is not None
+        if self.validation_command:
+            values = {
+                "gpus": str(selection.gpus),
+                "resource": selection.gpu_type.resource,
+                "cuda": selection.image.cuda or "",
+            }
+            return [part.format(**values) for part in self.validation_command]
+        from .validation.command import check_command
+
+        return check_command(selection.gpus, selection.gpu_type.resource, selection.image.cuda)
+
+    async def _load_kubespawner_profile(self) -> None:
+        """KubeSpawner's ``load_user_options``, with readable errors and awaited overrides."""
+        profile_list = self._sorted_dict_values(self.profile_list)
+        if callable(profile_list):
+            profile_list = profile_list(self)
+            if inspect.isawaitable(profile_list):
+                profile_list = await profile_list
+        profile_list = self._get_initialized_profile_list(profile_list)
+        if not profile_list:
+            return await super().load_user_options()
+        try:
+            self._validate_user_options(profile_list)
+            profile = self._get_profile(self.user_options.get("profile"), profile_list)
+        except ValueError as e:
+            raise self._refusal(Refusal(f"{e}.".replace("..", "."))) from None
+        for option_name, option in profile.get("profile_options", {}).items():
+            choice = self.user_options.get(option_name)
+            if choice and not self.user_options.get(f"{option_name}--unlisted-choice"):
+                choices = option.get("choices") or {}
+                if not isinstance(choice, str) or choice not in choices:
+                    title = option.get("display_name", option_name)
+                    raise self._refusal(
+                        Refusal(
+                            f"{choice!r} is not a choice for {title}: choose one of "
+                            f"{', '.join(repr(c) for c in choices)}."
+                        )
+                    )
+        await self._resolve_async_overrides(profile)
+        self._load_profile(profile["slug"], profile_list)
+
+    async def _resolve_async_overrides(self, profile: dict) -> None:
+        """Call the selected overrides' callables once, awaiting async ones.
+
+        KubeSpawner calls override callables without awaiting them, so an
+        ``async def`` override would set a coroutine object as the trait
+        value. Each callable of the chosen profile and choices is called here,
+        exactly once, and replaced by its result; KubeSpawner then applies the
+        values as usual.
+        """
+        overrides = [profile.get("kubespawner_override") or {}]
+        for option_name, option in (profile.get("profile_options") or {}).items():
+            choices = option.get("choices") or {}
+            chosen = self.user_options.get(option_name)
+            if not chosen:
+                chosen = next((k for k, c in choices.items() if c.get("default")), None)
+            if chosen in choices:
+                overrides.append(choices[chosen].get("kubespawner_override") or {})
+        for override in overrides:
+            for key, value in list(override.items()):
+                if callable(value):
+                    result = value(self)
+                    if inspect.isawaitable(result):
+                        result = await result
+                    override[key] = result
+
+    # ------------------------------------------------------------------
+    # the pod
+    # ------------------------------------------------------------------
+
+    async def get_pod_manifest(self):
+        pod = await super().get_pod_manifest()
+        if self._selection is not None and self.gpu_catalog_configured:
+            catalog = self.load_catalog()
+            pod.metadata.labels = {
+                **(pod.metadata.labels or {}),
+                **podspec.pod_labels(self._selection),
+            }
+            pools = limits.pool_groups_for(catalog.limits, self._group_names())
+            pod.metadata.annotations = {
+                **(pod.metadata.annotations or {}),
+                **podspec.pod_annotations(self._selection, pools),
+            }
+        self._enforce_visible_devices(pod)
+        return pod
+
+    def _gpu_resource_names(self) -> set[str]:
+        if not self.gpu_catalog_configured:
+            return set()
+        try:
+            return podspec.gpu_resource_names(self.load_catalog())
+        except CatalogError:
+            return set()
+
+    def _enforce_visible_devices(self, pod: Any) -> None:
+        """Containers that did not ask for a GPU get NVIDIA_VISIBLE_DEVICES=void; others get none from us."""
+        if not self.gpu_catalog_configured:
+            return
+        from kubernetes_asyncio.client import V1EnvVar
+
+        gpu_resources = self._gpu_resource_names()
+        containers = list(pod.spec.containers or []) + list(pod.spec.init_containers or [])
+        for container in containers:
+            # make_pod turns admin-given containers into models only at the
+            # top level, so nested fields may still be plain dicts.
+            resources = container.resources
+            if resources is not None and not isinstance(resources, dict):
+                resources = {"limits": resources.limits, "requests": resources.requests}
+            value = podspec.visible_devices_env(podspec.requests_gpu(resources, gpu_resources))
+            env = [e for e in (container.env or []) if _env_name(e) != labels.ENV_VISIBLE_DEVICES]
+            if value is not None:
+                env.append(V1EnvVar(name=labels.ENV_VISIBLE_DEVICES, value=value))
+            container.env = env
+
+    async def _make_create_pod_request(self, pod, request_timeout):
+        # modify_pod_hook runs between get_pod_manifest and here: enforce again.
+        self._enforce_visible_devices(pod)
+        return await super()._make_create_pod_request(pod, request_timeout)
+
+    # ------------------------------------------------------------------
+    # start: fail fast on a failed GPU check
+    # ------------------------------------------------------------------
+
+    def is_pod_running(self, pod: dict | None) -> bool:
+        if pod is not None and self._selection is not None and self._selection.is_gpu:
+            from .validation.podstatus import check_failure
+
+            reason = check_failure(pod)
+            if reason:
+                raise GPUCheckFailed(reason)
+        return super().is_pod_running(pod)
+
+    async def _start(self):
+        try:
+            return await super()._start()
+        except GPUCheckFailed as e:
+            reason = str(e)
+            self.log.warning("GPU check failed for %s: %s", self._log_name, reason)
+            try:
+                await self.stop(now=True)
+            except Exception as stop_error:
+                self.log.error(
+                    "Could not delete the pod of %s after its GPU check failed: %s",
+                    self._log_name,
+                    stop_error,
+                )
+            raise spawn_error(
+                f"The GPUs given to this server failed their check, so it was not started: {reason}",
+                reason="gpu-check",
+                status=503,
+            ) from None
+        finally:
+            self._release_reservation()
+
+
+def _env_name(env_var: Any) -> str | None:
+    if isinstance(env_var, dict):
+        return env_var.get("name")
+    return getattr(env_var, "name", None)

@@ -1,0 +1,35 @@
+"""Shared test helpers: fixture paths and catalog loading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuspawner.catalog import Catalog, load_catalog_file
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).parent.parent
+
+
+@pytest.fixture
+def pools_catalog() -> Catalog:
+    return load_catalog_file(FIXTURES / "catalogs" / "pools.yaml")
+
+
+@pytest.fixture
+def example_catalog() -> Catalog:
+    """The example catalog shipped in config/, so the documented example stays valid."""
+    return load_catalog_file(REPO / "config" / "catalog.yaml")
+
+
+@pytest.fixture
+def offline_kubeconfig(monkeypatch):
+    """Point KubeSpawner's client at a loopback port where nothing listens."""
+    from kubernetes_asyncio.config import kube_config
+
+    path = str(FIXTURES / "k8s-offline" / "kubeconfig.yaml")
+    monkeypatch.setenv("KUBECONFIG", path)
+    # read once at import time by kubernetes_asyncio
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", path)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)

@@ -1,0 +1,228 @@
+import os
+import shutil
+
+import pytest
+import yaml
+
+from gpuspawner.catalog import (
+    DEFAULT_GPU_RESOURCE,
+    CatalogError,
+    CatalogFile,
+    load_catalog_file,
+    parse_catalog,
+)
+
+from .conftest import FIXTURES, REPO
+
+CATALOGS = FIXTURES / "catalogs"
+
+
+def test_example_catalog_loads_with_every_section(example_catalog):
+    assert list(example_catalog.images) == ["pytorch", "tensorflow"]
+    assert example_catalog.images["pytorch"].cuda == "13.0"
+    assert example_catalog.images["tensorflow"].gpu_types == ("a100", "t4")
+    a100 = example_catalog.gpu_types["a100"]
+    assert a100.resource == DEFAULT_GPU_RESOURCE
+    assert a100.node_selector == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    # the common NoSchedule taint is tolerated unless a type says otherwise
+    assert a100.tolerations == (
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    )
+    mig = example_catalog.gpu_types["a100-mig-1g"]
+    assert mig.is_mig and not a100.is_mig
+    assert mig.weight == pytest.approx(1 / 7, rel=1e-3)
+    assert example_catalog.counts_for_type(example_catalog.gpu_types["t4"]) == (1, 2)
+    assert example_catalog.counts_for_type(a100) == (1, 2, 4, 8)
+    assert example_catalog.defaults.image == "pytorch"
+    assert example_catalog.defaults.gpus == 0
+    assert example_catalog.limits.users["alice"].total is None
+    assert example_catalog.limits.groups["students"].per_type == {"h100": 0}
+    assert example_catalog.limits.group_pools == {"students": 6}
+
+
+def test_traitlets_dict_and_yaml_file_give_the_same_catalog():
+    data = yaml.safe_load((REPO / "config" / "catalog.yaml").read_text())
+    from_dict = parse_catalog(data, "c.GPUSpawner.catalog")
+    from_file = load_catalog_file(REPO / "config" / "catalog.yaml")
+    assert from_dict.images == from_file.images
+    assert from_dict.gpu_types == from_file.gpu_types
+    assert from_dict.limits == from_file.limits
+    assert from_dict.defaults == from_file.defaults
+
+
+def test_minimal_catalog_defaults_to_cpu_only():
+    catalog = load_catalog_file(CATALOGS / "minimal.yaml")
+    assert catalog.defaults.image == "base"
+    assert catalog.defaults.gpu_type is None
+    assert catalog.defaults.gpus == 0
+    assert catalog.limits.default.total is None  # no limits section: unlimited
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        (
+            "bad-unknown-key.yaml",
+            "bad-unknown-key.yaml: gpu_types.a100.node_selecter: unknown key 'node_selecter'; expected one of:",
+        ),
+        (
+            "bad-count.yaml",
+            "bad-count.yaml: gpu_types.a100.counts[1]: expected a whole number >= 1, got 'two'",
+        ),
+        ("bad-yaml.yaml", "bad-yaml.yaml: invalid YAML at line "),
+        (
+            "bad-limit.yaml",
+            "bad-limit.yaml: limits.groups.ml.gpus: expected a number of GPUs >= 0 or 'unlimited', got -2",
+        ),
+        (
+            "bad-image-type.yaml",
+            "bad-image-type.yaml: images.pytorch.gpu_types[1]: unknown GPU type 'v100'; defined types: a100",
+        ),
+        ("empty.yaml", "empty.yaml: the catalog file is empty"),
+        ("does-not-exist.yaml", "does-not-exist.yaml: the catalog file does not exist"),
+    ],
+)
+def test_bad_files_name_file_key_and_problem_in_one_line(name, expected):
+    with pytest.raises(CatalogError) as info:
+        load_catalog_file(CATALOGS / name)
+    message = str(info.value)
+    assert str(CATALOGS / name) in message
+    assert expected in message
+    assert "\n" not in message
+    assert "Traceback" not in message
+
+
+@pytest.mark.parametrize(
+    "data, path, fragment",
+    [
+        ({}, "images", "at least one image"),
+        ({"images": {"Bad_Key": {"image": "x"}}}, "images.Bad_Key", "is not a valid key"),
+        ({"images": {"a": {}}}, "images.a.image", "needs an image reference"),
+        ({"images": {"a": {"image": "x", "cuda": "twelve"}}}, "images.a.cuda", "CUDA version"),
+        (
+            {"images": {"a": {"image": "x", "env": {"NVIDIA_VISIBLE_DEVICES": "all"}}}},
+            "images.a.env.NVIDIA_VISIBLE_DEVICES",
+            "set by gpuspawner",
+        ),
+        (
+            {"images": {"a": {"image": "x"}}, "gpu_types": {"g": {"resource": "gpu"}}},
+            "gpu_types.g.resource",
+            "extended resource name",
+        ),
+        (
+            {"images": {"a": {"image": "x"}}, "gpu_types": {"g": {"counts": [0]}}},
+            "gpu_types.g.counts[0]",
+            ">= 1",
+        ),
+        (
+            {"images": {"a": {"image": "x"}}, "gpu_types": {"g": {"counts": [1, 1]}}},
+            "gpu_types.g.counts",
+            "must not repeat",
+        ),
+        (
+            {"images": {"a": {"image": "x"}}, "gpu_types": {"g": {"weight": 0}}},
+            "gpu_types.g.weight",
+            "positive number",
+        ),
+        (
+            {
+                "images": {"a": {"image": "x"}},
+                "gpu_types": {"g": {"tolerations": [{"effect": "Never"}]}},
+            },
+            "gpu_types.g.tolerations[0].effect",
+            "expected one of",
+        ),
+        (
+            {
+                "images": {"a": {"image": "x"}},
+                "gpu_types": {"g": {"node_affinity": [{"key": "k", "operator": "Like"}]}},
+            },
+            "gpu_types.g.node_affinity[0].operator",
+            "expected one of",
+        ),
+        (
+            {
+                "images": {
+                    "a": {"image": "x", "default": True},
+                    "b": {"image": "y", "default": True},
+                }
+            },
+            "images",
+            "only one image may be the default",
+        ),
+        (
+            {"images": {"a": {"image": "x"}}, "defaults": {"image": "zzz"}},
+            "defaults.image",
+            "unknown image 'zzz'",
+        ),
+        (
+            {
+                "images": {"a": {"image": "x", "allow_cpu": False}},
+                "gpu_types": {"g": {}},
+                "defaults": {"gpus": 0},
+            },
+            "defaults.gpus",
+            "may not run without GPUs",
+        ),
+        ({"images": {"a": {"image": "x", "allow_cpu": False}}}, "images.a", "neither without GPUs"),
+        (
+            {"images": {"a": {"image": "x"}}, "limits": {"users": {"u": "lots"}}},
+            "limits.users.u",
+            "'unlimited'",
+        ),
+        (
+            {"images": {"a": {"image": "x"}}, "limits": {"default": {"per_type": {"h100": 1}}}},
+            "limits.default.per_type.h100",
+            "unknown GPU type",
+        ),
+        (
+            {"images": {"a": {"image": "x"}}, "limits": {"default": True}},
+            "limits.default",
+            "expected a number of GPUs",
+        ),
+        (
+            {"images": {"a": {"image": "x"}}, "gpu_counts": [1, 2]},
+            "gpu_counts",
+            "0 must be an allowed count",
+        ),
+        (
+            {"images": {"a": {"image": "x", "mem_guarantee": "lots"}}},
+            "images.a.mem_guarantee",
+            "Kubernetes quantity",
+        ),
+        ("not a mapping", "", "expected a mapping"),
+    ],
+)
+def test_invalid_values_are_reported_with_their_key_path(data, path, fragment):
+    with pytest.raises(CatalogError) as info:
+        parse_catalog(data, "c.GPUSpawner.catalog")
+    assert info.value.path == path
+    assert fragment in str(info.value)
+    assert str(info.value).startswith("c.GPUSpawner.catalog")
+
+
+def test_catalog_file_reloads_on_change_and_keeps_last_good(tmp_path):
+    path = tmp_path / "catalog.yaml"
+    shutil.copy(CATALOGS / "minimal.yaml", path)
+    source = CatalogFile(path)
+    first, loaded = source.get()
+    assert loaded and list(first.images) == ["base"]
+    again, loaded = source.get()
+    assert again is first and not loaded
+
+    path.write_text("images:\n  other:\n    image: example/other:1\n")
+    os.utime(path, ns=(1, 10**18))  # a different mtime even on coarse clocks
+    second, loaded = source.get()
+    assert loaded and list(second.images) == ["other"]
+
+    path.write_text("images:\n  broken: [\n")
+    os.utime(path, ns=(1, 2 * 10**18))
+    kept, loaded = source.get()
+    assert kept is second and not loaded
+    assert source.last_error is not None and "invalid YAML" in str(source.last_error)
+
+
+def test_catalog_file_that_never_loaded_raises(tmp_path):
+    source = CatalogFile(tmp_path / "missing.yaml")
+    with pytest.raises(CatalogError, match="does not exist"):
+        source.get()

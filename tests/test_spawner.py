@@ -1,0 +1,480 @@
+"""GPUSpawner against KubeSpawner's real pod building, without a cluster.
+
+The Kubernetes API is replaced only where these tests read pods (a recorder
+that returns a PodList); pods are built by KubeSpawner's own code.
+"""
+
+import asyncio
+import json
+
+import pytest
+from jupyterhub.spawner import SpawnException
+from kubespawner import KubeSpawner
+from traitlets.config import Config
+
+from gpuspawner.spawner import GPUSpawner
+
+from .conftest import FIXTURES, REPO
+
+
+class Group:
+    def __init__(self, name):
+        self.name = name
+
+
+class User:
+    def __init__(self, name="carol", groups=()):
+        self.name = name
+        self.id = 7
+        self.url = f"/user/{name}/"
+        self.groups = [Group(g) for g in groups]
+
+
+class OrmSpawner:
+    """The ORM record JupyterHub gives a spawner; tests need its server name only."""
+
+    def __init__(self, name):
+        self.name = name
+        self.display_name = ""
+        self.server = None
+        self.state = {}
+        self.user_options = {}
+
+
+class FakeListResponse:
+    def __init__(self, items):
+        self._body = json.dumps({"kind": "PodList", "items": items}).encode()
+
+    async def read(self):
+        return self._body
+
+
+@pytest.fixture(autouse=True)
+def _isolated(offline_kubeconfig):
+    GPUSpawner._reservations.clear()
+    GPUSpawner._catalog_files.clear()
+    yield
+    GPUSpawner._reservations.clear()
+
+
+def make_spawner(config=None, user=None, name="", pods=(), cls=GPUSpawner, catalog=True):
+    c = config or Config()
+    if (
+        catalog
+        and cls is GPUSpawner
+        and "catalog" not in c.GPUSpawner
+        and "catalog_file" not in c.GPUSpawner
+    ):
+        c.GPUSpawner.catalog_file = str(FIXTURES / "catalogs" / "pools.yaml")
+    spawner = cls(_mock=True, config=c, user=user or User(), orm_spawner=OrmSpawner(name))
+    spawner.listed = []
+
+    async def list_pods(namespace, **kwargs):
+        spawner.listed.append((namespace, kwargs.get("label_selector")))
+        return FakeListResponse(list(pods))
+
+    spawner.api.list_namespaced_pod = list_pods
+    return spawner
+
+
+def as_dict(spawner, pod):
+    return spawner.api.api_client.sanitize_for_serialization(pod)
+
+
+async def build(spawner, options):
+    spawner.user_options = options
+    await spawner.load_user_options()
+    return as_dict(spawner, await spawner.get_pod_manifest())
+
+
+def env_of(container):
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def pods_fixture():
+    return json.loads((FIXTURES / "gpu-pods" / "podlist.json").read_text())["items"]
+
+
+async def test_gpu_pod_gets_resources_placement_env_labels_and_check():
+    spawner = make_spawner()
+    pod = await build(spawner, {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"})
+    notebook = pod["spec"]["containers"][0]
+    assert notebook["image"] == "example/pytorch:2.9"
+    assert notebook["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert notebook["resources"]["requests"]["nvidia.com/gpu"] == "2"
+    assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"][
+        "tolerations"
+    ]
+    env = env_of(notebook)
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    assert "NVIDIA_VISIBLE_DEVICES" not in env  # the device plugin sets it
+    labels = pod["metadata"]["labels"]
+    assert labels["gpuspawner.io/profile"] == "pytorch"
+    assert labels["gpuspawner.io/gpu-type"] == "a100"
+    assert labels["gpuspawner.io/gpus"] == "2"
+    assert labels["gpuspawner.io/managed"] == "true"
+    assert pod["metadata"]["annotations"]["gpuspawner.io/gpu-resource"] == "nvidia.com/gpu"
+    assert pod["metadata"]["annotations"]["hub.jupyter.org/username"] == "carol"
+    (check,) = pod["spec"]["initContainers"]
+    assert check["name"] == "gpu-check"
+    assert check["image"] == "example/pytorch:2.9"
+    assert check["resources"] == {
+        "limits": {"nvidia.com/gpu": "2"},
+        "requests": {"nvidia.com/gpu": "2"},
+    }
+    assert check["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert check["command"][:2] == ["python3", "-c"]
+    assert "--expect" in check["command"] and "2" in check["command"]
+    assert "13.0" in check["command"]  # the image's CUDA version reaches the driver check
+    assert pod["spec"]["restartPolicy"] == "OnFailure"
+    # the usage check read GPU pods from the API server with the managed label
+    assert spawner.listed == [(spawner.namespace, "gpuspawner.io/managed=true")]
+
+
+async def test_mig_type_requests_its_own_resource():
+    spawner = make_spawner()
+    pod = await build(spawner, {"profile": "pytorch", "gpu_type": "mig", "gpus": "2"})
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/mig-1g.10gb": "2"}
+    assert pod["metadata"]["annotations"]["gpuspawner.io/gpu-weight"] == "0.142857"
+    command = pod["spec"]["initContainers"][0]["command"]
+    assert "nvidia.com/mig-1g.10gb" in command
+
+
+async def test_cpu_only_pod_cannot_see_gpus_whatever_the_config_says():
+    c = Config()
+    c.KubeSpawner.environment = {"NVIDIA_VISIBLE_DEVICES": "all", "KEEP": "me"}
+    c.KubeSpawner.init_containers = [
+        {
+            "name": "block-cloud-metadata",
+            "image": "quay.io/jupyterhub/k8s-network-tools:4.2.0",
+            "command": ["iptables", "-A", "OUTPUT", "-d", "169.254.169.254", "-j", "DROP"],
+            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+        }
+    ]
+    c.KubeSpawner.extra_containers = [{"name": "sidecar", "image": "busybox"}]
+    c.KubeSpawner.extra_resource_limits = {
+        "nvidia.com/gpu": "1"
+    }  # a leftover hand-written GPU limit
+    spawner = make_spawner(c)
+    pod = await build(spawner, {"profile": "pytorch", "gpus": "0", "NVIDIA_VISIBLE_DEVICES": "all"})
+    containers = pod["spec"]["containers"] + pod["spec"]["initContainers"]
+    assert {c["name"] for c in containers} == {"notebook", "sidecar", "block-cloud-metadata"}
+    for container in containers:
+        assert env_of(container)["NVIDIA_VISIBLE_DEVICES"] == "void", container["name"]
+        assert "nvidia.com/gpu" not in (container.get("resources") or {}).get("limits", {})
+    assert env_of(pod["spec"]["containers"][0])["KEEP"] == "me"
+    assert "nodeSelector" not in pod["spec"] or not pod["spec"]["nodeSelector"]
+    assert pod["metadata"]["labels"]["gpuspawner.io/gpu-type"] == "none"
+    assert pod["metadata"]["labels"]["gpuspawner.io/gpus"] == "0"
+    # CPU-only requests never need the usage check
+    assert spawner.listed == []
+
+
+async def test_modify_pod_hook_cannot_give_a_cpu_pod_gpus():
+    def hook(spawner, pod):
+        pod.spec.containers[0].env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})
+        return pod
+
+    c = Config()
+    c.KubeSpawner.modify_pod_hook = hook
+    spawner = make_spawner(c)
+    created = []
+
+    async def create(namespace, body, **kwargs):
+        created.append(as_dict(spawner, body))
+
+    spawner.api.create_namespaced_pod = create
+    spawner.user_options = {"profile": "pytorch", "gpus": "0"}
+    await spawner.load_user_options()
+    pod = await spawner.get_pod_manifest()
+    pod = hook(spawner, pod)
+    await spawner._make_create_pod_request(pod, 5)
+    env = env_of(created[0]["spec"]["containers"][0])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+async def test_admin_settings_are_merged_not_clobbered():
+    c = Config()
+    c.KubeSpawner.extra_resource_limits = {"example.com/fpga": "1"}
+    c.KubeSpawner.node_selector = {"topology.kubernetes.io/zone": "zone-a"}
+    c.KubeSpawner.tolerations = [
+        {"key": "dedicated", "operator": "Equal", "value": "jupyter", "effect": "NoSchedule"}
+    ]
+    c.KubeSpawner.node_affinity_required = [
+        {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}
+    ]
+    c.KubeSpawner.init_containers = [
+        {"name": "block-cloud-metadata", "image": "quay.io/jupyterhub/k8s-network-tools:4.2.0"}
+    ]
+    c.KubeSpawner.environment = {"TEAM": "ml"}
+    c.GPUSpawner.catalog = {
+        "images": {
+            "pytorch": {
+                "image": "example/pytorch:2.9",
+                "cuda": "13.0",
+                "env": {"HF_HOME": "/data/hf"},
+            }
+        },
+        "gpu_types": {
+            "t4": {
+                "display_name": "T4",
+                "node_affinity": [
+                    {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["Tesla-T4"]}
+                ],
+            }
+        },
+    }
+    spawner = make_spawner(c)
+    pod = await build(spawner, {"profile": "pytorch", "gpu_type": "t4", "gpus": "1"})
+    spec = pod["spec"]
+    limits = spec["containers"][0]["resources"]["limits"]
+    assert limits == {"example.com/fpga": "1", "nvidia.com/gpu": "1"}
+    assert spec["nodeSelector"] == {"topology.kubernetes.io/zone": "zone-a"}
+    assert spec["tolerations"][0]["key"] == "dedicated"
+    assert spec["tolerations"][1]["key"] == "nvidia.com/gpu"
+    (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert [e["key"] for e in term["matchExpressions"]] == [
+        "kubernetes.io/arch",
+        "nvidia.com/gpu.product",
+    ]
+    assert [ic["name"] for ic in spec["initContainers"]] == ["block-cloud-metadata", "gpu-check"]
+    env = env_of(spec["containers"][0])
+    assert env["TEAM"] == "ml" and env["HF_HOME"] == "/data/hf"
+
+
+async def test_a_new_selection_does_not_inherit_the_previous_one():
+    spawner = make_spawner()
+    await build(spawner, {"profile": "pytorch", "gpu_type": "h100", "gpus": "2"})
+    GPUSpawner._reservations.clear()
+    pod = await build(spawner, {"profile": "pytorch", "gpus": "0"})
+    assert "nvidia.com/gpu" not in pod["spec"]["containers"][0]["resources"].get("limits", {})
+    assert not pod["spec"].get("initContainers")
+    assert not pod["spec"].get("nodeSelector")
+    assert [t["key"] for t in pod["spec"].get("tolerations") or []] == []
+
+
+async def test_without_a_catalog_the_pod_is_exactly_kubespawners():
+    def configure():
+        c = Config()
+        c.KubeSpawner.image = "quay.io/jupyter/pytorch-notebook:cuda12-2025-01-06"
+        c.KubeSpawner.extra_resource_limits = {"nvidia.com/gpu": "1"}
+        c.KubeSpawner.cpu_guarantee = 1.5
+        c.KubeSpawner.mem_limit = "4G"
+        c.KubeSpawner.environment = {"A": "b"}
+        c.KubeSpawner.tolerations = [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+        c.KubeSpawner.init_containers = [{"name": "init", "image": "busybox", "command": ["true"]}]
+        c.KubeSpawner.profile_list = [
+            {"display_name": "Small", "slug": "small", "kubespawner_override": {"cpu_limit": 2}},
+            {
+                "display_name": "GPU",
+                "slug": "gpu",
+                "kubespawner_override": {"extra_resource_limits": {"nvidia.com/gpu": "2"}},
+            },
+        ]
+        return c
+
+    gpu = make_spawner(configure(), cls=GPUSpawner, catalog=False)
+    kube = make_spawner(configure(), cls=KubeSpawner)
+    for spawner in (gpu, kube):
+        spawner.user_options = {"profile": "gpu"}
+        await spawner.load_user_options()
+    gpu_pod = as_dict(gpu, await gpu.get_pod_manifest())
+    kube_pod = as_dict(kube, await kube.get_pod_manifest())
+    assert gpu_pod == kube_pod
+    assert gpu_pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+
+
+async def test_async_override_callables_are_awaited():
+    async def pick_image(spawner):
+        await asyncio.sleep(0)
+        return f"example/notebook:{spawner.user.name}"
+
+    calls = []
+
+    def sync_override(spawner):
+        calls.append(spawner.user.name)
+        return 3
+
+    c = Config()
+    c.KubeSpawner.profile_list = [
+        {
+            "display_name": "Dynamic",
+            "slug": "dynamic",
+            "kubespawner_override": {"image": pick_image, "cpu_limit": sync_override},
+        }
+    ]
+    spawner = make_spawner(c, catalog=False)
+    spawner.user_options = {"profile": "dynamic"}
+    await spawner.load_user_options()
+    assert spawner.image == "example/notebook:carol"
+    assert spawner.cpu_limit == 3
+    assert calls == ["carol"]  # called exactly once
+
+
+async def test_unknown_profile_option_choice_is_a_400_not_a_keyerror():
+    c = Config()
+    c.KubeSpawner.profile_list = [
+        {
+            "display_name": "Choose",
+            "slug": "choose",
+            "profile_options": {
+                "image": {
+                    "display_name": "Image",
+                    "choices": {"a": {"display_name": "A"}, "b": {"display_name": "B"}},
+                }
+            },
+        }
+    ]
+    spawner = make_spawner(c, catalog=False)
+    spawner.user_options = {"profile": "choose", "image": "zzz"}
+    with pytest.raises(SpawnException) as info:
+        await spawner.load_user_options()
+    assert info.value.status_code == 400
+    assert (
+        info.value.jupyterhub_message == "'zzz' is not a choice for Image: choose one of 'a', 'b'."
+    )
+    spawner.user_options = {"profile": "nope"}
+    with pytest.raises(SpawnException) as info:
+        await spawner.load_user_options()
+    assert info.value.jupyterhub_message.startswith(
+        "No such profile: nope. Options include: choose"
+    )
+
+
+@pytest.mark.parametrize(
+    "options, status, fragment",
+    [
+        ({"profile": "nope"}, 400, "There is no profile 'nope'"),
+        (
+            {"profile": "pytorch", "gpu_type": "a100", "gpus": "1e9"},
+            400,
+            "'1e9' is not a valid number of GPUs",
+        ),
+        (
+            {"profile": "pytorch", "gpu_type": "a100", "gpus": None, "profile-option-x": 1},
+            400,
+            None,
+        ),
+    ],
+)
+async def test_refusals_are_spawn_exceptions_with_a_user_message(options, status, fragment):
+    spawner = make_spawner()
+    spawner.user_options = options
+    if fragment is None:
+        await spawner.load_user_options()  # gpus: null means "not given": a type's smallest count
+        assert spawner.extra_resource_limits == {"nvidia.com/gpu": "1"}
+        return
+    with pytest.raises(SpawnException) as info:
+        await spawner.load_user_options()
+    assert info.value.status_code == status
+    assert fragment in info.value.jupyterhub_message
+
+
+async def test_limit_refusal_is_403_and_names_the_servers():
+    spawner = make_spawner(pods=pods_fixture(), name="exp2")
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
+    with pytest.raises(SpawnException) as info:
+        await spawner.load_user_options()
+    assert info.value.status_code == 403
+    assert info.value.reason == "limit"
+    assert info.value.jupyterhub_message == (
+        "You are using 2 of your 2 GPUs (servers: default, exp1). Stop one of them or ask for fewer GPUs."
+    )
+    assert GPUSpawner._reservations == {}
+
+
+async def test_ten_concurrent_requests_against_a_limit_of_two_admit_exactly_two():
+    user = User("zoe")
+    spawners = [make_spawner(user=user, name=f"s{i}") for i in range(10)]
+
+    async def attempt(spawner):
+        spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
+        try:
+            await spawner.load_user_options()
+            return "started"
+        except SpawnException as e:
+            return e.status_code
+
+    # every listing yields the event loop, so without the lock all ten would see zero usage
+    results = await asyncio.gather(*(attempt(s) for s in spawners))
+    assert results.count("started") == 2
+    assert results.count(403) == 8
+    assert len(GPUSpawner._reservations) == 2
+
+
+async def test_cluster_unreachable_refuses_gpu_requests_but_not_cpu_ones():
+    spawner = make_spawner()
+
+    async def broken(namespace, **kwargs):
+        raise ConnectionRefusedError("connect call failed ('127.0.0.1', 9)")
+
+    spawner.api.list_namespaced_pod = broken
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
+    with pytest.raises(SpawnException) as info:
+        await spawner.load_user_options()
+    assert info.value.status_code == 503
+    assert "could not be checked" in info.value.jupyterhub_message
+    spawner.user_options = {"profile": "pytorch", "gpus": "0"}
+    await spawner.load_user_options()
+
+
+async def test_invalid_catalog_gives_users_a_plain_message(tmp_path):
+    path = tmp_path / "catalog.yaml"
+    path.write_text("images: {}\n")
+    c = Config()
+    c.GPUSpawner.catalog_file = str(path)
+    spawner = make_spawner(c)
+    spawner.user_options = {}
+    with pytest.raises(SpawnException) as info:
+        await spawner.load_user_options()
+    assert info.value.status_code == 500
+    assert "misconfigured" in info.value.jupyterhub_message
+    assert "catalog.yaml: images" in info.value.log_message
+
+
+async def test_form_offers_only_what_the_user_may_still_take():
+    spawner = make_spawner(user=User("dave", groups=["research"]), pods=pods_fixture(), name="new")
+    profiles = await spawner.profile_list(spawner)
+    pytorch = next(p for p in profiles if p["slug"] == "pytorch")
+    # dave holds 4 of his 4 H100: H100 is not offered, A100 counts up to his remaining 4
+    assert list(pytorch["profile_options"]["gpu_type"]["choices"]) == ["a100", "mig"]
+    assert list(pytorch["profile_options"]["gpus"]["choices"]) == ["0", "1", "2", "4"]
+    html = await spawner.get_options_form()
+    assert "profile-option-pytorch--gpu_type" in html
+    assert "NVIDIA H100" not in html
+
+
+async def test_form_for_a_user_at_the_limit_says_so():
+    spawner = make_spawner(user=User("carol"), pods=pods_fixture(), name="exp2")
+    profiles = await spawner.profile_list(spawner)
+    pytorch = next(p for p in profiles if p["slug"] == "pytorch")
+    assert list(pytorch["profile_options"]["gpus"]["choices"]) == ["0"]
+    assert "You are using 2 of your 2 GPUs (servers: default, exp1)." in pytorch["description"]
+
+
+async def test_entry_point_resolves_gpu_to_gpuspawner():
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="jupyterhub.spawners") if e.name == "gpu"]
+    assert ep.load() is GPUSpawner
+
+
+def test_every_trait_has_help():
+    own = {
+        name: trait
+        for name, trait in GPUSpawner.class_traits(config=True).items()
+        if name in GPUSpawner.__dict__
+    }
+    assert own, "GPUSpawner defines configurable traits"
+    for name, trait in own.items():
+        assert trait.help and len(trait.help.strip()) > 20, name
+
+
+def test_config_file_catalog_is_the_example(example_catalog):
+    assert (REPO / "config" / "catalog.yaml").exists()
