@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -185,7 +186,7 @@ def test_per_type_limit(pools_catalog, holdings):
 def test_type_forbidden_by_group(pools_catalog):
     with pytest.raises(
         Refusal,
-        match="You may not use NVIDIA H100 GPUs \\(group rule 'students'\\): choose another GPU type.",
+        match=re.escape("You may not use NVIDIA H100 GPUs (group rule 'students'): choose another GPU type."),
     ):
         check_request(
             catalog=pools_catalog,
@@ -231,8 +232,9 @@ def test_group_pool_counts_every_member(pools_catalog, holdings):
         selection=select(pools_catalog, "a100", 1),
         holdings=holdings,
     )
-    crowded = holdings + [
-        Holding(user="ken", server="", gpu_type="a100", gpus=1, units=1, pool_groups=("students",))
+    crowded = [
+        *holdings,
+        Holding(user="ken", server="", gpu_type="a100", gpus=1, units=1, pool_groups=("students",)),
     ]
     with pytest.raises(Refusal) as info:
         check_request(
