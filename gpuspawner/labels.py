@@ -40,3 +40,10 @@ DRIVER_CAPABILITIES = "compute,utility"
 ANNOTATION_GPU_WEIGHT = f"{LABEL_PREFIX}/gpu-weight"
 #: Pod annotation: the user's groups that have a shared GPU pool cap, comma-separated.
 ANNOTATION_POOL_GROUPS = f"{LABEL_PREFIX}/pool-groups"
+
+#: Image labels on gpuspawner's notebook images (set in images/*/Dockerfile from
+#: images/matrix.yaml): the CUDA version the framework was built for, the oldest
+#: NVIDIA driver that runs it, and the framework pin ("torch==2.15.0").
+IMAGE_LABEL_CUDA = "io.gpuspawner.image.cuda"
+IMAGE_LABEL_DRIVER_FLOOR = "io.gpuspawner.image.driver-floor"
+IMAGE_LABEL_FRAMEWORK = "io.gpuspawner.image.framework"
