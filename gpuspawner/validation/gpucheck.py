@@ -1,0 +1,891 @@
+"""Check the GPUs a container was given, before the notebook starts.
+
+This file runs inside the GPU pod's init container as ``python3 -c <this source> ARGS``
+(see ``gpuspawner.validation.command``), in whatever image the notebook uses. So it must stay
+one self-contained file that needs nothing but the Python standard library (Python >= 3.8:
+notebook images carry python3 for ``jupyterhub-singleuser``, not always a recent one) and
+``nvidia-smi``, which the NVIDIA container runtime mounts into every GPU container.
+
+It runs ``nvidia-smi -L`` and two ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits``
+queries, prints a short report, and exits 0 when the GPUs are usable. Otherwise it exits
+non-zero and prints a one-line reason, last on stderr and into the container's termination
+message file, where the spawner picks it up and shows it to the user.
+
+The parsing and the decision are pure functions (``parse_*``, ``evaluate``); ``main`` does the
+I/O. Recorded real outputs of every format handled here are in ``tests/fixtures/nvidia-smi``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+PROG = "gpuspawner-check-gpus"
+
+# Exit codes of this check. The spawner's pod watcher turns them into a reason when the
+# termination message is missing (see ``EXIT_REASONS``), so they are part of the interface.
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2  # what argparse uses for bad arguments
+EXIT_NO_NVIDIA_SMI = 3
+EXIT_NVIDIA_SMI_FAILED = 4
+EXIT_GPU_COUNT = 5
+EXIT_DRIVER_TOO_OLD = 6
+EXIT_GPU_UNHEALTHY = 7
+EXIT_UNREADABLE_OUTPUT = 8
+
+ASK_ADMIN_NODE = "ask an admin to check the node"
+
+#: One-line reasons by exit code, for when the check could not write its own message.
+EXIT_REASONS: dict[int, str] = {
+    EXIT_INTERNAL: "The GPU check crashed; ask an admin to look at the gpu-check container's log.",
+    EXIT_USAGE: "The GPU check was started with invalid arguments; ask an admin to check the "
+    "spawner's GPU check command.",
+    EXIT_NO_NVIDIA_SMI: "nvidia-smi was not found in the container: the node's NVIDIA container "
+    f"runtime did not mount the driver tools into it; {ASK_ADMIN_NODE}.",
+    EXIT_NVIDIA_SMI_FAILED: "nvidia-smi failed in the container, so the GPUs cannot be used; "
+    f"{ASK_ADMIN_NODE}.",
+    EXIT_GPU_COUNT: "The container does not see the number of GPUs it requested; "
+    f"{ASK_ADMIN_NODE}.",
+    EXIT_DRIVER_TOO_OLD: "The node's NVIDIA driver is too old for this image's CUDA version; pick "
+    "an image built for an older CUDA, or ask an admin to upgrade the node's driver.",
+    EXIT_GPU_UNHEALTHY: "A GPU given to this container reports memory errors and needs a reset; "
+    "ask an admin to drain the node.",
+    EXIT_UNREADABLE_OUTPUT: "nvidia-smi printed output the GPU check does not understand; ask an "
+    "admin to look at the gpu-check container's log.",
+}
+
+# nvidia-smi's exit codes: the man page's RETURN VALUE table (tests/fixtures/nvidia-smi/
+# return-codes__nvidia-smi-manpage-RETURN-VALUE.txt), plus 18, which is NVML's
+# LIB_RM_VERSION_MISMATCH and is what nvidia-smi returns on "Driver/library version mismatch"
+# (two independent user reports). Each entry: what happened, and what to do about it.
+NVIDIA_SMI_EXIT_CODES: dict[int, tuple[str, str]] = {
+    2: ("nvidia-smi rejected an argument or flag", "ask an admin to check the GPU check command"),
+    3: ("the requested operation is not available on the GPU", ASK_ADMIN_NODE),
+    4: (
+        "insufficient permissions to access the GPU",
+        "ask an admin to check the device permissions (and SELinux labels) on the node",
+    ),
+    6: ("nvidia-smi could not find a GPU", ASK_ADMIN_NODE),
+    8: ("a GPU's external power cables are not properly attached", ASK_ADMIN_NODE),
+    9: ("the NVIDIA driver is not loaded on the node", "ask an admin to check the node's driver"),
+    10: ("the NVIDIA kernel driver detected an interrupt issue with a GPU", ASK_ADMIN_NODE),
+    12: (
+        "the NVML library (libnvidia-ml.so) is missing in the container",
+        "ask an admin to check the node's NVIDIA container runtime",
+    ),
+    13: ("the NVML library in the container is older than nvidia-smi", ASK_ADMIN_NODE),
+    14: ("a GPU's infoROM is corrupted", ASK_ADMIN_NODE),
+    15: (
+        "a GPU has fallen off the bus or has otherwise become inaccessible",
+        "ask an admin to drain and reboot the node",
+    ),
+    18: (
+        "the NVIDIA driver does not match its user-space library (driver/library version mismatch)",
+        "ask an admin to reboot the node after its driver upgrade",
+    ),
+    255: ("nvidia-smi hit an internal or driver error", ASK_ADMIN_NODE),
+}
+
+# Messages that identify a failure better than the exit code does (the "GPU is lost" and
+# "Insufficient Permissions" samples come without one, and rc 255 covers many causes).
+_MESSAGE_CODES = (
+    ("GPU is lost", 15),
+    ("Insufficient Permissions", 4),
+    ("Driver/library version mismatch", 18),
+    ("couldn't communicate with the NVIDIA driver", 9),
+    ("couldn't find libnvidia-ml.so", 12),
+)
+
+NVIDIA_SMI_INVALID_ARGUMENT = 2
+NVIDIA_SMI_NOT_FOUND = 6
+NVIDIA_SMI_INFOROM_CORRUPTED = 14
+
+# Fields every nvidia-smi since long before CUDA 10 knows. Checked in the ALLFIELDS captures.
+CORE_FIELDS: tuple[str, ...] = (
+    "index",
+    "uuid",
+    "name",
+    "driver_version",
+    "pci.bus_id",
+    "memory.total",
+)
+# Health fields; some are newer (remapped_rows.* appeared with Ampere-era drivers) and an old
+# nvidia-smi refuses the whole query with exit code 2 when it meets one it does not know.
+# ``index`` leads every health query so that rows are matched by GPU index, not position.
+HEALTH_FIELDS: tuple[str, ...] = (
+    "ecc.mode.current",
+    "ecc.errors.uncorrected.volatile.total",
+    "retired_pages.pending",
+    "remapped_rows.pending",
+    "remapped_rows.failure",
+    "mig.mode.current",
+)
+CSV_FORMAT = "--format=csv,noheader,nounits"
+
+# Minimum Linux driver per CUDA version. From CUDA 11 on, any minor release of a major runs on
+# the major's first driver ("minor version compatibility"); before that, each toolkit needed
+# its own driver. Sources: NVIDIA, "CUDA Compatibility", Minor Version Compatibility, tables 1
+# and 2, https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html
+# (13.x >= 580, 12.x >= 525, 11.x >= 450, 10.2 >= 440.33, 10.1 >= 418.39, 10.0 >= 410.48), and
+# the CUDA Toolkit Release Notes table "CUDA Toolkit and Minimum Required Driver Version for
+# CUDA Minor Version Compatibility", https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/
+# (12.x >= 525.60.13, 11.1-11.8 >= 450.80.02; 11.0 GA shipped with 450.36.06).
+DRIVER_FLOOR_BY_MAJOR: dict[int, tuple[int, ...]] = {
+    13: (580,),
+    12: (525, 60, 13),
+    11: (450, 80, 2),
+}
+DRIVER_FLOOR_BY_MINOR: dict[tuple[int, int], tuple[int, ...]] = {
+    (11, 0): (450, 36, 6),
+    (10, 2): (440, 33),
+    (10, 1): (418, 39),
+    (10, 0): (410, 48),
+}
+
+_NOT_REPORTED = {"", "n/a", "na", "not supported", "unknown", "unknown error", "none"}
+
+
+def clean_value(raw: str | None) -> str | None:
+    """Return a CSV cell's text, or None when nvidia-smi says it has no value.
+
+    ``[N/A]``, ``N/A``, ``[Not Supported]``, ``[Requested functionality has been deprecated]``
+    and empty cells all mean "not reported", never a failure.
+    """
+    if raw is None:
+        return None
+    value = raw.strip()
+    if value.startswith("[") and value.endswith("]"):
+        return None
+    if value.lower() in _NOT_REPORTED:
+        return None
+    return value
+
+
+def parse_int(raw: str | None) -> int | None:
+    """``"81559"`` or ``"81559 MiB"`` -> 81559; anything not a whole number -> None."""
+    value = clean_value(raw)
+    if value is None:
+        return None
+    match = re.match(r"^(\d+)(?:\s+\S+)?$", value)
+    return int(match.group(1)) if match else None
+
+
+def parse_yes_no(raw: str | None) -> bool | None:
+    """``Yes``/``No`` (how nvidia-smi prints pending flags) -> True/False; else None."""
+    value = clean_value(raw)
+    if value is None:
+        return None
+    lowered = value.lower()
+    if lowered == "yes":
+        return True
+    if lowered == "no":
+        return False
+    return None
+
+
+def parse_version(raw: str | None) -> tuple[int, ...] | None:
+    """``"590.48.01"`` -> (590, 48, 1); ``"12.4"`` -> (12, 4); unparseable -> None."""
+    value = clean_value(raw)
+    if value is None or not re.match(r"^\d+(\.\d+)*$", value):
+        return None
+    return tuple(int(part) for part in value.split("."))
+
+
+def format_version(version: Sequence[int]) -> str:
+    """(525, 60, 13) -> ``"525.60.13"``; driver patch numbers keep their two digits."""
+    parts = [str(version[0])] + [f"{part:02d}" for part in version[1:]]
+    return ".".join(parts)
+
+
+class OutputError(ValueError):
+    """nvidia-smi printed something this check cannot read."""
+
+
+def split_warnings(text: str) -> tuple[list[str], list[str]]:
+    """Split nvidia-smi output into (data lines, ``WARNING:`` lines), dropping blank lines.
+
+    nvidia-smi appends e.g. ``WARNING: infoROM is corrupted at gpu 0000:0B:00.0`` (exit code 14)
+    after otherwise normal output.
+    """
+    data: list[str] = []
+    warnings: list[str] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if line.startswith("WARNING:"):
+            warnings.append(line.strip())
+        else:
+            data.append(line)
+    return data, warnings
+
+
+def parse_query_csv(text: str, fields: Sequence[str]) -> list[dict[str, str | None]]:
+    """Parse ``--query-gpu=<fields> --format=csv,noheader,nounits`` output into one dict per GPU.
+
+    Values are cleaned with ``clean_value`` (None = not reported). Raises OutputError when a
+    row does not have one cell per requested field.
+    """
+    rows: list[dict[str, str | None]] = []
+    lines, _ = split_warnings(text)
+    for line in lines:
+        # nvidia-smi separates cells with ", " and never quotes them; GPU names hold no commas.
+        cells = [cell.strip() for cell in line.split(",")]
+        if len(cells) != len(fields):
+            raise OutputError(
+                f"expected {len(fields)} comma-separated values per line for "
+                f"{','.join(fields)}, got {len(cells)} in {line.strip()[:200]!r}"
+            )
+        rows.append({name: clean_value(cells[i]) for i, name in enumerate(fields)})
+    return rows
+
+
+@dataclass
+class MigDevice:
+    """One MIG device as ``nvidia-smi -L`` lists it under its parent GPU."""
+
+    profile: str
+    index: int
+    uuid: str
+
+
+@dataclass
+class ListedGpu:
+    """One physical GPU as ``nvidia-smi -L`` lists it, with its MIG devices."""
+
+    index: int
+    name: str
+    uuid: str
+    mig_devices: list[MigDevice] = field(default_factory=list)
+
+
+_GPU_LINE = re.compile(
+    r"^GPU\s+(?P<index>\d+):\s+(?P<name>.*?)\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)\s*$"
+)
+# R470+: "  MIG 3g.40gb     Device  0: (UUID: MIG-7089d0f3-...)"; R450: "  MIG 1g.5gb Device 0:
+# (UUID: MIG-GPU-<gpu uuid>/7/0)". Only the spacing and the UUID form differ.
+_MIG_LINE = re.compile(
+    r"^\s+MIG\s+(?P<profile>\S+)\s+Device\s+(?P<index>\d+):\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)\s*$"
+)
+_NO_DEVICES = "No devices were found"
+
+
+def parse_list(text: str) -> list[ListedGpu]:
+    """Parse ``nvidia-smi -L`` output. ``No devices were found`` gives an empty list.
+
+    Raises OutputError on a line that is neither a GPU, a MIG device nor a warning.
+    """
+    gpus: list[ListedGpu] = []
+    lines, _ = split_warnings(text)
+    for line in lines:
+        if line.strip() == _NO_DEVICES:
+            continue
+        gpu_match = _GPU_LINE.match(line)
+        if gpu_match:
+            gpus.append(
+                ListedGpu(
+                    index=int(gpu_match.group("index")),
+                    name=gpu_match.group("name"),
+                    uuid=gpu_match.group("uuid"),
+                )
+            )
+            continue
+        mig_match = _MIG_LINE.match(line)
+        if mig_match and gpus:
+            gpus[-1].mig_devices.append(
+                MigDevice(
+                    profile=mig_match.group("profile"),
+                    index=int(mig_match.group("index")),
+                    uuid=mig_match.group("uuid"),
+                )
+            )
+            continue
+        raise OutputError(f"unexpected line in nvidia-smi -L output: {line.strip()[:200]!r}")
+    return gpus
+
+
+@dataclass
+class GpuRecord:
+    """What the CSV queries report for one physical GPU; None means not reported."""
+
+    index: int | None = None
+    uuid: str | None = None
+    name: str | None = None
+    driver_version: str | None = None
+    pci_bus_id: str | None = None
+    memory_total_mib: int | None = None
+    ecc_mode: str | None = None
+    ecc_uncorrected_volatile: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    mig_mode: str | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, str | None]) -> GpuRecord:
+        """Build a record from ``parse_query_csv`` rows (any subset of the known fields)."""
+        return cls(
+            index=parse_int(row.get("index")),
+            uuid=row.get("uuid"),
+            name=row.get("name"),
+            driver_version=row.get("driver_version"),
+            pci_bus_id=row.get("pci.bus_id"),
+            memory_total_mib=parse_int(row.get("memory.total")),
+            ecc_mode=row.get("ecc.mode.current"),
+            ecc_uncorrected_volatile=parse_int(row.get("ecc.errors.uncorrected.volatile.total")),
+            retired_pages_pending=parse_yes_no(row.get("retired_pages.pending")),
+            remapped_rows_pending=parse_yes_no(row.get("remapped_rows.pending")),
+            remapped_rows_failure=parse_yes_no(row.get("remapped_rows.failure")),
+            mig_mode=row.get("mig.mode.current"),
+        )
+
+    @property
+    def label(self) -> str:
+        """How the GPU is named in messages: ``GPU 1 (NVIDIA H100 80GB HBM3, GPU-...)``."""
+        details = ", ".join(part for part in (self.name, self.uuid) if part)
+        number = f"GPU {self.index}" if self.index is not None else "A GPU"
+        return f"{number} ({details})" if details else number
+
+
+def merge_rows(*row_sets: Sequence[dict[str, str | None]]) -> list[GpuRecord]:
+    """Merge the rows of several queries into one record per GPU, matched by ``index``.
+
+    Rows without an index are matched by position (the CSV order is the index order).
+    """
+    merged: dict[object, dict[str, str | None]] = {}
+    order: list[object] = []
+    for rows in row_sets:
+        for position, row in enumerate(rows):
+            key: object = row.get("index") if row.get("index") is not None else position
+            if key not in merged:
+                merged[key] = {}
+                order.append(key)
+            for name, value in row.items():
+                # A field reported by one query must not be blanked by another.
+                if value is not None or name not in merged[key]:
+                    merged[key][name] = value
+    return [GpuRecord.from_row(merged[key]) for key in order]
+
+
+def driver_floor(cuda: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The minimum Linux driver for CUDA ``(major, minor)``, or None when no floor is known."""
+    major = cuda[0]
+    minor = cuda[1] if len(cuda) > 1 else 0
+    if (major, minor) in DRIVER_FLOOR_BY_MINOR:
+        return DRIVER_FLOOR_BY_MINOR[(major, minor)]
+    return DRIVER_FLOOR_BY_MAJOR.get(major)
+
+
+def mig_profile_of(resource: str) -> str | None:
+    """``nvidia.com/mig-1g.10gb`` -> ``1g.10gb``; a whole-GPU resource -> None."""
+    name = resource.rsplit("/", 1)[-1]
+    return name[len("mig-") :] if name.startswith("mig-") else None
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
+@dataclass
+class CheckResult:
+    """The outcome: ``ok``, the one-line ``reason`` when not, and report lines for the log."""
+
+    ok: bool
+    exit_code: int
+    reason: str | None = None
+    report: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _describe(record: GpuRecord) -> str:
+    parts = [record.label]
+    if record.pci_bus_id:
+        parts.append("bus " + record.pci_bus_id)
+    if record.driver_version:
+        parts.append("driver " + record.driver_version)
+    if record.memory_total_mib is not None:
+        parts.append(f"{record.memory_total_mib} MiB")
+    if record.ecc_mode is None:
+        parts.append("ECC not reported")
+    else:
+        ecc = "ECC " + record.ecc_mode.lower()
+        if record.ecc_uncorrected_volatile is not None:
+            ecc += f", {record.ecc_uncorrected_volatile} uncorrectable errors"
+        parts.append(ecc)
+    if record.mig_mode is not None:
+        parts.append("MIG " + record.mig_mode.lower())
+    return ": ".join([parts[0], ", ".join(parts[1:])]) if len(parts) > 1 else parts[0]
+
+
+def _health_problems(record: GpuRecord) -> list[str]:
+    problems = []
+    if record.ecc_uncorrected_volatile:
+        errors = _plural(record.ecc_uncorrected_volatile, "uncorrectable ECC error")
+        problems.append(
+            f"{record.label} has {errors} since the driver loaded, so its memory cannot be "
+            "trusted; ask an admin to drain the node and reset the GPU."
+        )
+    if record.retired_pages_pending:
+        problems.append(
+            f"{record.label} has a memory page retirement pending that only takes effect "
+            "after a GPU reset; ask an admin to drain the node and reset the GPU."
+        )
+    if record.remapped_rows_failure:
+        problems.append(
+            f"{record.label} failed to remap a faulty memory row and needs service; ask an "
+            "admin to take the GPU out of use."
+        )
+    elif record.remapped_rows_pending:
+        problems.append(
+            f"{record.label} has a memory row remapping pending that only takes effect after "
+            "a GPU reset; ask an admin to drain the node and reset the GPU."
+        )
+    return problems
+
+
+def count_units(
+    resource: str, listing: list[ListedGpu] | None, records: list[GpuRecord]
+) -> tuple[int, list[str]]:
+    """How many of the requested units the container sees, and MIG-enabled GPUs left empty.
+
+    For a MIG resource (``nvidia.com/mig-<profile>``) only MIG devices count. For a whole-GPU
+    resource a GPU counts as itself, or as its MIG devices when it has some (the device
+    plugin's "single" MIG strategy hands out MIG devices as ``nvidia.com/gpu``). A GPU in MIG
+    mode without MIG devices counts as nothing: CUDA cannot use it.
+    """
+    if listing is None:
+        return len(records), []
+    profile = mig_profile_of(resource)
+    mig_mode = {r.uuid: (r.mig_mode or "").lower() for r in records if r.uuid}
+    seen = 0
+    empty_mig: list[str] = []
+    for gpu in listing:
+        if gpu.mig_devices:
+            seen += len(gpu.mig_devices)
+        elif mig_mode.get(gpu.uuid) == "enabled":
+            empty_mig.append(f"GPU {gpu.index} ({gpu.name})")
+        elif profile is None:
+            seen += 1
+    return seen, empty_mig
+
+
+def _count_problem(
+    expected: int, resource: str, listing: list[ListedGpu] | None, records: list[GpuRecord]
+) -> tuple[str | None, str]:
+    """(reason or None, report line) for the number of GPUs or MIG devices visible."""
+    seen, empty_mig = count_units(resource, listing, records)
+    unit = "MIG device" if mig_profile_of(resource) is not None else "GPU"
+    if seen == expected:
+        return None, f"OK: {_plural(seen, unit)} visible, as requested ({resource})."
+    line = f"{_plural(seen, unit)} visible, {expected} requested ({resource})."
+    were = "was" if expected == 1 else "were"
+    if empty_mig and seen < expected:
+        return (
+            f"{empty_mig[0]} has MIG mode enabled but no MIG devices, so CUDA cannot use it; "
+            "ask an admin to check the node's MIG configuration."
+        ), line
+    if seen == 0:
+        return (
+            f"No {unit} is visible in this container, although {expected} {were} requested: "
+            f"the node's device plugin or container runtime did not give it any; {ASK_ADMIN_NODE}."
+        ), line
+    if seen < expected:
+        return (
+            f"Only {seen} of the {_plural(expected, 'requested ' + unit)} is visible: the node's "
+            f"device plugin gave this container fewer {unit}s than it asked for; {ASK_ADMIN_NODE}."
+        ), line
+    are = "is" if seen == 1 else "are"
+    return (
+        f"{_plural(seen, unit)} {are} visible but only {expected} {were} requested: this "
+        f"container can use {unit}s it was not given (the image may set "
+        "NVIDIA_VISIBLE_DEVICES=all, or the node's runtime ignores the device plugin); ask an "
+        "admin to check the image and the node."
+    ), line
+
+
+def _driver_problem(
+    records: list[GpuRecord], cuda: str | None, report: list[str], warnings: list[str]
+) -> str | None:
+    if not cuda:
+        return None
+    wanted = parse_version(cuda)
+    if wanted is None:
+        warnings.append(f"CUDA version {cuda!r} is not of the form X.Y; driver not checked.")
+        return None
+    cuda_text = ".".join(str(part) for part in wanted[:2])
+    drivers = [r.driver_version for r in records if r.driver_version]
+    driver = parse_version(drivers[0]) if drivers else None
+    if driver is None:
+        warnings.append(f"nvidia-smi did not report the driver version; CUDA {cuda} not checked.")
+        return None
+    floor = driver_floor(wanted)
+    if floor is None:
+        warnings.append(
+            f"No minimum driver is known for CUDA {cuda_text}; driver {drivers[0]} not checked."
+        )
+        return None
+    if driver < floor:
+        return (
+            f"The node's NVIDIA driver {drivers[0]} is too old for this image's CUDA {cuda_text}, "
+            f"which needs driver {format_version(floor)} or newer: pick an image built for an "
+            "older CUDA, or ask an admin to upgrade the node's driver."
+        )
+    report.append(
+        f"OK: driver {drivers[0]} runs CUDA {cuda_text} (needs {format_version(floor)} or newer)."
+    )
+    return None
+
+
+def evaluate(
+    expected: int,
+    resource: str,
+    listing: list[ListedGpu] | None,
+    records: list[GpuRecord],
+    cuda: str | None = None,
+    warnings: Sequence[str] = (),
+) -> CheckResult:
+    """Decide whether the GPUs are usable. Pure: takes parsed nvidia-smi data, returns a result.
+
+    ``listing`` is ``parse_list`` output (None when ``-L`` was not available): with it, GPUs
+    are counted as the container sees them, MIG devices in place of MIG-enabled GPUs.
+    ``records`` come from the CSV queries (``merge_rows``).
+    """
+    report: list[str] = []
+    notes = list(warnings)
+    drivers = sorted({r.driver_version for r in records if r.driver_version})
+    gpu_count = len(listing) if listing is not None else len(records)
+    report.append(
+        "nvidia-smi sees {}{}.".format(
+            _plural(gpu_count, "GPU"), " (driver {})".format(", ".join(drivers)) if drivers else ""
+        )
+    )
+    by_uuid = {r.uuid: r for r in records if r.uuid}
+    by_index = {r.index: r for r in records if r.index is not None}
+    profile = mig_profile_of(resource)
+    if listing is not None:
+        for gpu in listing:
+            record = by_uuid.get(gpu.uuid) or by_index.get(gpu.index)
+            if record is None:
+                record = GpuRecord(index=gpu.index)
+            if record.name is None or record.uuid is None:
+                record.name, record.uuid = gpu.name, gpu.uuid
+            report.append(_describe(record))
+            for device in gpu.mig_devices:
+                report.append(f"  MIG {device.profile} device {device.index}: {device.uuid}")
+                if profile is not None and device.profile != profile:
+                    notes.append(
+                        f"MIG device {device.uuid} is a {device.profile}, "
+                        f"not the requested {profile}."
+                    )
+    else:
+        report.extend(_describe(r) for r in records)
+
+    count_reason, count_line = _count_problem(expected, resource, listing, records)
+    report.append(count_line)
+    driver_reason = _driver_problem(records, cuda, report, notes)
+    health = [problem for record in records for problem in _health_problems(record)]
+    if not health:
+        report.append(
+            "OK: no uncorrectable ECC errors, pending retirements or row remaps reported."
+        )
+
+    failures: list[tuple[int, str]] = []
+    if count_reason:
+        failures.append((EXIT_GPU_COUNT, count_reason))
+    if driver_reason:
+        failures.append((EXIT_DRIVER_TOO_OLD, driver_reason))
+    failures.extend((EXIT_GPU_UNHEALTHY, problem) for problem in health)
+    report.extend("warning: " + note for note in notes)
+    if not failures:
+        return CheckResult(ok=True, exit_code=EXIT_OK, report=report, warnings=notes)
+    report.extend("FAILED: " + reason for _, reason in failures)
+    exit_code, reason = failures[0]
+    if len(failures) > 1:
+        more = _plural(len(failures) - 1, "problem").replace(" ", " more ", 1)
+        reason = f"{reason} ({more} in the gpu-check log)"
+    return CheckResult(ok=False, exit_code=exit_code, reason=reason, report=report, warnings=notes)
+
+
+def first_message(output: str) -> str:
+    """nvidia-smi's first non-empty output line, for quoting in a reason."""
+    for line in output.splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return ""
+
+
+def classify_exit(returncode: int, output: str) -> int:
+    """The nvidia-smi exit code that best explains a failure, reading the message too."""
+    for text, code in _MESSAGE_CODES:
+        if text in output:
+            return code
+    return returncode
+
+
+def nvidia_smi_failure(returncode: int, output: str) -> str:
+    """A one-line reason for a failed nvidia-smi run."""
+    code = classify_exit(returncode, output)
+    what, action = NVIDIA_SMI_EXIT_CODES.get(
+        code, ("nvidia-smi failed with an undocumented exit code", ASK_ADMIN_NODE)
+    )
+    reason = (
+        f"nvidia-smi failed with exit code {returncode} ({what}), so the GPUs cannot be used; "
+        f"{action}."
+    )
+    said = first_message(output)
+    if said:
+        reason += " nvidia-smi said: " + said
+    return reason
+
+
+@dataclass
+class CommandResult:
+    """One nvidia-smi run: exit code and stdout+stderr together."""
+
+    returncode: int
+    output: str
+
+
+class CheckFailed(Exception):
+    """Stops the check with an exit code and a one-line reason."""
+
+    def __init__(self, exit_code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.exit_code = exit_code
+        self.reason = reason
+
+
+if TYPE_CHECKING:
+    # Only for annotations: subscripting collections.abc.Callable fails at runtime on 3.8.
+    Runner = Callable[[list[str]], CommandResult]
+
+
+def accept(result: CommandResult, warnings: list[str]) -> CommandResult:
+    """Pass a successful run through; exit code 14 (infoROM corrupted) only adds a warning.
+
+    NVIDIA's GPU Operator treats 14 as a warning too: the output is complete and the GPU
+    works (pytorch/pytorch#87464, NVIDIA/gpu-operator#285). Any other failure raises.
+    """
+    if result.returncode == NVIDIA_SMI_INFOROM_CORRUPTED:
+        _, lines = split_warnings(result.output)
+        for line in lines or ["nvidia-smi reports a corrupted infoROM (exit code 14)."]:
+            if line not in warnings:
+                warnings.append(line)
+        return result
+    if result.returncode != 0:
+        raise CheckFailed(
+            EXIT_NVIDIA_SMI_FAILED, nvidia_smi_failure(result.returncode, result.output)
+        )
+    return result
+
+
+def unreadable(error: OutputError) -> CheckFailed:
+    return CheckFailed(
+        EXIT_UNREADABLE_OUTPUT,
+        f"nvidia-smi printed output the GPU check does not understand ({error}); ask an admin to "
+        "look at the gpu-check container's log.",
+    )
+
+
+def read_query(
+    result: CommandResult, fields: Sequence[str], warnings: list[str]
+) -> list[dict[str, str | None]]:
+    """Accept a ``--query-gpu`` run and parse it, raising CheckFailed when that fails."""
+    accept(result, warnings)
+    try:
+        return parse_query_csv(result.output, fields)
+    except OutputError as error:
+        raise unreadable(error) from None
+
+
+def query_args(fields: Sequence[str]) -> list[str]:
+    """The nvidia-smi arguments for a machine-readable query of ``fields``."""
+    return ["--query-gpu=" + ",".join(fields), CSV_FORMAT]
+
+
+def query_health(run: Runner, warnings: list[str]) -> list[dict[str, str | None]]:
+    """Query the health fields; if this nvidia-smi rejects one, ask for each field on its own."""
+    fields = ("index", *HEALTH_FIELDS)
+    first = run(query_args(fields))
+    if first.returncode != NVIDIA_SMI_INVALID_ARGUMENT:
+        return read_query(first, fields, warnings)
+    rows: list[dict[str, str | None]] = []
+    missing: list[str] = []
+    for name in HEALTH_FIELDS:
+        single = ("index", name)
+        result = run(query_args(single))
+        if result.returncode == NVIDIA_SMI_INVALID_ARGUMENT:
+            missing.append(name)
+            continue
+        rows.extend(read_query(result, single, warnings))
+    if missing:
+        warnings.append("This nvidia-smi does not know {}; not checked.".format(", ".join(missing)))
+    return rows
+
+
+def collect(run: Runner) -> tuple[list[ListedGpu] | None, list[GpuRecord], list[str]]:
+    """Run the nvidia-smi commands and parse them: (listing, records, warnings).
+
+    ``-L`` goes first: it is the cheapest proof that nvidia-smi works at all.
+    """
+    warnings: list[str] = []
+    listed = run(["-L"])
+    if listed.returncode in (0, NVIDIA_SMI_NOT_FOUND) and _NO_DEVICES in listed.output:
+        return [], [], warnings
+    accept(listed, warnings)
+    listing: list[ListedGpu] | None
+    try:
+        listing = parse_list(listed.output)
+    except OutputError as error:
+        warnings.append(f"{error}; GPUs counted from the CSV query instead.")
+        listing = None
+    core_result = run(query_args(CORE_FIELDS))
+    core: list[dict[str, str | None]] = []
+    if core_result.returncode == NVIDIA_SMI_INVALID_ARGUMENT and listing is not None:
+        # Counting still works from -L; only the report loses detail.
+        warnings.append("This nvidia-smi rejected the basic GPU query; details are missing.")
+    else:
+        core = read_query(core_result, CORE_FIELDS, warnings)
+    health = query_health(run, warnings)
+    return listing, merge_rows(core, health), warnings
+
+
+def run_nvidia_smi(binary: str, timeout: float) -> Runner:
+    """A Runner that executes ``binary`` with stdout and stderr merged."""
+
+    def run(args: list[str]) -> CommandResult:
+        try:
+            completed = subprocess.run(
+                [binary, *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise CheckFailed(
+                EXIT_NVIDIA_SMI_FAILED,
+                f"nvidia-smi did not answer within {timeout:g} seconds, so the GPU or its driver "
+                f"is hung; {ASK_ADMIN_NODE}.",
+            ) from None
+        except OSError as error:
+            raise CheckFailed(
+                EXIT_NO_NVIDIA_SMI,
+                f"nvidia-smi could not be started in the container ({error.strerror or error}): "
+                "the node's NVIDIA container runtime did not mount the driver tools properly; "
+                f"{ASK_ADMIN_NODE}.",
+            ) from None
+        output = completed.stdout.decode("utf-8", errors="replace")
+        return CommandResult(completed.returncode, output)
+
+    return run
+
+
+def find_nvidia_smi(name: str) -> str | None:
+    """The path to run for ``--nvidia-smi``: a path as given, or a name looked up on PATH."""
+    if os.sep in name:
+        return name if os.path.exists(name) else None
+    return shutil.which(name)
+
+
+def check(args: argparse.Namespace) -> CheckResult:
+    """Run the whole check with the parsed command line."""
+    binary = find_nvidia_smi(args.nvidia_smi)
+    if binary is None:
+        return CheckResult(
+            ok=False,
+            exit_code=EXIT_NO_NVIDIA_SMI,
+            reason="nvidia-smi was not found in the container: the node's NVIDIA container "
+            f"runtime did not mount the driver tools into it (no {args.nvidia_smi!r} on PATH); "
+            f"{ASK_ADMIN_NODE}.",
+        )
+    try:
+        listing, records, warnings = collect(run_nvidia_smi(binary, args.timeout))
+    except CheckFailed as failure:
+        return CheckResult(ok=False, exit_code=failure.exit_code, reason=failure.reason)
+    return evaluate(args.expect, args.resource, listing, records, args.cuda, warnings)
+
+
+def write_termination_message(path: str, reason: str) -> None:
+    """Write the reason where Kubernetes reads the termination message; skip if impossible."""
+    if not path:
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as stream:
+            # Kubernetes keeps at most 4096 bytes of a termination message.
+            stream.write(reason.encode("utf-8")[:4000].decode("utf-8", errors="ignore") + "\n")
+    except OSError:
+        pass
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line; see ``--help``."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Check with nvidia-smi that this container sees the GPUs it requested, that "
+        "they are healthy and that the driver suits the image's CUDA version.",
+    )
+    parser.add_argument(
+        "--expect", type=int, required=True, help="number of GPUs (or MIG devices) requested"
+    )
+    parser.add_argument(
+        "--resource",
+        default="nvidia.com/gpu",
+        help="Kubernetes resource name requested, e.g. nvidia.com/mig-1g.10gb (MIG devices are "
+        "counted then); default: %(default)s",
+    )
+    parser.add_argument("--cuda", default=None, help="the image's CUDA version X.Y (optional)")
+    parser.add_argument(
+        "--termination-log",
+        default="/dev/termination-log",
+        help="file to write the failure reason to; default: %(default)s",
+    )
+    parser.add_argument(
+        "--nvidia-smi", default="nvidia-smi", help="nvidia-smi to run; default: %(default)s"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for each nvidia-smi run; default: %(default)s",
+    )
+    args = parser.parse_args(argv)
+    if args.expect < 1:
+        parser.error("--expect must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the check, print the report, and return the exit code."""
+    args = parse_args(argv)
+    try:
+        result = check(args)
+    except Exception as error:  # the user must get one line, never a traceback
+        result = CheckResult(
+            ok=False,
+            exit_code=EXIT_INTERNAL,
+            reason=f"The GPU check crashed ({type(error).__name__}: {error}); ask an admin to "
+            "look at the gpu-check container's log.",
+        )
+    for line in result.report:
+        print(line)
+    sys.stdout.flush()
+    if result.ok:
+        print("GPU check passed.")
+        return EXIT_OK
+    reason = result.reason or EXIT_REASONS.get(result.exit_code, "The GPU check failed.")
+    print(reason, file=sys.stderr)
+    sys.stderr.flush()
+    write_termination_message(args.termination_log, reason)
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
