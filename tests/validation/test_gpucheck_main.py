@@ -1,0 +1,292 @@
+"""The GPU check end to end: ``python3 -c <source> ARGS`` as the init container runs it.
+
+A fake ``nvidia-smi`` on PATH replays recorded output (verbatim fixture bodies) and exit
+codes chosen by its arguments, and logs every call; so the real command line, exit codes,
+stdout/stderr split and termination-log file are all exercised.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuspawner.validation import gpucheck
+from gpuspawner.validation.command import check_command, check_source
+from tests.validation.nvsmi_fixtures import (
+    CHANGES,
+    CORE_FIELDS,
+    FIXTURES,
+    HEALTH_FIELDS,
+    changed_name,
+    derived_name,
+)
+
+CORE_ARGS = f"--query-gpu={','.join(CORE_FIELDS)} --format=csv,noheader,nounits"
+HEALTH_ARGS = f"--query-gpu={','.join(HEALTH_FIELDS)} --format=csv,noheader,nounits"
+
+FAKE_NVIDIA_SMI = """\
+import json, sys
+from pathlib import Path
+
+here = Path(__file__).resolve().parent
+args = " ".join(sys.argv[1:])
+with open(here / "calls.log", "a") as log:
+    log.write(args + "\\n")
+scenario = json.loads((here / "scenario.json").read_text())
+if args not in scenario:
+    sys.stdout.write("fake nvidia-smi: no fixture for: " + args + "\\n")
+    sys.exit(97)
+answer = scenario[args]
+text = Path(answer["fixture"]).read_text()
+sys.stdout.write(text.split("# ----- verbatim output below this line -----\\n", 1)[1])
+sys.exit(answer["rc"])
+"""
+
+
+def _python38() -> str | None:
+    candidates = [shutil.which("python3.8") or ""]
+    candidates += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8")))
+    for candidate in candidates:
+        if not candidate:
+            continue
+        probe = subprocess.run(
+            [candidate, "-c", "import sys; print(sys.version_info[:2] == (3, 8))"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if probe.stdout.strip() == "True":
+            return candidate
+    return None
+
+
+class Pod:
+    """A temporary container: a bin dir with the fake nvidia-smi, and a termination log."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.bin = tmp_path / "bin"
+        self.bin.mkdir()
+        self.termination_log = tmp_path / "termination-log"
+        fake = self.bin / "nvidia-smi"
+        fake.write_text(f"#!{sys.executable}\n{FAKE_NVIDIA_SMI}", encoding="utf-8")
+        fake.chmod(0o755)
+
+    def answer(self, answers: dict[str, tuple[str, int]]) -> None:
+        scenario = {
+            args: {"fixture": str(FIXTURES / name), "rc": rc}
+            for args, (name, rc) in answers.items()
+        }
+        (self.bin / "scenario.json").write_text(json.dumps(scenario), encoding="utf-8")
+
+    def healthy(
+        self, capture: str, listing: str, overrides: dict[str, tuple[str, int]] | None = None
+    ) -> None:
+        answers = {
+            "-L": (listing, 0),
+            CORE_ARGS: (derived_name(capture, "core"), 0),
+            HEALTH_ARGS: (derived_name(capture, "health"), 0),
+        }
+        answers.update(overrides or {})
+        self.answer(answers)
+
+    def calls(self) -> list[str]:
+        log = self.bin / "calls.log"
+        return log.read_text().splitlines() if log.exists() else []
+
+    def run(
+        self,
+        expected: int,
+        resource: str = "nvidia.com/gpu",
+        cuda: str | None = None,
+        python: str | None = None,
+        path: str | None = None,
+        termination_log: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        command = check_command(
+            expected, resource, cuda, termination_log=termination_log or str(self.termination_log)
+        )
+        if python:
+            command[0] = python
+        env = {"PATH": path if path is not None else f"{self.bin}{os.pathsep}{os.environ['PATH']}"}
+        return subprocess.run(
+            command, capture_output=True, text=True, env=env, timeout=60, check=False
+        )
+
+    def message(self) -> str | None:
+        if not self.termination_log.exists():
+            return None
+        return self.termination_log.read_text(encoding="utf-8")
+
+
+@pytest.fixture
+def pod(tmp_path):
+    return Pod(tmp_path)
+
+
+PYTHONS = ["python3", "python3.8"]
+
+
+@pytest.fixture(params=PYTHONS)
+def python(request):
+    """The interpreter named in the command, and Python 3.8, the oldest the check supports."""
+    if request.param == "python3":
+        return None
+    found = _python38()
+    if found is None:
+        pytest.skip("no Python 3.8 interpreter on this machine to run the check with")
+    return found
+
+
+def last_stderr_line(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stderr.strip().splitlines()[-1]
+
+
+def test_healthy_gpu_passes(pod, python):
+    pod.healthy("h100-80gb-hbm3_590.48.01", "list-L__h100-80gb-hbm3_590.48.01.txt")
+    result = pod.run(1, cuda="12.4", python=python)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert result.stdout.splitlines()[-1] == "GPU check passed."
+    assert "NVIDIA H100 80GB HBM3" in result.stdout
+    assert "bus 00000000:00:09.0, driver 590.48.01, 81559 MiB" in result.stdout
+    assert pod.calls() == ["-L", CORE_ARGS, HEALTH_ARGS]
+    assert pod.message() is None
+
+
+def test_count_mismatch_fails_with_one_line_in_stderr_and_the_termination_log(pod, python):
+    pod.healthy("l40s_595.80", "list-L__l40s_595.80.txt")
+    result = pod.run(2, python=python)
+    assert result.returncode == gpucheck.EXIT_GPU_COUNT
+    reason = last_stderr_line(result)
+    assert reason.startswith("Only 1 of the 2 requested GPUs is visible")
+    assert pod.message() == reason + "\n"
+    assert "Traceback" not in result.stderr
+
+
+def test_driver_not_loaded(pod, python):
+    pod.answer({"-L": ("error-driver-not-loaded__rc9__nvidia_gpu_exporter-65.txt", 9)})
+    result = pod.run(1, python=python)
+    assert result.returncode == gpucheck.EXIT_NVIDIA_SMI_FAILED
+    reason = last_stderr_line(result)
+    assert reason.startswith("nvidia-smi failed with exit code 9 (the NVIDIA driver is not loaded")
+    assert reason.endswith("Make sure that the latest NVIDIA driver is installed and running.")
+    assert pod.message().strip() == reason
+    assert pod.calls() == ["-L"]
+
+
+def test_nvml_library_missing(pod):
+    pod.answer({"-L": ("error-libnvidia-ml-not-found__rc12__nvidia_gpu_exporter-105.txt", 12)})
+    result = pod.run(1)
+    assert result.returncode == gpucheck.EXIT_NVIDIA_SMI_FAILED
+    assert "libnvidia-ml.so) is missing in the container" in pod.message()
+
+
+def test_nvidia_smi_missing(pod, python):
+    empty = pod.bin.parent / "empty"
+    empty.mkdir()
+    interpreter = python or sys.executable  # PATH is empty: name the interpreter by path
+    result = pod.run(1, python=interpreter, path=str(empty))
+    assert result.returncode == gpucheck.EXIT_NO_NVIDIA_SMI
+    assert last_stderr_line(result).startswith("nvidia-smi was not found in the container: ")
+    assert pod.message().startswith("nvidia-smi was not found in the container: ")
+
+
+def test_uncorrectable_ecc_errors_fail(pod):
+    pod.healthy(
+        "h100-80gb-hbm3_590.48.01",
+        "list-L__h100-80gb-hbm3_590.48.01.txt",
+        {HEALTH_ARGS: (changed_name_for("ecc-uncorrected-volatile-2"), 0)},
+    )
+    result = pod.run(1, cuda="12.4")
+    assert result.returncode == gpucheck.EXIT_GPU_UNHEALTHY
+    assert "has 2 uncorrectable ECC errors" in pod.message()
+    assert "ECC enabled, 2 uncorrectable errors" in result.stdout
+
+
+def test_old_driver_fails_for_cuda_13(pod):
+    pod.healthy(
+        "h100-80gb-hbm3_590.48.01",
+        "list-L__h100-80gb-hbm3_590.48.01.txt",
+        {CORE_ARGS: (changed_name_for("driver-535.161.08"), 0)},
+    )
+    result = pod.run(1, cuda="13.0")
+    assert result.returncode == gpucheck.EXIT_DRIVER_TOO_OLD
+    assert "needs driver 580 or newer" in pod.message()
+
+
+def test_mig_devices_are_counted(pod, python):
+    pod.healthy("h100-80gb-hbm3-MIG_590.48.01", "list-L__h100-80gb-hbm3-MIG_590.48.01.txt")
+    assert pod.run(4, python=python).returncode == 0
+    result = pod.run(1, resource="nvidia.com/mig-1g.10gb", python=python)
+    assert result.returncode == gpucheck.EXIT_GPU_COUNT
+    assert pod.message().startswith("4 MIG devices are visible but only 1 was requested")
+
+
+def test_a_driver_without_the_health_fields_falls_back_to_single_queries(pod):
+    invalid = ("error-invalid-field__rc2__cohdi-37.txt", 2)
+    answers = {
+        "-L": ("list-L__rtx4080super_linux_595.71.05.txt", 0),
+        CORE_ARGS: (derived_name("rtx4080super_linux_595.71.05", "core"), 0),
+        HEALTH_ARGS: invalid,
+    }
+    for name in gpucheck.HEALTH_FIELDS:
+        answers[f"--query-gpu=index,{name} --format=csv,noheader,nounits"] = invalid
+    pod.answer(answers)
+    result = pod.run(1, cuda="12.4")
+    assert result.returncode == 0, result.stderr
+    assert len(pod.calls()) == 3 + len(gpucheck.HEALTH_FIELDS)
+    assert "warning: This nvidia-smi does not know ecc.mode.current" in result.stdout
+
+
+def test_unreadable_output_is_reported_not_crashed_on(pod):
+    pod.answer(
+        {
+            "-L": ("list-L__h200_590.48.01.txt", 0),
+            CORE_ARGS: ("query-gpu-csv-noheader-nounits__8x-titanx__gpustat-5.txt", 0),
+        }
+    )
+    result = pod.run(1)
+    assert result.returncode == gpucheck.EXIT_UNREADABLE_OUTPUT
+    assert "Traceback" not in result.stderr
+    assert last_stderr_line(result).startswith("nvidia-smi printed output the GPU check does not")
+
+
+def test_an_unwritable_termination_log_is_skipped(pod):
+    pod.healthy("h200_590.48.01", "list-L__h200_590.48.01.txt")
+    result = pod.run(3, termination_log=str(pod.bin.parent / "missing-dir" / "log"))
+    assert result.returncode == gpucheck.EXIT_GPU_COUNT
+    assert last_stderr_line(result).startswith("Only 1 of the 3 requested GPUs is visible")
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_arguments_exit_with_the_usage_code():
+    command = check_command(1, "nvidia.com/gpu", None)
+    command[command.index("--expect") + 1] = "two"
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == gpucheck.EXIT_USAGE
+    assert "gpuspawner-check-gpus: error: argument --expect" in result.stderr
+
+
+def test_source_parses_as_python_38_and_imports_only_the_standard_library():
+    tree = ast.parse(check_source(), feature_version=(3, 8))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "relative import"
+            imported.add((node.module or "").split(".")[0])
+    assert imported <= sys.stdlib_module_names | {"__future__"}
+
+
+def changed_name_for(change: str) -> str:
+    (found,) = [c for c in CHANGES if c.name == change]
+    return changed_name(found)
