@@ -1,0 +1,144 @@
+"""Read the GPU check's outcome out of a pod, as the spawner's pod watcher sees it.
+
+Pure functions over a Pod as a raw JSON dict (camelCase keys, exactly as the Kubernetes API
+returns it and as KubeSpawner's reflector stores it). No Kubernetes client is imported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..labels import ANNOTATION_GPU_RESOURCE, LABEL_GPUS, VALIDATION_CONTAINER_NAME
+from .gpucheck import EXIT_REASONS
+
+# Exit codes that come from the container runtime rather than from the check itself.
+_RUNTIME_EXIT_REASONS = {
+    126: "The GPU check could not start: python3 in the notebook image is not executable; "
+    "ask an admin to check the image.",
+    127: "The GPU check could not start because the notebook image has no python3; ask an "
+    "admin to check the image or to override the GPU check command.",
+    137: "The GPU check was killed (out of memory or stopped) before it finished; ask an admin "
+    "to check the gpu-check container's resources.",
+}
+# What the container runtime says when the command cannot be started at all; the raw text is
+# long and technical, so it is replaced by the 127 reason above.
+_NOT_FOUND_MARKERS = ("executable file not found", "no such file or directory")
+# ``terminated.reason`` when the runtime could not start the command (containerd, Docker).
+_START_FAILURES = ("StartError", "ContainerCannotRun")
+
+
+def _container_status(pod: dict[str, Any], container_name: str) -> dict[str, Any] | None:
+    for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        if status.get("name") == container_name:
+            return status
+    return None
+
+
+def _failed_termination(status: dict[str, Any]) -> dict[str, Any] | None:
+    """The terminated state of a failed run: the current one, else the previous attempt's.
+
+    Under ``restartPolicy: OnFailure``/``Always`` a failed init container is restarted, so
+    its failure sits in ``lastState`` while it waits in CrashLoopBackOff or runs again.
+    """
+    for key in ("state", "lastState"):
+        terminated = (status.get(key) or {}).get("terminated")
+        if terminated and terminated.get("exitCode", 0) != 0:
+            return terminated
+    return None
+
+
+def _last_line(message: str | None) -> str | None:
+    if not message:
+        return None
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+def reason_for_exit_code(exit_code: int) -> str:
+    """A user-facing reason for a check that exited ``exit_code`` without leaving a message."""
+    if exit_code in _RUNTIME_EXIT_REASONS:
+        return _RUNTIME_EXIT_REASONS[exit_code]
+    if exit_code in EXIT_REASONS:
+        return EXIT_REASONS[exit_code]
+    return (
+        f"The GPU check failed with exit code {exit_code}; ask an admin to look at the "
+        "gpu-check container's log."
+    )
+
+
+def check_failure(
+    pod: dict[str, Any], container_name: str = VALIDATION_CONTAINER_NAME
+) -> str | None:
+    """The user-facing reason the GPU check failed, or None while it runs or after it passed.
+
+    Prefers the last non-empty line of the container's termination message (the check writes
+    its one-line reason there), else derives a reason from the exit code.
+    """
+    status = _container_status(pod, container_name)
+    if status is None:
+        return None
+    terminated = _failed_termination(status)
+    if terminated is None:
+        return None
+    exit_code = int(terminated.get("exitCode", 1))
+    message = _last_line(terminated.get("message"))
+    if terminated.get("reason") in _START_FAILURES:
+        # The runtime's own message, not the check's: the command never ran.
+        if message and any(marker in message.lower() for marker in _NOT_FOUND_MARKERS):
+            return _RUNTIME_EXIT_REASONS[127]
+        return (
+            "The GPU check container could not start; ask an admin to look at the pod's "
+            f"events. The container runtime said: {message or terminated.get('reason')}"
+        )
+    if message:
+        return message
+    return reason_for_exit_code(exit_code)
+
+
+def _requested_units(pod: dict[str, Any], container_name: str) -> tuple[int | None, str | None]:
+    """(count, resource name) of GPUs the check container requests, from the pod spec."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    resource = annotations.get(ANNOTATION_GPU_RESOURCE)
+    for container in (pod.get("spec") or {}).get("initContainers") or []:
+        if container.get("name") != container_name:
+            continue
+        limits = (container.get("resources") or {}).get("limits") or {}
+        names = [resource] if resource in limits else [n for n in limits if "/" in n]
+        for name in names:
+            try:
+                return int(limits[name]), name
+            except (TypeError, ValueError):
+                continue
+    try:
+        return int(labels[LABEL_GPUS]), resource
+    except (KeyError, TypeError, ValueError):
+        return None, resource
+
+
+def describe_waiting(
+    pod: dict[str, Any], container_name: str = VALIDATION_CONTAINER_NAME
+) -> str | None:
+    """A plain-words progress message while the GPU check is about to run or running.
+
+    None when there is no check container, once it has passed, or when it failed (then
+    ``check_failure`` has the reason).
+    """
+    status = _container_status(pod, container_name)
+    if status is None or _failed_termination(status) is not None:
+        return None
+    state = status.get("state") or {}
+    if "terminated" in state:
+        return None
+    count, resource = _requested_units(pod, container_name)
+    name = (resource or "").rsplit("/", 1)[-1]
+    if name.startswith("mig-"):
+        what = "the allocated MIG device" if count == 1 else f"the {count} allocated MIG devices"
+        what += f" ({name[len('mig-') :]})"
+    elif count is None:
+        what = "the allocated GPUs"
+    else:
+        what = "the allocated GPU" if count == 1 else f"the {count} allocated GPUs"
+    if "running" in state:
+        return f"Checking {what} with nvidia-smi…"
+    return f"Preparing to check {what} with nvidia-smi…"

@@ -1,0 +1,134 @@
+"""Reading the GPU check's outcome out of recorded-shape Pod objects."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuspawner.labels import VALIDATION_CONTAINER_NAME
+from gpuspawner.validation import gpucheck
+from gpuspawner.validation.podstatus import check_failure, describe_waiting, reason_for_exit_code
+
+PODS = Path(__file__).resolve().parent.parent / "fixtures" / "pods"
+
+
+def pod(name: str) -> dict:
+    return json.loads((PODS / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def test_the_fixtures_use_the_shared_container_name():
+    for path in PODS.glob("*.json"):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        assert data["spec"]["initContainers"][0]["name"] == VALIDATION_CONTAINER_NAME
+
+
+@pytest.mark.parametrize(
+    "name", ["gpu-check-waiting-first", "gpu-check-running", "gpu-check-succeeded"]
+)
+def test_no_failure_while_running_or_after_success(name):
+    assert check_failure(pod(name)) is None
+
+
+def test_terminated_check_gives_its_message():
+    data = pod("gpu-check-terminated-message")
+    assert check_failure(data) == (
+        "Only 1 of the 2 requested GPUs is visible: the node's device plugin gave this container "
+        "fewer GPUs than it asked for; ask an admin to check the node."
+    )
+
+
+def test_crashloop_gives_the_last_attempts_message():
+    reason = check_failure(pod("gpu-check-crashloop"))
+    assert reason.startswith("nvidia-smi failed with exit code 9 (the NVIDIA driver is not loaded")
+    assert "\n" not in reason
+
+
+def test_the_last_non_empty_line_of_a_message_is_used():
+    data = pod("gpu-check-terminated-message")
+    terminated = data["status"]["initContainerStatuses"][0]["state"]["terminated"]
+    terminated["message"] = "GPU 0: something\n\nThe real reason.\n\n"
+    assert check_failure(data) == "The real reason."
+
+
+def test_without_a_message_the_exit_code_explains():
+    reason = check_failure(pod("gpu-check-restarted-no-message"))
+    assert reason == gpucheck.EXIT_REASONS[gpucheck.EXIT_GPU_COUNT]
+
+
+def test_a_missing_python3_is_named():
+    reason = check_failure(pod("gpu-check-start-error"))
+    assert reason.startswith(
+        "The GPU check could not start because the notebook image has no python3"
+    )
+
+
+def test_other_start_errors_quote_the_runtime():
+    data = pod("gpu-check-start-error")
+    terminated = data["status"]["initContainerStatuses"][0]["state"]["terminated"]
+    terminated["message"] = "failed to create containerd task: permission denied: unknown"
+    reason = check_failure(data)
+    assert reason.startswith("The GPU check container could not start")
+    assert reason.endswith("permission denied: unknown")
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "phrase"),
+    [
+        (gpucheck.EXIT_NO_NVIDIA_SMI, "nvidia-smi was not found"),
+        (gpucheck.EXIT_DRIVER_TOO_OLD, "too old"),
+        (127, "no python3"),
+        (137, "killed"),
+        (42, "exit code 42"),
+    ],
+)
+def test_reasons_for_exit_codes(exit_code, phrase):
+    assert phrase in reason_for_exit_code(exit_code)
+
+
+def test_a_pod_without_the_check_is_ignored():
+    data = pod("gpu-check-crashloop")
+    assert check_failure(data, container_name="other") is None
+    data["status"].pop("initContainerStatuses")
+    assert check_failure(data) is None
+    assert describe_waiting(data) is None
+
+
+def test_a_pod_without_status_is_ignored():
+    data = pod("gpu-check-running")
+    del data["status"]
+    assert check_failure(data) is None
+    assert describe_waiting(data) is None
+
+
+def test_progress_while_running():
+    assert describe_waiting(pod("gpu-check-running")) == (
+        "Checking the 2 allocated GPUs with nvidia-smi…"
+    )
+
+
+def test_progress_while_running_on_mig():
+    assert describe_waiting(pod("gpu-check-running-mig")) == (
+        "Checking the allocated MIG device (1g.10gb) with nvidia-smi…"
+    )
+
+
+def test_progress_before_the_check_starts():
+    assert describe_waiting(pod("gpu-check-waiting-first")) == (
+        "Preparing to check the 2 allocated GPUs with nvidia-smi…"
+    )
+
+
+def test_count_falls_back_to_the_label():
+    data = copy.deepcopy(pod("gpu-check-running"))
+    data["spec"]["initContainers"][0]["resources"] = {}
+    assert describe_waiting(data) == "Checking the 2 allocated GPUs with nvidia-smi…"
+
+
+@pytest.mark.parametrize(
+    "name", ["gpu-check-succeeded", "gpu-check-crashloop", "gpu-check-restarted-no-message"]
+)
+def test_no_progress_message_after_success_or_failure(name):
+    assert describe_waiting(pod(name)) is None
