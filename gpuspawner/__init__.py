@@ -10,7 +10,11 @@ def __getattr__(name: str):
         from .spawner import GPUSpawner
 
         return GPUSpawner
+    if name == "check_catalog":
+        from .startup import check_catalog
+
+        return check_catalog
     raise AttributeError(name)
 
 
-__all__ = ["GPUSpawner", "__version__"]
+__all__ = ["GPUSpawner", "__version__", "check_catalog"]

@@ -108,6 +108,9 @@ class GPUSpawner(KubeSpawner):
     _catalog_files: dict[str, CatalogFile] = {}
 
     _selection: Selection | None = None
+    # True while the last start was refused before any pod was requested, so
+    # poll() can answer "not running" without asking the cluster.
+    _refused_before_pod: bool = False
     _parsed_catalog: Catalog | None = None
     _admin_values: dict[str, Any] | None = None
 
@@ -158,6 +161,7 @@ class GPUSpawner(KubeSpawner):
             return self.load_catalog()
         except CatalogError as e:
             self.log.error("GPU catalog is invalid: %s", e)
+            self._refused_before_pod = True
             raise spawn_error(
                 "The GPU catalog is misconfigured, so no server can start right now. "
                 "Please tell an admin (the hub log names the problem).",
@@ -214,6 +218,16 @@ class GPUSpawner(KubeSpawner):
         ]
         for lock in held_locks:
             await lock.acquire()
+        # A request over the user's limit even with nothing held is refused
+        # without asking the cluster.
+        limits.check_request(
+            catalog=catalog,
+            user=self.user.name,
+            groups=groups,
+            server=self.name,
+            selection=selection,
+            holdings=[],
+        )
         try:
             try:
                 holdings = await self.current_holdings(catalog)
@@ -265,6 +279,7 @@ class GPUSpawner(KubeSpawner):
     # ------------------------------------------------------------------
 
     def _refusal(self, refusal: Refusal) -> SpawnException:
+        self._refused_before_pod = True
         return spawn_error(refusal.message, reason=refusal.reason, status=refusal.status)
 
     async def load_user_options(self) -> None:
@@ -438,7 +453,13 @@ class GPUSpawner(KubeSpawner):
                 raise GPUCheckFailed(reason)
         return super().is_pod_running(pod)
 
+    async def poll(self):
+        if self._refused_before_pod:
+            return 1
+        return await super().poll()
+
     async def _start(self):
+        self._refused_before_pod = False
         try:
             return await super()._start()
         except GPUCheckFailed as e:

@@ -1,0 +1,54 @@
+# JupyterHub configuration for GPUSpawner, for a hub running inside the cluster
+# with its own service account (see rbac.yaml). Every setting here is a plain
+# KubeSpawner/JupyterHub setting except the c.GPUSpawner.* lines.
+#
+#   jupyterhub -f /etc/jupyterhub/jupyterhub_config.py
+#
+# The same settings through zero-to-jupyterhub's Helm chart: z2jh-values.yaml.
+import os
+
+from gpuspawner import check_catalog
+
+c = get_config()  # noqa: F821 (provided by JupyterHub when it reads this file)
+
+# --- the spawner ----------------------------------------------------------
+# "gpu" is GPUSpawner's entry point name (jupyterhub.spawners).
+c.JupyterHub.spawner_class = "gpu"
+
+# The catalog: images, GPU types, allowed counts and per-user limits. The file
+# is re-read when it changes (mount it from a ConfigMap), so images and limits
+# change without a hub restart. config/catalog.yaml is a complete example.
+c.GPUSpawner.catalog_file = os.environ.get("GPUSPAWNER_CATALOG", "/etc/gpuspawner/catalog.yaml")
+
+# The nvidia-smi check in every GPU pod (on by default). It runs in the
+# notebook's own image; set validation_image to run it from another one.
+c.GPUSpawner.validation_enabled = True
+# c.GPUSpawner.validation_image = "nvcr.io/nvidia/cuda:12.8.1-base-ubuntu24.04"
+
+# --- the cluster ------------------------------------------------------------
+# In the cluster the hub uses its service account (rbac.yaml); KubeSpawner
+# picks the in-cluster configuration up by itself.
+c.KubeSpawner.namespace = os.environ.get("POD_NAMESPACE", "jupyterhub")
+# Notebook pods reach the hub through its Service.
+c.JupyterHub.hub_connect_ip = os.environ.get("HUB_SERVICE_HOST", "hub")
+c.JupyterHub.hub_ip = "0.0.0.0"  # inside the hub pod: its own pod address
+c.KubeSpawner.start_timeout = 600  # image pulls of CUDA images take minutes
+c.KubeSpawner.http_timeout = 120
+# Everything an admin already sets for KubeSpawner still applies and is
+# merged with what GPUSpawner adds, e.g.:
+c.KubeSpawner.cpu_guarantee = 0.5
+c.KubeSpawner.mem_guarantee = "2G"
+c.KubeSpawner.storage_pvc_ensure = False
+
+# --- users ------------------------------------------------------------------
+# Limits are per user and per group (catalog "limits:" section). Groups come
+# from the authenticator (e.g. OAuth groups claims) or from load_groups.
+c.JupyterHub.load_groups = {
+    "ml-research": {"users": []},
+    "students": {"users": []},
+}
+c.JupyterHub.allow_named_servers = True
+c.JupyterHub.named_server_limit_per_user = 5
+
+# Stop the hub at start with one readable line if the catalog is invalid.
+check_catalog(c)

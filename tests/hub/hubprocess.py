@@ -1,0 +1,154 @@
+"""Start a real JupyterHub process with its real configurable-http-proxy, on loopback only."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def proxy_command() -> str:
+    """configurable-http-proxy from the repo's npm install (package.json), else from PATH."""
+    local = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
+    if local.exists():
+        return str(local)
+    found = shutil.which("configurable-http-proxy")
+    if not found:
+        raise RuntimeError(
+            "configurable-http-proxy is not installed: run 'npm install' in the repository root"
+        )
+    return found
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    headers: dict = field(default_factory=dict)
+
+    def json(self):
+        return json.loads(self.body or b"null")
+
+
+@dataclass
+class Hub:
+    """A running hub: ``public_url`` goes through the proxy, ``token`` is an admin service token."""
+
+    process: subprocess.Popen
+    public_url: str
+    token: str
+    log_path: Path
+
+    def api(self, method: str, path: str, body=None, token: str | None = None) -> Response:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            f"{self.public_url}/hub/api{path}",
+            data=data,
+            method=method,
+            headers={
+                "Authorization": f"token {token or self.token}",
+                "Content-Type": "application/json",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as r:
+                return Response(r.status, r.read(), dict(r.headers))
+        except urllib.error.HTTPError as e:
+            return Response(e.code, e.read(), dict(e.headers))
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """Stop the hub; it stops the proxy it started. Anything left in its session is killed."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def write_config(workdir: Path, extra: str, token: str) -> tuple[Path, str]:
+    public_port, hub_port, api_port = free_port(), free_port(), free_port()
+    config = workdir / "jupyterhub_config.py"
+    config.write_text(
+        f"""
+c = get_config()  # noqa
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = {public_port}
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = {hub_port}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"
+c.ConfigurableHTTPProxy.command = [{proxy_command()!r}]
+c.ConfigurableHTTPProxy.should_start = True
+c.JupyterHub.db_url = "sqlite:///{workdir / "jupyterhub.sqlite"}"
+c.JupyterHub.cookie_secret_file = "{workdir / "cookie_secret"}"
+c.JupyterHub.pid_file = "{workdir / "jupyterhub.pid"}"
+c.JupyterHub.authenticator_class = "dummy"
+c.Authenticator.allow_all = True
+c.JupyterHub.allow_named_servers = True
+c.JupyterHub.services = [{{"name": "tester", "api_token": {token!r}}}]
+c.JupyterHub.load_roles = [
+    {{"name": "tester", "scopes": ["admin:users", "admin:servers", "admin:groups", "tokens"], "services": ["tester"]}}
+]
+c.JupyterHub.spawner_class = "gpu"
+{extra}
+"""
+    )
+    return config, f"http://127.0.0.1:{public_port}"
+
+
+def start_hub(
+    workdir: Path, extra_config: str = "", env: dict | None = None, timeout: float = 60
+) -> Hub:
+    """Start ``jupyterhub`` and wait until its API answers through the proxy."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_hex(16)
+    config, public_url = write_config(workdir, extra_config, token)
+    log_path = workdir / "hub.log"
+    jupyterhub = Path(sys.executable).parent / "jupyterhub"
+    process = subprocess.Popen(
+        [str(jupyterhub), "-f", str(config)],
+        cwd=workdir,
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+    hub = Hub(process, public_url, token, log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return hub  # exited: the caller reads the log
+        try:
+            if hub.api("GET", "/").status == 200:
+                return hub
+        except OSError:
+            pass
+        time.sleep(0.3)
+    hub.stop()
+    raise RuntimeError(f"JupyterHub did not answer within {timeout}s; log:\n{hub.log()[-3000:]}")
