@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 PROG = "gpuspawner-check-gpus"
@@ -383,6 +383,11 @@ def driver_floor(cuda: tuple[int, ...]) -> tuple[int, ...] | None:
     return DRIVER_FLOOR_BY_MAJOR.get(major)
 
 
+# The device plugin's time-slicing with ``renameByDefault`` advertises ``nvidia.com/gpu.shared``;
+# each unit is a replica, and a pod's replicas may share one physical GPU.
+SHARED_SUFFIX = ".shared"
+
+
 def mig_profile_of(resource: str) -> str | None:
     """``nvidia.com/mig-1g.10gb`` -> ``1g.10gb``; a whole-GPU resource -> None."""
     name = resource.rsplit("/", 1)[-1]
@@ -484,6 +489,11 @@ def _count_problem(
     unit = "MIG device" if mig_profile_of(resource) is not None else "GPU"
     if seen == expected:
         return None, f"OK: {_plural(seen, unit)} visible, as requested ({resource})."
+    if resource.endswith(SHARED_SUFFIX) and 0 < seen < expected:
+        # Time-sliced replicas: several may land on the same physical GPU.
+        return None, (
+            f"OK: {_plural(seen, unit)} visible for {expected} time-sliced replicas ({resource})."
+        )
     line = f"{_plural(seen, unit)} visible, {expected} requested ({resource})."
     were = "was" if expected == 1 else "were"
     if empty_mig and seen < expected:
@@ -561,22 +571,17 @@ def evaluate(
     notes = list(warnings)
     drivers = sorted({r.driver_version for r in records if r.driver_version})
     gpu_count = len(listing) if listing is not None else len(records)
-    report.append(
-        "nvidia-smi sees {}{}.".format(
-            _plural(gpu_count, "GPU"), " (driver {})".format(", ".join(drivers)) if drivers else ""
-        )
-    )
+    driver_note = f" (driver {', '.join(drivers)})" if drivers else ""
+    report.append(f"nvidia-smi sees {_plural(gpu_count, 'GPU')}{driver_note}.")
     by_uuid = {r.uuid: r for r in records if r.uuid}
     by_index = {r.index: r for r in records if r.index is not None}
     profile = mig_profile_of(resource)
     if listing is not None:
         for gpu in listing:
-            record = by_uuid.get(gpu.uuid) or by_index.get(gpu.index)
-            if record is None:
-                record = GpuRecord(index=gpu.index)
-            if record.name is None or record.uuid is None:
-                record.name, record.uuid = gpu.name, gpu.uuid
-            report.append(_describe(record))
+            record = by_uuid.get(gpu.uuid) or by_index.get(gpu.index) or GpuRecord(gpu.index)
+            # -L names every GPU even when the CSV query could not.
+            shown = replace(record, name=record.name or gpu.name, uuid=record.uuid or gpu.uuid)
+            report.append(_describe(shown))
             for device in gpu.mig_devices:
                 report.append(f"  MIG {device.profile} device {device.index}: {device.uuid}")
                 if profile is not None and device.profile != profile:

@@ -332,6 +332,23 @@ def test_driver_floor(cuda, driver, ok):
     assert result.ok is ok, result.reason
 
 
+def test_an_empty_cuda_version_skips_the_driver_check():
+    # validation_command's {cuda} placeholder is empty when the image's CUDA is unknown.
+    (change,) = [c for c in CHANGES if c.name == "driver-535.161.08"]
+    records = records_for(change.capture, core=changed_name(change))
+    result = evaluate(1, "nvidia.com/gpu", None, records, cuda="")
+    assert result.ok
+    assert not result.warnings
+
+
+def test_time_sliced_replicas_may_share_a_gpu():
+    listing = parse_list(body(LISTS["l40s_595.80"]))
+    records = records_for("l40s_595.80")
+    assert evaluate(2, "nvidia.com/gpu.shared", listing, records).ok
+    assert evaluate(2, "nvidia.com/gpu", listing, records).exit_code == EXIT_GPU_COUNT
+    assert evaluate(1, "nvidia.com/gpu.shared", [], []).exit_code == EXIT_GPU_COUNT
+
+
 @pytest.mark.parametrize("cuda", ["9.2", "14.0", "latest"])
 def test_unknown_cuda_versions_are_not_failures(cuda):
     records = records_for("l40s_595.80")
