@@ -290,3 +290,18 @@ def test_source_parses_as_python_38_and_imports_only_the_standard_library():
 def changed_name_for(change: str) -> str:
     (found,) = [c for c in CHANGES if c.name == change]
     return changed_name(found)
+
+
+def test_the_console_script_runs_the_same_main(pod, monkeypatch, capsys):
+    from importlib.metadata import entry_points
+
+    (script,) = entry_points(group="console_scripts", name="gpuspawner-check-gpus")
+    assert script.value == "gpuspawner.validation.gpucheck:main"
+    pod.healthy("h200_590.48.01", "list-L__h200_590.48.01.txt")
+    monkeypatch.setenv("PATH", f"{pod.bin}{os.pathsep}{os.environ['PATH']}")
+    main = script.load()
+    assert main(["--expect", "1", "--cuda", "12.4", "--termination-log", ""]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "GPU check passed."
+    code = main(["--expect", "2", "--termination-log", str(pod.termination_log)])
+    assert code == gpucheck.EXIT_GPU_COUNT
+    assert capsys.readouterr().err.strip() == pod.message().strip()
