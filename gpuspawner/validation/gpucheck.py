@@ -275,6 +275,9 @@ _MIG_LINE = re.compile(
     r"^\s+MIG\s+(?P<profile>\S+)\s+Device\s+(?P<index>\d+):\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)\s*$"
 )
 _NO_DEVICES = "No devices were found"
+# "Unable to determine the device handle for GPU 0000:09:00.0: Unknown Error" (older drivers put
+# a space before the bus id, newer ones do not) or "...: GPU is lost.  Reboot the system ...".
+_NO_HANDLE = "Unable to determine the device handle for GPU"
 
 
 def parse_list(text: str) -> list[ListedGpu]:
@@ -678,16 +681,25 @@ def accept(result: CommandResult, warnings: list[str]) -> CommandResult:
     NVIDIA's GPU Operator treats 14 as a warning too: the output is complete and the GPU
     works (pytorch/pytorch#87464, NVIDIA/gpu-operator#285). Any other failure raises.
     """
+    if result.returncode not in (0, NVIDIA_SMI_INFOROM_CORRUPTED):
+        raise CheckFailed(
+            EXIT_NVIDIA_SMI_FAILED, nvidia_smi_failure(result.returncode, result.output)
+        )
+    # Whatever the exit code, a GPU nvidia-smi cannot open is unusable.
+    for line in result.output.splitlines():
+        if line.startswith(_NO_HANDLE):
+            code = classify_exit(255, result.output)
+            action = NVIDIA_SMI_EXIT_CODES[code][1]
+            raise CheckFailed(
+                EXIT_NVIDIA_SMI_FAILED,
+                f"nvidia-smi cannot open a GPU given to this container, so it cannot be used; "
+                f"{action}. nvidia-smi said: {line.strip()[:300]}",
+            )
     if result.returncode == NVIDIA_SMI_INFOROM_CORRUPTED:
         _, lines = split_warnings(result.output)
         for line in lines or ["nvidia-smi reports a corrupted infoROM (exit code 14)."]:
             if line not in warnings:
                 warnings.append(line)
-        return result
-    if result.returncode != 0:
-        raise CheckFailed(
-            EXIT_NVIDIA_SMI_FAILED, nvidia_smi_failure(result.returncode, result.output)
-        )
     return result
 
 

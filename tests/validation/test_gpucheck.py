@@ -457,6 +457,24 @@ def test_exit_code_14_is_a_warning_and_the_output_is_used():
     assert warnings == ["WARNING: infoROM is corrupted at gpu 0000:0B:00.0"]
 
 
+@pytest.mark.parametrize(
+    ("fixture", "action"),
+    [
+        ("error-device-handle-unknown-error__no-space__syno-22.txt", "ask an admin to check"),
+        ("error-device-handle-unknown-error__with-space__nvidia-docker-1553.txt", "check the node"),
+        ("error-gpu-lost__windows-369.30__darknet-86.txt", "drain and reboot the node"),
+    ],
+)
+@pytest.mark.parametrize("returncode", [0, 255])
+def test_a_gpu_without_a_device_handle_stops_the_check(fixture, action, returncode):
+    output = body(fixture)
+    with pytest.raises(CheckFailed) as failure:
+        gpucheck.accept(CommandResult(returncode, output), [])
+    reason = failure.value.reason
+    assert action in reason
+    assert reason.endswith(gpucheck.first_message(output))
+
+
 @pytest.mark.parametrize("returncode", [3, 4, 6, 8, 9, 10, 12, 13, 15, 18, 255, 42])
 def test_other_exit_codes_stop_the_check(returncode):
     with pytest.raises(CheckFailed) as failure:
