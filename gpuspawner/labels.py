@@ -18,6 +18,8 @@ LABEL_MANAGED = f"{LABEL_PREFIX}/managed"
 
 #: Pod annotation: the Kubernetes resource name the GPUs were requested as.
 ANNOTATION_GPU_RESOURCE = f"{LABEL_PREFIX}/gpu-resource"
+#: KubeSpawner's pod label with a label-safe form of the user name, for selecting a user's pods.
+KUBESPAWNER_LABEL_USER = "hub.jupyter.org/username"
 #: KubeSpawner's own annotations carry the unescaped user and server names (labels must be
 #: escaped), so limits and the culler read these rather than adding copies of their own.
 KUBESPAWNER_ANNOTATION_USER = "hub.jupyter.org/username"

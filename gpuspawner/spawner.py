@@ -177,27 +177,36 @@ class GPUSpawner(KubeSpawner):
     def _group_names(self) -> list[str]:
         return sorted(g.name for g in getattr(self.user, "groups", []) or [])
 
-    async def _list_gpu_pods(self) -> list[dict]:
-        """Every GPUSpawner pod, read from the API server (not the hub's memory)."""
+    async def _list_gpu_pods(self, every_user: bool) -> list[dict]:
+        """GPUSpawner pods read from the API server (not the hub's memory).
+
+        Only this user's pods (by KubeSpawner's username label; the exact name
+        is checked on the annotation) unless ``every_user``: group pools need
+        all of them.
+        """
         selector = f"{labels.LABEL_MANAGED}=true"
+        if not every_user:
+            user_label = self._build_common_labels({})[labels.KUBESPAWNER_LABEL_USER]
+            selector += f",{labels.KUBESPAWNER_LABEL_USER}={user_label}"
         kwargs = {
             "label_selector": selector,
             "_request_timeout": self.k8s_api_request_timeout,
             "_preload_content": False,
         }
-        if self.enable_user_namespaces:
+        if self.enable_user_namespaces and every_user:
             response = await self.api.list_pod_for_all_namespaces(**kwargs)
         else:
             response = await self.api.list_namespaced_pod(self.namespace, **kwargs)
         body = json.loads(await response.read())
         return body.get("items") or []
 
-    async def current_holdings(self, catalog: Catalog) -> list[limits.Holding]:
-        """GPU holdings of every user: pods in the cluster plus admitted, not yet visible spawns."""
-        pods = await self._list_gpu_pods()
-        return limits.merge_reservations(
-            limits.holdings_from_pods(pods, catalog), list(self._reservations.values())
-        )
+    async def current_holdings(self, catalog: Catalog, every_user: bool) -> list[limits.Holding]:
+        """GPU holdings from pods in the cluster plus admitted, not yet visible spawns."""
+        pods = await self._list_gpu_pods(every_user)
+        reservations = [
+            r for r in self._reservations.values() if every_user or r.user == self.user.name
+        ]
+        return limits.merge_reservations(limits.holdings_from_pods(pods, catalog), reservations)
 
     def _lock(self, name: str) -> asyncio.Lock:
         lock = self._admission_locks.get(name)
@@ -230,7 +239,7 @@ class GPUSpawner(KubeSpawner):
         )
         try:
             try:
-                holdings = await self.current_holdings(catalog)
+                holdings = await self.current_holdings(catalog, every_user=bool(pools))
             except Exception as e:
                 self.log.error("Could not list GPU pods to check %s's limit: %s", self.user.name, e)
                 raise Refusal(
@@ -260,12 +269,13 @@ class GPUSpawner(KubeSpawner):
     async def _catalog_profile_list(self, spawner: GPUSpawner) -> list[dict]:
         """``profile_list`` when a catalog is configured: only what the user may still take."""
         catalog = self.load_catalog()
+        groups = self._group_names()
+        pools = limits.pool_groups_for(catalog.limits, groups)
         try:
-            holdings = await self.current_holdings(catalog)
+            holdings = await self.current_holdings(catalog, every_user=bool(pools))
         except Exception as e:
             self.log.warning("Showing all GPU choices: could not read current GPU usage: %s", e)
             return profiles.build_profile_list(catalog)
-        groups = self._group_names()
         room = limits.remaining(catalog, self.user.name, groups, self.name, holdings)
         limit = limits.effective_limit(catalog.limits, self.user.name, groups)
         mine = [h for h in holdings if h.user == self.user.name and h.server != self.name]

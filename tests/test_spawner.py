@@ -70,11 +70,22 @@ def make_spawner(config=None, user=None, name="", pods=(), cls=GPUSpawner, catal
     spawner.listed = []
 
     async def list_pods(namespace, **kwargs):
-        spawner.listed.append((namespace, kwargs.get("label_selector")))
-        return FakeListResponse(list(pods))
+        selector = kwargs.get("label_selector") or ""
+        spawner.listed.append((namespace, selector))
+        return FakeListResponse([p for p in pods if matches(p, selector)])
 
     spawner.api.list_namespaced_pod = list_pods
     return spawner
+
+
+def matches(pod, selector):
+    """Equality-based label selectors, as the API server applies them."""
+    pod_labels = pod["metadata"].get("labels") or {}
+    for term in filter(None, selector.split(",")):
+        key, _, value = term.partition("=")
+        if pod_labels.get(key) != value:
+            return False
+    return True
 
 
 def as_dict(spawner, pod):
@@ -128,8 +139,10 @@ async def test_gpu_pod_gets_resources_placement_env_labels_and_check():
     assert "--expect" in check["command"] and "2" in check["command"]
     assert "13.0" in check["command"]  # the image's CUDA version reaches the driver check
     assert pod["spec"]["restartPolicy"] == "OnFailure"
-    # the usage check read GPU pods from the API server with the managed label
-    assert spawner.listed == [(spawner.namespace, "gpuspawner.io/managed=true")]
+    # the usage check read this user's GPU pods from the API server
+    assert spawner.listed == [
+        (spawner.namespace, "gpuspawner.io/managed=true,hub.jupyter.org/username=carol")
+    ]
 
 
 async def test_mig_type_requests_its_own_resource():
@@ -406,6 +419,21 @@ async def test_ten_concurrent_requests_against_a_limit_of_two_admit_exactly_two(
     assert results.count("started") == 2
     assert results.count(403) == 8
     assert len(GPUSpawner._reservations) == 2
+
+
+async def test_group_pool_member_is_checked_against_every_members_pods():
+    # ivan (1 A100) and heidi (2 MIG slices) are students in the fixture; the pool is 3
+    spawner = make_spawner(user=User("judy", groups=["students"]), pods=pods_fixture())
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
+    await spawner.load_user_options()
+    assert spawner.listed == [(spawner.namespace, "gpuspawner.io/managed=true")]
+    other = make_spawner(user=User("ken", groups=["students"]), pods=pods_fixture())
+    other.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
+    with pytest.raises(SpawnException) as info:
+        await other.load_user_options()  # judy's admitted spawn counts before its pod exists
+    assert info.value.jupyterhub_message.startswith(
+        "The group 'students' is using 2.29 of its 3 shared GPUs."
+    )
 
 
 async def test_cluster_unreachable_refuses_gpu_requests_but_not_cpu_ones():

@@ -1,0 +1,40 @@
+# The two commands (see README):
+#   make demo   - the local GPU cluster and a hub in front of it (the main job)
+#   make test   - the whole test suite, installing what it needs first
+# Everything is installed into this checkout (.venv/, node_modules/, .cache/).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup test lint demo bench clean
+
+setup: $(VENV)/.installed node_modules/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "Python 3.10 or newer is needed: install python3 (e.g. apt-get install python3 python3-venv)"; exit 1; }
+	@command -v npm >/dev/null || { echo "Node.js 18+ with npm is needed for configurable-http-proxy: install nodejs and npm (e.g. apt-get install nodejs npm)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $@
+
+node_modules/.installed: package.json
+	npm install --no-audit --no-fund --loglevel=error
+	@touch $@
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# pytest exits 5 when it collected no test: that is a failure here, never a pass.
+test: lint
+	@$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+bench: setup
+	$(PY) benchmarks/spawn_overhead.py
+
+clean:
+	rm -rf $(VENV) node_modules .pytest_cache .ruff_cache

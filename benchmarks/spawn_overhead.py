@@ -1,0 +1,265 @@
+"""Per-spawn overhead GPUSpawner adds over KubeSpawner, and the options form render time.
+
+    make bench            (or: .venv/bin/python benchmarks/spawn_overhead.py)
+
+Measures, for a catalog of 20 images x 6 GPU types and 200 existing GPU pods:
+  * form:     building the profile list and rendering KubeSpawner's form template
+  * validate: resolving user_options and checking limits against the pods
+  * manifest: load_user_options + get_pod_manifest, GPUSpawner vs KubeSpawner
+              configured with the equivalent hand-written profile
+The Kubernetes API is not called: the pod list (filtered by label selector as
+the API server does; user7 holds 4 of the 200 pods) is served from memory, so the
+figures are GPUSpawner's own CPU cost (the one list call per GPU spawn is a
+network round trip, measured end to end on the local cluster).
+Writes a Markdown table to stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from traitlets.config import Config
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault(
+    "KUBECONFIG", str(REPO / "tests" / "fixtures" / "k8s-offline" / "kubeconfig.yaml")
+)
+
+from kubernetes_asyncio.config import kube_config  # noqa: E402
+
+kube_config.KUBE_CONFIG_DEFAULT_LOCATION = os.environ["KUBECONFIG"]
+
+from kubespawner import KubeSpawner  # noqa: E402
+
+from gpuspawner.catalog import parse_catalog  # noqa: E402
+from gpuspawner.limits import check_request, holdings_from_pods  # noqa: E402
+from gpuspawner.options import resolve_selection  # noqa: E402
+from gpuspawner.spawner import GPUSpawner  # noqa: E402
+
+TYPES = ["a100", "h100", "l40s", "t4", "a10", "mig"]
+
+
+def big_catalog() -> dict:
+    gpu_types = {
+        key: {
+            "display_name": f"NVIDIA {key.upper()}",
+            "memory": "80 GB",
+            "node_selector": {"nvidia.com/gpu.product": f"NVIDIA-{key.upper()}"},
+            **(
+                {"resource": "nvidia.com/mig-1g.10gb", "weight": 0.142857, "counts": [1, 2]}
+                if key == "mig"
+                else {}
+            ),
+        }
+        for key in TYPES
+    }
+    images = {
+        f"image-{i:02d}": {
+            "display_name": f"Framework {i}",
+            "description": "A CUDA framework image",
+            "image": f"registry.example.org/framework-{i}:1.0",
+            "cuda": "12.8",
+        }
+        for i in range(20)
+    }
+    return {
+        "images": images,
+        "gpu_types": gpu_types,
+        "limits": {
+            "default": 8,
+            "groups": {"research": {"gpus": 16, "per_type": {"h100": 4}}},
+            "group_pools": {"research": 500},
+        },
+    }
+
+
+def pods(n: int) -> list[dict]:
+    out = []
+    for i in range(n):
+        out.append(
+            {
+                "metadata": {
+                    "name": f"jupyter-user{i}",
+                    "labels": {
+                        "gpuspawner.io/managed": "true",
+                        "hub.jupyter.org/username": f"user{i % 50}",
+                        "gpuspawner.io/gpu-type": TYPES[i % 5],
+                        "gpuspawner.io/gpus": "1",
+                    },
+                    "annotations": {"hub.jupyter.org/username": f"user{i % 50}"},
+                },
+                "status": {"phase": "Running"},
+            }
+        )
+    return out
+
+
+class User:
+    name = "user7"
+    id = 7
+    url = "/user/user7/"
+    groups: list = []
+
+
+class Group:
+    name = "research"
+
+
+class PoolUser(User):
+    groups = [Group()]
+
+
+class OrmSpawner:
+    name = ""
+    display_name = ""
+    server = None
+    state: dict = {}
+    user_options: dict = {}
+
+
+class ListResponse:
+    def __init__(self, body: bytes):
+        self.body = body
+
+    async def read(self):
+        return self.body
+
+
+def make(cls, config, user=None):
+    spawner = cls(_mock=True, config=config, user=user or User(), orm_spawner=OrmSpawner())
+    everyone = pods(200)
+    # the API server filters by label selector; so does this stand-in
+    bodies = {
+        "gpuspawner.io/managed=true": json.dumps({"items": everyone}).encode(),
+        "gpuspawner.io/managed=true,hub.jupyter.org/username=user7": json.dumps(
+            {
+                "items": [
+                    p
+                    for p in everyone
+                    if p["metadata"]["labels"]["hub.jupyter.org/username"] == "user7"
+                ]
+            }
+        ).encode(),
+    }
+
+    async def list_pods(namespace, **kwargs):
+        return ListResponse(bodies[kwargs["label_selector"]])
+
+    spawner.api.list_namespaced_pod = list_pods
+    return spawner
+
+
+def timed(fn, repeat: int) -> list[float]:
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1000)
+    return samples
+
+
+async def atimed(fn, repeat: int) -> list[float]:
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        await fn()
+        samples.append((time.perf_counter() - t0) * 1000)
+    return samples
+
+
+def row(name: str, samples: list[float]) -> str:
+    samples = sorted(samples)
+    p95 = samples[int(len(samples) * 0.95) - 1]
+    return f"| {name} | {statistics.median(samples):.3f} | {p95:.3f} | {len(samples)} |"
+
+
+async def main() -> None:
+    raw = big_catalog()
+    catalog = parse_catalog(raw)
+    options = {"profile": "image-07", "gpu_type": "a100", "gpus": "2"}
+    holdings = holdings_from_pods(pods(200), catalog)
+
+    gpu_config = Config()
+    gpu_config.GPUSpawner.catalog = raw
+    gpu_config.GPUSpawner.validation_command = ["true"]
+    gpu = make(GPUSpawner, gpu_config)
+    pooled = make(GPUSpawner, gpu_config, user=PoolUser())
+
+    kube_config_ = Config()
+    kube_config_.KubeSpawner.profile_list = [
+        {
+            "display_name": "Framework 7 with 2 A100",
+            "slug": "image-07",
+            "kubespawner_override": {
+                "image": "registry.example.org/framework-7:1.0",
+                "extra_resource_limits": {"nvidia.com/gpu": "2"},
+                "extra_resource_guarantees": {"nvidia.com/gpu": "2"},
+                "node_selector": {"nvidia.com/gpu.product": "NVIDIA-A100"},
+                "tolerations": [
+                    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                ],
+            },
+        }
+    ]
+    kube = make(KubeSpawner, kube_config_)
+
+    async def spawn(spawner, opts):
+        GPUSpawner._reservations.clear()
+        spawner.user_options = dict(opts)
+        await spawner.load_user_options()
+        await spawner.get_pod_manifest()
+
+    async def form():
+        profiles = await gpu.profile_list(gpu)
+        gpu._render_options_form(profiles)
+
+    for _ in range(20):  # warm up imports, templates, caches
+        await spawn(gpu, options)
+        await spawn(kube, {"profile": "image-07"})
+        await spawn(pooled, options)
+        await form()
+
+    repeat = 300
+    form_ms = await atimed(form, 100)
+    validate_ms = timed(
+        lambda: check_request(
+            catalog=catalog,
+            user="user7",
+            groups=[],
+            server="",
+            selection=resolve_selection(options, catalog),
+            holdings=holdings,
+        ),
+        repeat,
+    )
+    gpu_ms = await atimed(lambda: spawn(gpu, options), repeat)
+    kube_ms = await atimed(lambda: spawn(kube, {"profile": "image-07"}), repeat)
+    pooled_ms = await atimed(lambda: spawn(pooled, options), repeat)
+    added = statistics.median(gpu_ms) - statistics.median(kube_ms)
+
+    print(
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}"
+    )
+    print(
+        "Catalog: 20 images x 6 GPU types; 200 GPU pods in the namespace; times in milliseconds.\n"
+    )
+    print("| step | median | p95 | runs |")
+    print("|---|---|---|---|")
+    print(row("form: profile list + KubeSpawner form render", form_ms))
+    print(row("validate: resolve options + check limits", validate_ms))
+    print(row("spawn prep, GPUSpawner (options, limits, pod manifest)", gpu_ms))
+    print(row("spawn prep, KubeSpawner (equivalent profile, pod manifest)", kube_ms))
+    print(row("spawn prep, GPUSpawner, user in a group pool (reads all 200 pods)", pooled_ms))
+    print(f"\nAdded per spawn (median GPUSpawner - median KubeSpawner): {added:.3f} ms")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+    sys.exit(0)
