@@ -454,6 +454,27 @@ class GPUSpawner(KubeSpawner):
     # start: fail fast on a failed GPU check
     # ------------------------------------------------------------------
 
+    def _gpu_check_progress(self) -> str | None:
+        reflector = self.pod_reflector
+        if reflector is None or self._selection is None or not self._selection.is_gpu:
+            return None
+        pod = reflector.pods.get(f"{self.namespace}/{self.pod_name}")
+        if pod is None:
+            return None
+        from .validation.podstatus import describe_waiting
+
+        return describe_waiting(pod)
+
+    async def progress(self):
+        """KubeSpawner's progress events, plus what the GPU check is doing."""
+        last = None
+        async for event in super().progress():
+            yield event
+            message = self._gpu_check_progress()
+            if message and message != last:
+                last = message
+                yield {"progress": event.get("progress", 50), "message": message}
+
     def is_pod_running(self, pod: dict | None) -> bool:
         if pod is not None and self._selection is not None and self._selection.is_gpu:
             from .validation.podstatus import check_failure

@@ -12,7 +12,7 @@ from jupyterhub.spawner import SpawnException
 from kubespawner import KubeSpawner
 from traitlets.config import Config
 
-from gpuspawner.spawner import GPUSpawner
+from gpuspawner.spawner import GPUCheckFailed, GPUSpawner
 
 from .conftest import FIXTURES, REPO
 
@@ -506,3 +506,62 @@ def test_every_trait_has_help():
 
 def test_config_file_catalog_is_the_example(example_catalog):
     assert (REPO / "config" / "catalog.yaml").exists()
+
+
+def pod_fixture(name):
+    return json.loads((FIXTURES / "pods" / name).read_text())
+
+
+@pytest.mark.parametrize(
+    "name, failed",
+    [
+        ("gpu-check-running.json", False),
+        ("gpu-check-waiting-first.json", False),
+        ("gpu-check-succeeded.json", False),
+        ("gpu-check-terminated-message.json", True),
+        ("gpu-check-crashloop.json", True),
+        ("gpu-check-start-error.json", True),
+    ],
+)
+async def test_a_failed_gpu_check_stops_waiting_for_the_pod(name, failed):
+    spawner = make_spawner()
+    await build(spawner, {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"})
+    pod = pod_fixture(name)
+    if failed:
+        with pytest.raises(GPUCheckFailed) as info:
+            spawner.is_pod_running(pod)
+        assert str(info.value) and "Traceback" not in str(info.value)
+    else:
+        assert spawner.is_pod_running(pod) in (True, False)
+
+
+async def test_cpu_only_server_ignores_gpu_check_status():
+    spawner = make_spawner()
+    await build(spawner, {"profile": "pytorch", "gpus": "0"})
+    assert spawner.is_pod_running(pod_fixture("gpu-check-crashloop.json")) is False
+
+
+async def test_failed_check_deletes_the_pod_and_fails_the_spawn_with_the_reason(monkeypatch):
+    spawner = make_spawner()
+    reason = "Only 1 of the 2 requested GPUs is visible."
+    stopped = []
+
+    async def failing_start(self):
+        await self.load_user_options()
+        raise GPUCheckFailed(reason)
+
+    async def stop(now=False):
+        stopped.append(now)
+
+    monkeypatch.setattr(KubeSpawner, "_start", failing_start)
+    spawner.stop = stop
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
+    with pytest.raises(SpawnException) as info:
+        await spawner._start()
+    assert stopped == [True]
+    assert info.value.status_code == 503
+    assert info.value.reason == "gpu-check"
+    assert info.value.jupyterhub_message == (
+        f"The GPUs given to this server failed their check, so it was not started: {reason}"
+    )
+    assert GPUSpawner._reservations == {}  # the GPUs are no longer counted for this server
