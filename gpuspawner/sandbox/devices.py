@@ -226,6 +226,14 @@ class DevicePool:
             self._owner[d.id] = owner
         return held + chosen
 
+    def free_count(self, resource: str) -> int:
+        """Healthy devices of ``resource`` that nobody holds."""
+        return sum(
+            1
+            for d in self.devices
+            if d.resource == resource and d.id not in self._owner and d.id not in self._unhealthy
+        )
+
     def release(self, owner: str) -> list[Device]:
         freed = self.allocated_to(owner)
         for d in freed:
