@@ -1,0 +1,213 @@
+"""``gpuspawner-sandbox up|down|status``: the local GPU cluster from a shell.
+
+``up`` builds the control plane if needed, starts it in the background,
+records what it started in ``<state-dir>/controlplane.json`` and prints how to
+reach it; ``down`` stops everything recorded there; ``status`` says what runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import build
+from .controlplane import (
+    STOP_GRACE,
+    ControlPlane,
+    ControlPlaneError,
+    pid_is_ours,
+    read_state,
+    recorded_status,
+    stop_recorded,
+)
+
+DEFAULT_STATE_DIR = build.REPO_ROOT / ".cache" / "sandbox" / "state"
+DEFAULT_TOPOLOGY = Path(__file__).with_name("topology.yaml")
+KUBELET_MODULE = "gpuspawner.sandbox.kubelet"
+KUBELET_STATE = "kubelet.json"
+
+
+# -- the local kubelet, started and stopped alongside the control plane ---------
+#
+# The kubelet (gpuspawner.sandbox.kubelet) owns the emulated GPU nodes. It is a
+# separate process so that `up` can return; its pid is recorded in
+# <state-dir>/kubelet.json and `down` stops it before the control plane.
+
+
+def kubelet_available() -> bool:
+    return importlib.util.find_spec(KUBELET_MODULE) is not None
+
+
+def start_kubelet(state_dir: Path, kubeconfig: Path, topology: Path) -> int:
+    """Start the local kubelet in the background; returns its pid."""
+    log = (state_dir / "logs" / "kubelet.log").open("ab")
+    kubelet_dir = state_dir / "kubelet"
+    kubelet_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                KUBELET_MODULE,
+                "--kubeconfig",
+                str(kubeconfig),
+                "--topology",
+                str(topology),
+                "--state-dir",
+                str(kubelet_dir),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    finally:
+        log.close()
+    (state_dir / KUBELET_STATE).write_text(json.dumps({"pid": proc.pid}) + "\n")
+    return proc.pid
+
+
+def kubelet_pid(state_dir: Path) -> int | None:
+    """The recorded kubelet's pid if it still runs."""
+    try:
+        pid = json.loads((state_dir / KUBELET_STATE).read_text())["pid"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return pid if pid_is_ours(pid, state_dir) else None
+
+
+def stop_kubelet(state_dir: Path, grace: float = STOP_GRACE) -> bool:
+    """Stop the recorded kubelet (SIGTERM, then SIGKILL); True if one ran."""
+    pid = kubelet_pid(state_dir)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while pid_is_ours(pid, state_dir) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if pid_is_ours(pid, state_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    (state_dir / KUBELET_STATE).unlink(missing_ok=True)
+    return pid is not None
+
+
+# -- commands ------------------------------------------------------------------
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir.resolve()
+    if any(recorded_status(state_dir).values()):
+        print(f"The sandbox in {state_dir} is already running (see `gpuspawner-sandbox status`).")
+        return 1
+    binary = build.build()
+    cp = ControlPlane(state_dir, binary)
+    cp.die_with_parent = args.foreground
+    print("Starting etcd, kube-apiserver, kube-scheduler and kube-controller-manager…", flush=True)
+    started = time.monotonic()
+    cp.start(timeout=args.timeout)
+    print(f"Control plane ready in {time.monotonic() - started:.1f}s at {cp.api_url}")
+
+    kubelet = None
+    if args.no_kubelet:
+        pass
+    elif kubelet_available():
+        kubelet = start_kubelet(state_dir, cp.admin_kubeconfig, args.topology)
+        print(f"Local kubelet started (pid {kubelet}) for the nodes in {args.topology}")
+    else:
+        print("The local kubelet (gpuspawner.sandbox.kubelet) is not available: no nodes.")
+
+    print(f"Logs: {cp.log_dir}")
+    print(f"export KUBECONFIG={cp.admin_kubeconfig}")
+    if not args.foreground:
+        print("Stop it with: gpuspawner-sandbox down")
+        return 0
+
+    print("Running in the foreground; Ctrl-C stops everything.", flush=True)
+    try:
+        while all(cp.running().values()):
+            time.sleep(1)
+        dead = [n for n, alive in cp.running().items() if not alive]
+        print(f"{', '.join(dead)} exited; see {cp.log_dir}. Stopping the rest.", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nStopping…", flush=True)
+        return 0
+    finally:
+        if kubelet is not None:
+            stop_kubelet(state_dir)
+        cp.stop()
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir.resolve()
+    had_kubelet = stop_kubelet(state_dir)
+    stopped = stop_recorded(state_dir)
+    if not stopped and not had_kubelet:
+        print(f"Nothing was running in {state_dir}.")
+        return 0
+    names = (["kubelet"] if had_kubelet else []) + stopped
+    print(f"Stopped {', '.join(names)}.")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir.resolve()
+    state = read_state(state_dir)
+    components = recorded_status(state_dir)
+    if not components:
+        print(f"Not running (no control plane recorded in {state_dir}).")
+        return 3
+    for name, alive in components.items():
+        print(f"{name:<26} {'running' if alive else 'NOT RUNNING'}")
+    kubelet = kubelet_pid(state_dir)
+    if (state_dir / KUBELET_STATE).exists() or kubelet:
+        print(f"{'kubelet':<26} {'running' if kubelet else 'NOT RUNNING'}")
+    print(f"API server: {state['api_url']}")
+    print(f"export KUBECONFIG={state['admin_kubeconfig']}")
+    return 0 if all(components.values()) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpuspawner-sandbox",
+        description="A local Kubernetes control plane with emulated GPU nodes, on loopback.",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=DEFAULT_STATE_DIR,
+        help="where certificates, etcd data, kubeconfigs and logs live "
+        f"(default {DEFAULT_STATE_DIR})",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="build if needed and start the sandbox")
+    up.add_argument("--timeout", type=float, default=180, help="seconds to wait for health")
+    up.add_argument(
+        "--topology", type=Path, default=DEFAULT_TOPOLOGY, help="the emulated nodes (YAML)"
+    )
+    up.add_argument("--no-kubelet", action="store_true", help="start the control plane only")
+    up.add_argument(
+        "--foreground", action="store_true", help="stay attached; Ctrl-C stops everything"
+    )
+    sub.add_parser("down", help="stop everything `up` started")
+    sub.add_parser("status", help="say what runs")
+    args = parser.parse_args(argv)
+    handlers = {"up": cmd_up, "down": cmd_down, "status": cmd_status}
+    try:
+        return handlers[args.command](args)
+    except (build.BuildError, ControlPlaneError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

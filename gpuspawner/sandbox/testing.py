@@ -1,0 +1,155 @@
+"""Helpers for test suites that run against the sandbox control plane.
+
+``tests/sandbox/conftest.py`` and the end-to-end tests use these to build the
+binary once, start one control plane per test session and check the
+loopback-only rule. When the control plane genuinely cannot be built (no Go
+toolchain), tests are skipped with a loud reason, except in CI (``CI=true``),
+where that is a failure: CI must build it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from . import build
+from .controlplane import ControlPlane
+from .kubeapi import ApiError, KubeApi
+
+
+def in_ci() -> bool:
+    """Whether this runs in CI, where an unbuildable sandbox is a failure."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def sandbox_unavailable(reason: str) -> None:
+    """Skip (locally) or fail (in CI) because the control plane cannot be built."""
+    import pytest
+
+    message = (
+        f"THE LOCAL KUBERNETES CONTROL PLANE CANNOT BE BUILT, so sandbox and end-to-end "
+        f"tests do not run: {reason}"
+    )
+    if in_ci():
+        pytest.fail(f"{message} (CI must build it)", pytrace=False)
+    pytest.skip(message)
+
+
+def _capture_disabled(pytestconfig):
+    """Let build progress reach the terminal even though pytest captures output."""
+    capman = pytestconfig.pluginmanager.getplugin("capturemanager") if pytestconfig else None
+    return capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
+
+
+def control_plane_binary(pytestconfig=None) -> Path:
+    """Build the control plane if needed (showing progress) and return its path.
+
+    Skips or fails through :func:`sandbox_unavailable` when Go is missing; any
+    other build failure is an error, reported as one.
+    """
+    with _capture_disabled(pytestconfig):
+        try:
+            return build.build(out=sys.stderr)
+        except build.GoMissing as e:
+            sandbox_unavailable(str(e))
+            raise  # unreachable: sandbox_unavailable raises
+
+
+@contextlib.contextmanager
+def running_control_plane(
+    state_dir: Path, pytestconfig=None, binary: Path | None = None
+) -> Iterator[ControlPlane]:
+    """Build if needed (unless given the binary), start a control plane, stop it afterwards."""
+    cp = ControlPlane(state_dir, binary or control_plane_binary(pytestconfig))
+    cp.start()
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@contextlib.contextmanager
+def temporary_namespace(cp: ControlPlane, prefix: str = "test") -> Iterator[str]:
+    """A fresh namespace whose default ServiceAccount exists; deleted afterwards.
+
+    Pods left in it are deleted with no grace period first: without a kubelet
+    confirming, a bound pod would otherwise keep the namespace terminating.
+    """
+    api = cp.admin_api()
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    api.post("/api/v1/namespaces", {"metadata": {"name": name}})
+    cp.wait_for_service_account(name)
+    try:
+        yield name
+    finally:
+        force_delete_pods(api, name)
+        with contextlib.suppress(ApiError):
+            api.delete(f"/api/v1/namespaces/{name}")
+
+
+def force_delete_pods(api: KubeApi, namespace: str) -> None:
+    """Delete every pod in a namespace at once (grace period 0)."""
+    pods = api.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+    for pod in pods:
+        with contextlib.suppress(ApiError):
+            api.delete(
+                f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}",
+                query={"gracePeriodSeconds": "0"},
+            )
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    inodes = set()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    for fd in fd_dir.iterdir():
+        with contextlib.suppress(OSError):
+            match = re.fullmatch(r"socket:\[(\d+)\]", os.readlink(fd))
+            if match:
+                inodes.add(int(match.group(1)))
+    return inodes
+
+
+def _hex_to_ip(hex_addr: str) -> str:
+    """An address from /proc/net/tcp{,6} (little-endian hex words) as text."""
+    import ipaddress
+
+    raw = bytes.fromhex(hex_addr)
+    # The kernel prints each 32-bit word in host (little-endian) order.
+    words = [raw[i : i + 4][::-1] for i in range(0, len(raw), 4)]
+    return str(ipaddress.ip_address(b"".join(words)))
+
+
+def listening_addresses(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket the process listens on (Linux /proc)."""
+    inodes = _socket_inodes(pid)
+    found = []
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], int(fields[9])
+            if state == "0A" and inode in inodes:  # 0A = LISTEN
+                addr, port = local.rsplit(":", 1)
+                found.append((_hex_to_ip(addr), int(port, 16)))
+    return found
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids of live processes whose command line contains text (a state dir, say)."""
+    pids = []
+    needle = text.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if needle in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+    return pids

@@ -1,0 +1,107 @@
+"""Building the control plane binary: cache key, version flags, a missing Go."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpuspawner.sandbox import build
+
+
+@pytest.fixture
+def module_copy(tmp_path) -> Path:
+    """A copy of our Go module's three source files (no Kubernetes source)."""
+    dest = tmp_path / "go"
+    dest.mkdir()
+    for name in build.SOURCE_FILES:
+        shutil.copy(build.GO_MODULE_DIR / name, dest / name)
+    return dest
+
+
+def test_repo_holds_only_our_go_files():
+    names = sorted(p.name for p in build.GO_MODULE_DIR.iterdir())
+    assert names == ["go.mod", "go.sum", "main.go"]
+
+
+def test_pin_is_a_recent_release_with_every_staging_module_replaced():
+    go_mod = (build.GO_MODULE_DIR / "go.mod").read_text()
+    version = build.kubernetes_version(go_mod)
+    major, minor = (int(x) for x in version.lstrip("v").split(".")[:2])
+    assert (major, minor) >= (1, 33)
+    staging = f"v0.{minor}.{version.split('.')[2]}"
+    for module in ("k8s.io/api", "k8s.io/apiserver", "k8s.io/client-go", "k8s.io/kube-scheduler"):
+        assert f"{module} => {module} {staging}" in go_mod
+
+
+def test_binary_name_carries_version_and_changes_with_the_sources(module_copy, tmp_path):
+    cache = tmp_path / "cache"
+    first = build.binary_path(module_copy, cache)
+    assert first.parent == cache / "bin"
+    version = build.kubernetes_version((module_copy / "go.mod").read_text())
+    assert first.name.startswith(f"k8s-{version}-")
+    assert build.binary_path(module_copy, cache) == first
+
+    with (module_copy / "main.go").open("a") as f:
+        f.write("\n// a change\n")
+    assert build.binary_path(module_copy, cache) != first
+
+
+def test_cached_binary_is_reused_without_go(module_copy, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    target = build.binary_path(module_copy, cache)
+    target.parent.mkdir(parents=True)
+    target.write_text("pretend binary")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no go anywhere
+    out = io.StringIO()
+    assert build.build(module_copy, cache, out=out) == target
+    assert "up to date" in out.getvalue()
+
+
+def test_missing_go_is_one_readable_sentence(module_copy, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(build.GoMissing) as excinfo:
+        build.build(module_copy, tmp_path / "cache", out=io.StringIO())
+    assert str(excinfo.value) == build.GO_MISSING
+    assert "\n" not in str(excinfo.value)
+
+
+def test_main_reports_missing_go_without_a_traceback(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("GPUSPAWNER_SANDBOX_CACHE", str(tmp_path / "cache"))
+    assert build.main([]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: Go 1.26 or newer is needed")
+    assert "Traceback" not in err
+
+
+def test_too_old_go_is_refused(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "go"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'go version go1.22.2 linux/amd64'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake.parent))
+    with pytest.raises(build.GoMissing, match=r"go1\.22\.2"):
+        build.find_go()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("go version go1.26.8 linux/amd64", (1, 26)),
+        ("go version go1.30rc1 darwin/arm64", (1, 30)),
+        ("something else", None),
+    ],
+)
+def test_parse_go_version(text, expected):
+    assert build.parse_go_version(text) == expected
+
+
+def test_version_ldflags_set_both_version_packages():
+    flags = build.version_ldflags("v1.37.2")
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        assert f"-X {pkg}.gitVersion=v1.37.2" in flags
+        assert f"-X {pkg}.gitMajor=1" in flags
+        assert f"-X {pkg}.gitMinor=37" in flags

@@ -1,0 +1,38 @@
+"""gpuspawner-sandbox without a running sandbox: readable answers, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from gpuspawner.sandbox import cli
+
+
+def test_status_when_nothing_runs(tmp_path, capsys):
+    assert cli.main(["--state-dir", str(tmp_path), "status"]) == 3
+    assert "Not running" in capsys.readouterr().out
+
+
+def test_down_when_nothing_runs(tmp_path, capsys):
+    assert cli.main(["--state-dir", str(tmp_path), "down"]) == 0
+    assert "Nothing was running" in capsys.readouterr().out
+
+
+def test_down_never_signals_a_stranger_with_a_recorded_pid(tmp_path, capsys):
+    # A pid recorded by an old sandbox may have been reused by an unrelated
+    # process: `down` must leave that one alone.
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        state = {"api_url": "https://127.0.0.1:1", "admin_kubeconfig": "x", "ports": {}}
+        state["pids"] = {"etcd": stranger.pid}
+        (tmp_path / "controlplane.json").write_text(json.dumps(state))
+        (tmp_path / "kubelet.json").write_text(json.dumps({"pid": stranger.pid}))
+        assert cli.main(["--state-dir", str(tmp_path), "status"]) == 1
+        assert "etcd" in capsys.readouterr().out
+        assert cli.main(["--state-dir", str(tmp_path), "down"]) == 0
+        assert stranger.poll() is None
+        assert not (tmp_path / "controlplane.json").exists()
+    finally:
+        stranger.kill()
+        stranger.wait()
