@@ -1,0 +1,312 @@
+"""`gpuspawner-images`: list, build, test and push the notebook images, and write
+their catalog entries.
+
+    gpuspawner-images list
+    gpuspawner-images build [NAME ...] [--catalog-out FILE]
+    gpuspawner-images test  [NAME ...] [--cpu]
+    gpuspawner-images push  [NAME ...]
+    gpuspawner-images catalog [NAME ...] [--output FILE] [--only-built]
+
+Every verb reads images/matrix.yaml (found from the current directory upwards, or
+--matrix). `list` and `catalog` need no Docker engine; the others fail at once,
+with one sentence, when none is reachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from .. import __version__
+from . import engine
+from .matrix import MATRIX_RELPATH, Matrix, MatrixError, find_repo_root, load_matrix
+from .plan import (
+    catalog_document,
+    check_names,
+    image_ref,
+    plan_builds,
+    plan_test,
+)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_UNUSABLE = 2
+
+
+def format_table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def format_size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} GB"
+
+
+def format_seconds(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def matrix_table(matrix: Matrix, registry: str | None) -> str:
+    rows = [
+        [
+            image_ref(matrix, spec, registry),
+            spec.profile,
+            spec.cuda,
+            f"{spec.framework} {spec.framework_version}",
+            spec.python,
+            f"jupyterhub {spec.jupyterhub}",
+            f">= {spec.driver_floor}",
+        ]
+        for spec in matrix.images.values()
+    ]
+    hub = matrix.hub
+    rows.append(
+        [
+            f"{matrix.registry if registry is None else registry}/{hub.name}",
+            "(hub)",
+            "-",
+            f"z2jh {hub.z2jh_chart}",
+            "-",
+            f"jupyterhub {hub.jupyterhub}",
+            "-",
+        ]
+    )
+    return format_table(
+        ["IMAGE:TAG", "PROFILE", "CUDA", "FRAMEWORK", "PYTHON", "HUB", "DRIVER"], rows
+    )
+
+
+def _revision(root: Path) -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def _write_catalog(document: dict[str, Any], output: str | None, out: TextIO) -> None:
+    text = (
+        "# Catalog entries written by gpuspawner-images from images/matrix.yaml.\n"
+        "# Merge them into the catalog file; GPU types and limits are the admin's.\n"
+        + yaml.safe_dump(document, sort_keys=False, width=100)
+    )
+    if output is None or output == "-":
+        out.write(text)
+    else:
+        Path(output).write_text(text)
+        print(f"wrote {len(document['images'])} catalog entries to {output}", file=out)
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--matrix", help=f"the version matrix (default: {MATRIX_RELPATH} above the cwd)"
+    )
+    common.add_argument("--registry", help="registry/namespace to tag with (default: the matrix's)")
+    parser = argparse.ArgumentParser(
+        prog="gpuspawner-images",
+        description="Build, test and push gpuspawner's CUDA notebook images from images/matrix.yaml.",
+    )
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    sub.add_parser("list", parents=[common], help="show the matrix: image, tag, CUDA, framework")
+    b = sub.add_parser(
+        "build", parents=[common], help="build images (all notebook images by default)"
+    )
+    b.add_argument("names", nargs="*", metavar="NAME")
+    b.add_argument("--no-cache", action="store_true", help="do not reuse cached layers")
+    b.add_argument("--pull", action="store_true", help="pull a newer base image first")
+    b.add_argument("--catalog-out", metavar="FILE", help="write catalog entries for what was built")
+    t = sub.add_parser("test", parents=[common], help="run the GPU smoke test in built images")
+    t.add_argument("names", nargs="*", metavar="NAME")
+    t.add_argument("--cpu", action="store_true", help="CPU-only mode even if GPUs are available")
+    p = sub.add_parser("push", parents=[common], help="push built images to the registry")
+    p.add_argument("names", nargs="*", metavar="NAME")
+    c = sub.add_parser(
+        "catalog", parents=[common], help="print/write the catalog's images: entries"
+    )
+    c.add_argument("names", nargs="*", metavar="NAME")
+    c.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
+    c.add_argument(
+        "--only-built", action="store_true", help="only images the Docker engine has built"
+    )
+    return parser
+
+
+def _load(args: argparse.Namespace) -> tuple[Matrix, Path]:
+    if args.matrix:
+        path = Path(args.matrix)
+        root = path.resolve().parent.parent
+    else:
+        found = find_repo_root(Path.cwd())
+        if found is None:
+            raise MatrixError(
+                f"no {MATRIX_RELPATH} here or in any parent directory; run from the "
+                "gpuspawner repository or pass --matrix"
+            )
+        root, path = found, found / MATRIX_RELPATH
+    return load_matrix(path), root
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
+    out = sys.stdout if out is None else out
+    args = _parser().parse_args(argv)
+    try:
+        matrix, root = _load(args)
+        names = list(getattr(args, "names", []) or [])
+        check_names(matrix, names)
+        return VERBS[args.verb](args, matrix, root, names, out)
+    except (MatrixError, engine.EngineUnavailable) as e:
+        print(f"gpuspawner-images: {e}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except OSError as e:
+        print(f"gpuspawner-images: cannot write {e.filename}: {e.strerror}.", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except KeyboardInterrupt:
+        print("gpuspawner-images: interrupted.", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def cmd_list(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
+    print(matrix_table(matrix, args.registry), file=out)
+    return EXIT_OK
+
+
+def cmd_build(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
+    client = engine.connect()
+    steps = plan_builds(
+        matrix,
+        names,
+        context=str(root),
+        registry=args.registry,
+        created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        revision=_revision(root),
+        package_version=__version__,
+    )
+    results: list[engine.BuildResult] = []
+    failures: list[tuple[str, str]] = []
+    for step in steps:
+        print(f"==> building {step.refs[0]} from {step.dockerfile}", file=out)
+        try:
+            results.append(
+                engine.build(
+                    client,
+                    step,
+                    lambda line, name=step.name: print(f"[{name}] {line}", file=out, flush=True),
+                    nocache=args.no_cache,
+                    pull=args.pull,
+                )
+            )
+        except engine.EngineError as e:
+            failures.append((step.name, str(e)))
+            print(f"==> {step.name} FAILED: {e}", file=out)
+    rows = [
+        [
+            r.step.refs[0],
+            r.step.cuda or "-",
+            format_size(r.size_bytes),
+            format_seconds(r.seconds),
+            "ok",
+        ]
+        for r in results
+    ]
+    rows += [[name, "-", "-", "-", f"FAILED: {why[:60]}"] for name, why in failures]
+    print("\n" + format_table(["IMAGE", "CUDA", "SIZE", "TIME", "RESULT"], rows), file=out)
+    built = [r.step.name for r in results if r.step.name in matrix.images]
+    if args.catalog_out and built:
+        _write_catalog(catalog_document(matrix, built, args.registry), args.catalog_out, out)
+    return EXIT_FAILED if failures else EXIT_OK
+
+
+def cmd_test(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
+    client = engine.connect()
+    gpu = engine.has_nvidia_runtime(client.info())
+    failed = 0
+    rows = []
+    for spec in matrix.select([n for n in names if n != matrix.hub.name]):
+        run = plan_test(image_ref(matrix, spec, args.registry), gpu, cpu_only=args.cpu)
+        print(f"==> testing {run.image}: {run.reason}", file=out)
+        try:
+            result = engine.run_test(client, run)
+        except engine.EngineError as e:
+            failed += 1
+            rows.append([run.image, run.mode, f"FAILED: {e}"])
+            continue
+        print(result.output.rstrip(), file=out)
+        failed += not result.ok
+        rows.append(
+            [run.image, run.mode, "pass" if result.ok else f"FAIL (exit {result.exit_code})"]
+        )
+    print("\n" + format_table(["IMAGE", "MODE", "RESULT"], rows), file=out)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def cmd_push(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
+    client = engine.connect()
+    steps = plan_builds(
+        matrix, names, context=str(root), registry=args.registry, package_version=__version__
+    )
+    failed = 0
+    for step in steps:
+        for ref in step.refs:
+            print(f"==> pushing {ref}", file=out)
+            try:
+                digest = engine.push(client, ref, lambda line: print(f"  {line}", file=out))
+            except engine.EngineError as e:
+                failed += 1
+                print(f"==> {ref} FAILED: {e}", file=out)
+                continue
+            print(f"==> pushed {ref} {digest}".rstrip(), file=out)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def cmd_catalog(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
+    selected = [s.name for s in matrix.select([n for n in names if n != matrix.hub.name])]
+    if args.only_built:
+        client = engine.connect()
+        selected = [
+            n
+            for n in selected
+            if engine.image_exists(client, image_ref(matrix, matrix.images[n], args.registry))
+        ]
+        if not selected:
+            print("gpuspawner-images: none of these images is built yet.", file=sys.stderr)
+            return EXIT_FAILED
+    _write_catalog(catalog_document(matrix, selected, args.registry), args.output, out)
+    return EXIT_OK
+
+
+VERBS = {
+    "list": cmd_list,
+    "build": cmd_build,
+    "test": cmd_test,
+    "push": cmd_push,
+    "catalog": cmd_catalog,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""The thin layer between `gpuspawner-images` and a Docker engine (docker SDK).
+
+Everything that decides *what* to do lives in plan.py; this module only talks to
+the engine and turns its answers (streams of JSON events, exceptions) into
+results and one-sentence errors.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .plan import BuildStep, TestRun
+
+Emit = Callable[[str], None]
+
+
+class EngineUnavailable(Exception):
+    """No Docker engine answered; str() is the sentence to show the user."""
+
+
+class EngineError(Exception):
+    """The engine answered, but a build, run or push failed; str() says which and why."""
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    step: BuildStep
+    image_id: str
+    size_bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class TestResult:
+    run: TestRun
+    exit_code: int
+    output: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+def describe_host(env: dict[str, str] | None = None) -> str:
+    env = dict(os.environ) if env is None else env
+    return env.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def connect(timeout: int = 10) -> Any:
+    """A docker.DockerClient that has answered a ping, or EngineUnavailable."""
+    try:
+        import docker
+    except ImportError:
+        raise EngineUnavailable(
+            "The docker Python SDK is not installed: pip install 'gpuspawner[images]'."
+        ) from None
+    where = describe_host()
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+    except Exception:
+        # Whatever the transport says (missing socket, refused, TLS), the user's
+        # problem is the same one, and a traceback would hide it.
+        raise EngineUnavailable(
+            f"No Docker engine is reachable at {where}, so gpuspawner-images cannot build, "
+            "test or push images (start the engine or set DOCKER_HOST; list and catalog "
+            "work without one)."
+        ) from None
+    return client
+
+
+def has_nvidia_runtime(info: dict[str, Any]) -> bool:
+    """Whether `docker info` shows the NVIDIA runtime, i.e. `--gpus` can work."""
+    runtimes = info.get("Runtimes") or {}
+    return "nvidia" in runtimes or info.get("DefaultRuntime") == "nvidia"
+
+
+def follow_build(events: Iterable[dict[str, Any]], emit: Emit) -> str:
+    """Stream build output to `emit`; return the image ID or raise EngineError."""
+    image_id = ""
+    for event in events:
+        if "error" in event:
+            detail = (event.get("errorDetail") or {}).get("message") or event["error"]
+            raise EngineError(str(detail).strip())
+        if "stream" in event:
+            text = str(event["stream"]).rstrip("\n")
+            if text.strip():
+                emit(text)
+        elif "status" in event:
+            status = str(event["status"])
+            progress = event.get("progress")
+            # Layer download progress repeats many times a second: show only its changes of state.
+            if not progress:
+                emit(f"{event.get('id', '')} {status}".strip())
+        aux = event.get("aux")
+        if isinstance(aux, dict) and aux.get("ID"):
+            image_id = aux["ID"]
+    if not image_id:
+        raise EngineError("the engine finished the build without reporting an image ID")
+    return image_id
+
+
+def follow_push(events: Iterable[dict[str, Any]], emit: Emit) -> str:
+    """Stream push output; return the pushed digest ('' if not reported) or raise."""
+    digest = ""
+    for event in events:
+        if "error" in event:
+            detail = (event.get("errorDetail") or {}).get("message") or event["error"]
+            raise EngineError(str(detail).strip())
+        if "status" in event and not event.get("progress"):
+            emit(f"{event.get('id', '')} {event['status']}".strip())
+        aux = event.get("aux")
+        if isinstance(aux, dict) and aux.get("Digest"):
+            digest = aux["Digest"]
+    return digest
+
+
+def build(
+    client: Any, step: BuildStep, emit: Emit, *, nocache: bool = False, pull: bool = False
+) -> BuildResult:
+    start = time.monotonic()
+    refs = step.refs
+    events = client.api.build(
+        path=step.context,
+        dockerfile=step.dockerfile,
+        tag=refs[0],
+        buildargs=step.buildargs,
+        labels=step.labels,
+        rm=True,
+        forcerm=True,
+        nocache=nocache,
+        pull=pull,
+        decode=True,
+    )
+    image_id = follow_build(events, emit)
+    for ref in refs[1:]:
+        repo, tag = ref.rsplit(":", 1)
+        client.api.tag(image_id, repo, tag)
+    size = int(client.images.get(image_id).attrs.get("Size", 0))
+    return BuildResult(step, image_id, size, time.monotonic() - start)
+
+
+def image_exists(client: Any, ref: str) -> bool:
+    import docker
+
+    try:
+        client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def run_test(client: Any, run: TestRun, timeout: int = 900) -> TestResult:
+    import docker
+
+    kwargs: dict[str, Any] = {"environment": run.environment}
+    if run.device_requests:
+        kwargs["device_requests"] = [
+            docker.types.DeviceRequest(
+                driver=r.get("Driver", ""),
+                count=r.get("Count", -1),
+                capabilities=r.get("Capabilities", [["gpu"]]),
+            )
+            for r in run.device_requests
+        ]
+    try:
+        container = client.containers.run(run.image, run.command, detach=True, **kwargs)
+    except docker.errors.ImageNotFound:
+        raise EngineError(f"{run.image} is not built yet (run gpuspawner-images build)") from None
+    except docker.errors.APIError as e:
+        raise EngineError(f"cannot start {run.image}: {e.explanation or e}") from None
+    try:
+        status = container.wait(timeout=timeout)
+        output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+    finally:
+        container.remove(force=True)
+    return TestResult(run, int(status.get("StatusCode", 1)), output)
+
+
+def push(client: Any, ref: str, emit: Emit) -> str:
+    repo, tag = ref.rsplit(":", 1)
+    return follow_push(client.api.push(repo, tag=tag, stream=True, decode=True), emit)

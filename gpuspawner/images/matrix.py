@@ -1,0 +1,349 @@
+"""The version matrix of the notebook images (images/matrix.yaml), loaded and checked.
+
+Pure: takes YAML text or data, returns dataclasses or a MatrixError whose message
+names the file and the field. Nothing here talks to Docker.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from packaging.requirements import Requirement
+from packaging.version import InvalidVersion, Version
+
+MATRIX_RELPATH = Path("images") / "matrix.yaml"
+
+#: The oldest Linux driver for each CUDA major version (the .0 GA release's driver):
+#: with CUDA minor-version compatibility, every 12.x runs on >= 525.60.13 and every
+#: 13.x on >= 580.65.06. An image's driver floor may be higher, never lower.
+MIN_DRIVER_FOR_CUDA_MAJOR: dict[int, str] = {12: "525.60.13", 13: "580.65.06"}
+
+#: Python of each supported base image (the frameworks' wheels are built per Python).
+BASE_IMAGE_PYTHON: dict[str, str] = {"ubuntu:24.04": "3.12"}
+
+_PROFILE_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+_IMAGE_NAME_RE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*$")
+_CUDA_RE = re.compile(r"^\d+\.\d+$")
+_DRIVER_RE = re.compile(r"^\d+(\.\d+){1,2}$")
+_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+_REQUIRED_IMAGE_KEYS = (
+    "profile",
+    "display_name",
+    "dockerfile",
+    "framework",
+    "framework_version",
+    "cuda",
+    "driver_floor",
+    "require_cuda",
+)
+_DEFAULT_KEYS = ("base_image", "python", "jupyterhub", "jupyterlab", "tag_template")
+
+
+class MatrixError(ValueError):
+    """The matrix is missing, unreadable or inconsistent; the message says where."""
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """One notebook image of the matrix, with the defaults filled in."""
+
+    name: str
+    profile: str
+    display_name: str
+    dockerfile: str
+    constraints: str | None
+    framework: str
+    framework_version: str
+    cuda: str
+    driver_floor: str
+    require_cuda: str
+    base_image: str
+    python: str
+    jupyterhub: str
+    jupyterlab: str
+    tag_template: str
+
+    @property
+    def tag(self) -> str:
+        return self.tag_template.format(
+            framework_version=self.framework_version,
+            cuda=self.cuda,
+            python=self.python,
+            framework=self.framework,
+        )
+
+    @property
+    def framework_arg(self) -> str:
+        """The Dockerfile ARG that carries the framework version, e.g. TORCH_VERSION."""
+        return f"{self.framework.upper()}_VERSION"
+
+    def build_args(self) -> dict[str, str]:
+        """Every version ARG of the image's Dockerfile, from the matrix."""
+        return {
+            "BASE_IMAGE": self.base_image,
+            "PYTHON_VERSION": self.python,
+            self.framework_arg: self.framework_version,
+            "CUDA_VERSION": self.cuda,
+            "DRIVER_FLOOR": self.driver_floor,
+            "REQUIRE_CUDA": self.require_cuda,
+            "JUPYTERHUB_VERSION": self.jupyterhub,
+            "JUPYTERLAB_VERSION": self.jupyterlab,
+            "IMAGE_VERSION": self.tag,
+        }
+
+
+@dataclass(frozen=True)
+class HubSpec:
+    """The hub image: zero-to-jupyterhub's hub plus gpuspawner."""
+
+    name: str
+    dockerfile: str
+    z2jh_chart: str
+    base_image: str
+    base_jupyterhub: str
+    jupyterhub: str
+
+    def build_args(self, package_version: str) -> dict[str, str]:
+        return {
+            "BASE_IMAGE": self.base_image,
+            "JUPYTERHUB_VERSION": self.jupyterhub,
+            "IMAGE_VERSION": package_version,
+        }
+
+
+@dataclass(frozen=True)
+class Matrix:
+    registry: str
+    images: dict[str, ImageSpec]
+    hub: HubSpec
+    source: str = "<matrix>"
+
+    def select(self, names: list[str] | None) -> list[ImageSpec]:
+        """The named notebook images in matrix order (all when names is empty)."""
+        if not names:
+            return list(self.images.values())
+        unknown = [n for n in names if n not in self.images]
+        if unknown:
+            raise MatrixError(
+                f"{', '.join(unknown)} is not an image of {self.source}; "
+                f"known: {', '.join(self.images)}"
+            )
+        return [self.images[n] for n in names]
+
+
+def _str(data: dict, key: str, where: str) -> str:
+    value = data.get(key)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        # YAML reads 3.10 as the float 3.1: refuse rather than guess.
+        raise MatrixError(f"{where}.{key} must be a quoted string, not the number {value!r}")
+    if not isinstance(value, str) or not value.strip():
+        raise MatrixError(f"{where}.{key} is missing or not a string")
+    return value.strip()
+
+
+def _version(value: str, where: str) -> str:
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise MatrixError(f"{where} = {value!r} is not a version number") from None
+    return value
+
+
+def parse_matrix(data: Any, source: str = "<matrix>") -> Matrix:
+    """Validate parsed matrix YAML and return it with each image's defaults filled in."""
+    if not isinstance(data, dict):
+        raise MatrixError(f"{source}: the matrix must be a mapping")
+    registry = _str(data, "registry", source).rstrip("/")
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise MatrixError(f"{source}: defaults must be a mapping")
+    raw_images = data.get("images")
+    if not isinstance(raw_images, dict) or not raw_images:
+        raise MatrixError(f"{source}: images must be a non-empty mapping")
+
+    images: dict[str, ImageSpec] = {}
+    profiles: dict[str, str] = {}
+    for name, raw in raw_images.items():
+        where = f"{source}: images.{name}"
+        if not isinstance(name, str) or not _IMAGE_NAME_RE.match(name):
+            raise MatrixError(f"{where}: image names are lowercase letters, digits, '.-_'")
+        if not isinstance(raw, dict):
+            raise MatrixError(f"{where} must be a mapping")
+        merged = {**defaults, **raw}
+        values = {k: _str(merged, k, where) for k in _REQUIRED_IMAGE_KEYS + _DEFAULT_KEYS}
+        constraints = merged.get("constraints")
+        if constraints is not None and not isinstance(constraints, str):
+            raise MatrixError(f"{where}.constraints must be a path")
+        if not _PROFILE_RE.match(values["profile"]):
+            raise MatrixError(
+                f"{where}.profile = {values['profile']!r}: a catalog key is lowercase "
+                "letters, digits and '-'"
+            )
+        if values["profile"] in profiles:
+            raise MatrixError(
+                f"{where}.profile {values['profile']!r} is also used by "
+                f"images.{profiles[values['profile']]}"
+            )
+        profiles[values["profile"]] = name
+        for key in ("framework_version", "python", "jupyterhub", "jupyterlab", "driver_floor"):
+            _version(values[key], f"{where}.{key}")
+        if not _CUDA_RE.match(values["cuda"]):
+            raise MatrixError(f"{where}.cuda = {values['cuda']!r}: write MAJOR.MINOR, e.g. 12.9")
+        if not _DRIVER_RE.match(values["driver_floor"]):
+            raise MatrixError(f"{where}.driver_floor = {values['driver_floor']!r}: e.g. 580.65.06")
+        spec = ImageSpec(name=name, constraints=constraints, **values)
+        try:
+            tag = spec.tag
+        except (KeyError, IndexError, ValueError) as e:
+            raise MatrixError(f"{where}.tag_template: unknown field {e}") from None
+        if not _TAG_RE.match(tag):
+            raise MatrixError(f"{where}: the tag {tag!r} is not a valid Docker tag")
+        images[name] = spec
+
+    raw_hub = data.get("hub")
+    if not isinstance(raw_hub, dict):
+        raise MatrixError(f"{source}: hub must be a mapping")
+    where = f"{source}: hub"
+    hub = HubSpec(
+        **{k: _str(raw_hub, k, where) for k in ("name", "dockerfile", "z2jh_chart", "base_image")},
+        base_jupyterhub=_version(
+            _str(raw_hub, "base_jupyterhub", where), f"{where}.base_jupyterhub"
+        ),
+        jupyterhub=_version(_str(raw_hub, "jupyterhub", where), f"{where}.jupyterhub"),
+    )
+    if hub.name in images:
+        raise MatrixError(f"{where}.name {hub.name!r} is also a notebook image name")
+    return Matrix(registry=registry, images=images, hub=hub, source=source)
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    """Read and validate a matrix file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise MatrixError(f"cannot read the image matrix {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise MatrixError(f"{path} is not valid YAML: {e}") from None
+    return parse_matrix(data, str(path))
+
+
+def find_repo_root(start: str | Path) -> Path | None:
+    """The nearest directory at or above `start` that holds images/matrix.yaml."""
+    here = Path(start).resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / MATRIX_RELPATH).is_file():
+            return candidate
+    return None
+
+
+def _driver_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+def read_constraints(text: str) -> dict[str, str]:
+    """`name==version` lines of a pip constraints file, names normalised."""
+    pins: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            name = re.sub(r"\[.*\]", "", name)
+            pins[re.sub(r"[-_.]+", "-", name).lower().strip()] = version.strip()
+    return pins
+
+
+def constraints_cuda(pins: dict[str, str]) -> str | None:
+    """The CUDA MAJOR.MINOR that a constraints file pins, from its CUDA runtime wheel."""
+    for name in ("cuda-toolkit", "nvidia-cuda-runtime", "nvidia-cuda-runtime-cu13",
+                 "nvidia-cuda-runtime-cu12"):  # fmt: skip
+        if name in pins:
+            major, minor = pins[name].split(".")[:2]
+            return f"{major}.{minor}"
+    return None
+
+
+def consistency_problems(
+    matrix: Matrix,
+    jupyterhub_requirement: str,
+    root: Path | None = None,
+) -> list[str]:
+    """Everything in the matrix that disagrees with itself, the package or the repo.
+
+    `jupyterhub_requirement` is the package's own requirement (e.g.
+    "jupyterhub>=5.2,<7"). With `root`, Dockerfiles and constraints files are
+    checked to exist and to pin what the matrix says.
+    """
+    problems: list[str] = []
+    req = Requirement(jupyterhub_requirement)
+    hub_version = Version(matrix.hub.jupyterhub)
+    if hub_version not in req.specifier:
+        problems.append(f"hub.jupyterhub {hub_version} is outside the package's requirement {req}")
+    for spec in matrix.images.values():
+        where = f"images.{spec.name}"
+        single = Version(spec.jupyterhub)
+        if single not in req.specifier:
+            problems.append(
+                f"{where}.jupyterhub {single} is outside the package's requirement {req}"
+            )
+        if (single.major, single.minor) != (hub_version.major, hub_version.minor):
+            problems.append(
+                f"{where}.jupyterhub {single} is not the hub's release line "
+                f"{hub_version.major}.{hub_version.minor} (hub.jupyterhub {hub_version})"
+            )
+        cuda_major = int(spec.cuda.split(".")[0])
+        floor = MIN_DRIVER_FOR_CUDA_MAJOR.get(cuda_major)
+        if floor is None:
+            problems.append(
+                f"{where}.cuda {spec.cuda}: no known driver floor for CUDA {cuda_major}"
+            )
+        elif _driver_key(spec.driver_floor) < _driver_key(floor):
+            problems.append(
+                f"{where}.driver_floor {spec.driver_floor} is below {floor}, the oldest driver "
+                f"for CUDA {cuda_major}.x"
+            )
+        if spec.require_cuda != f"cuda>={cuda_major}.0":
+            problems.append(
+                f"{where}.require_cuda {spec.require_cuda!r} should be 'cuda>={cuda_major}.0' "
+                "(the CUDA version its driver floor supports)"
+            )
+        base_python = BASE_IMAGE_PYTHON.get(spec.base_image)
+        if base_python is not None and base_python != spec.python:
+            problems.append(
+                f"{where}.python {spec.python}: {spec.base_image} provides Python {base_python}"
+            )
+        if root is not None:
+            problems.extend(_file_problems(spec, root))
+    if root is not None and not (root / matrix.hub.dockerfile).is_file():
+        problems.append(f"hub.dockerfile {matrix.hub.dockerfile} does not exist")
+    return problems
+
+
+def _file_problems(spec: ImageSpec, root: Path) -> list[str]:
+    where = f"images.{spec.name}"
+    problems = []
+    if not (root / spec.dockerfile).is_file():
+        problems.append(f"{where}.dockerfile {spec.dockerfile} does not exist")
+    if spec.constraints is None:
+        return problems
+    path = root / spec.constraints
+    if not path.is_file():
+        return [*problems, f"{where}.constraints {spec.constraints} does not exist"]
+    pins = read_constraints(path.read_text())
+    pinned = pins.get(spec.framework)
+    if pinned != spec.framework_version:
+        problems.append(
+            f"{spec.constraints} pins {spec.framework}=={pinned}, the matrix says "
+            f"{spec.framework_version}"
+        )
+    cuda = constraints_cuda(pins)
+    if cuda != spec.cuda:
+        problems.append(f"{spec.constraints} pins CUDA runtime {cuda}, the matrix says {spec.cuda}")
+    return problems

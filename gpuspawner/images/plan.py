@@ -1,0 +1,192 @@
+"""What `gpuspawner-images` will do, as data: build steps, test runs, catalog entries.
+
+Pure functions of the matrix (and a few facts the caller looked up, such as whether
+the engine has the NVIDIA runtime), so the tool's behaviour is tested without Docker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..labels import IMAGE_LABEL_CUDA, IMAGE_LABEL_DRIVER_FLOOR, IMAGE_LABEL_FRAMEWORK
+from .matrix import ImageSpec, Matrix, MatrixError
+
+SMOKE_TEST_PATH = "/usr/local/bin/gpu-smoke-test"
+
+
+@dataclass(frozen=True)
+class BuildStep:
+    """One `docker build`: everything the docker SDK's images.build() needs."""
+
+    name: str
+    dockerfile: str
+    context: str
+    repository: str
+    tags: tuple[str, ...]
+    buildargs: dict[str, str]
+    labels: dict[str, str]
+    cuda: str | None = None
+    driver_floor: str | None = None
+
+    @property
+    def refs(self) -> list[str]:
+        return [f"{self.repository}:{t}" for t in self.tags]
+
+
+@dataclass(frozen=True)
+class TestRun:
+    """One smoke-test container run."""
+
+    image: str
+    mode: str  # "gpu" or "cpu"
+    command: list[str]
+    device_requests: list[dict[str, Any]] = field(default_factory=list)
+    environment: dict[str, str] = field(default_factory=dict)
+    reason: str = ""
+
+
+def repository(registry: str, name: str) -> str:
+    return f"{registry.rstrip('/')}/{name}" if registry else name
+
+
+def image_ref(matrix: Matrix, spec: ImageSpec, registry: str | None = None) -> str:
+    reg = matrix.registry if registry is None else registry
+    return f"{repository(reg, spec.name)}:{spec.tag}"
+
+
+def build_labels(created: str, revision: str) -> dict[str, str]:
+    """Labels only known at build time; the rest are in the Dockerfiles."""
+    return {
+        "org.opencontainers.image.created": created,
+        "org.opencontainers.image.revision": revision,
+    }
+
+
+def plan_builds(
+    matrix: Matrix,
+    names: list[str] | None,
+    *,
+    context: str,
+    registry: str | None = None,
+    created: str = "unknown",
+    revision: str = "unknown",
+    package_version: str = "0",
+) -> list[BuildStep]:
+    """The builds for `names` (notebook images and/or the hub; all notebook images if empty)."""
+    reg = matrix.registry if registry is None else registry
+    wanted = list(names or [])
+    steps: list[BuildStep] = []
+    include_hub = matrix.hub.name in wanted
+    if include_hub:
+        wanted.remove(matrix.hub.name)
+    specs = matrix.select(wanted) if wanted or not include_hub else []
+    for spec in specs:
+        args = {**spec.build_args(), "BUILD_DATE": created, "VCS_REF": revision}
+        labels = {
+            **build_labels(created, revision),
+            # Repeated from the Dockerfile's LABELs so that a Dockerfile edited by hand
+            # cannot build an image whose labels disagree with the matrix.
+            IMAGE_LABEL_CUDA: spec.cuda,
+            IMAGE_LABEL_DRIVER_FLOOR: spec.driver_floor,
+            IMAGE_LABEL_FRAMEWORK: f"{spec.framework}=={spec.framework_version}",
+        }
+        steps.append(
+            BuildStep(
+                name=spec.name,
+                dockerfile=spec.dockerfile,
+                context=context,
+                repository=repository(reg, spec.name),
+                tags=(spec.tag,),
+                buildargs=args,
+                labels=labels,
+                cuda=spec.cuda,
+                driver_floor=spec.driver_floor,
+            )
+        )
+    if include_hub:
+        hub = matrix.hub
+        steps.append(
+            BuildStep(
+                name=hub.name,
+                dockerfile=hub.dockerfile,
+                context=context,
+                repository=repository(reg, hub.name),
+                tags=(f"{package_version}-z2jh{hub.z2jh_chart}",),
+                buildargs={
+                    **hub.build_args(package_version),
+                    "BUILD_DATE": created,
+                    "VCS_REF": revision,
+                },
+                labels=build_labels(created, revision),
+            )
+        )
+    return steps
+
+
+def plan_test(image: str, nvidia_runtime: bool, cpu_only: bool = False) -> TestRun:
+    """How to run the smoke test: with every GPU when the engine can give them."""
+    if nvidia_runtime and not cpu_only:
+        return TestRun(
+            image=image,
+            mode="gpu",
+            command=[SMOKE_TEST_PATH],
+            # The docker SDK's DeviceRequest(count=-1, capabilities=[["gpu"]]): "--gpus all".
+            device_requests=[{"Driver": "", "Count": -1, "Capabilities": [["gpu"]]}],
+            reason="the engine has the NVIDIA runtime: all GPUs requested",
+        )
+    reason = (
+        "CPU-only mode requested"
+        if cpu_only
+        else "the engine has no NVIDIA runtime: CPU-only mode (asserts no GPU is visible)"
+    )
+    return TestRun(
+        image=image,
+        mode="cpu",
+        command=[SMOKE_TEST_PATH, "--cpu"],
+        # What gpuspawner sets on CPU pods, so that a runtime that injects GPUs by
+        # default is caught here too.
+        environment={"NVIDIA_VISIBLE_DEVICES": "void"},
+        reason=reason,
+    )
+
+
+def catalog_entries(
+    matrix: Matrix, names: list[str] | None = None, registry: str | None = None
+) -> dict[str, dict[str, Any]]:
+    """The catalog's `images:` mapping for these images, keyed by profile slug.
+
+    Only what the images know: GPU types, limits and defaults are the admin's.
+    """
+    entries: dict[str, dict[str, Any]] = {}
+    for spec in matrix.select(names):
+        entries[spec.profile] = {
+            "display_name": spec.display_name,
+            "description": (
+                f"{spec.display_name} ({spec.framework} {spec.framework_version}) with CUDA "
+                f"{spec.cuda}, JupyterLab {spec.jupyterlab}; needs NVIDIA driver "
+                f">= {spec.driver_floor}"
+            ),
+            "image": image_ref(matrix, spec, registry),
+            "cuda": spec.cuda,
+        }
+    return entries
+
+
+def catalog_document(
+    matrix: Matrix, names: list[str] | None = None, registry: str | None = None
+) -> dict[str, Any]:
+    return {"images": catalog_entries(matrix, names, registry)}
+
+
+def known_names(matrix: Matrix) -> list[str]:
+    return [*matrix.images, matrix.hub.name]
+
+
+def check_names(matrix: Matrix, names: list[str]) -> None:
+    unknown = [n for n in names if n not in known_names(matrix)]
+    if unknown:
+        raise MatrixError(
+            f"{', '.join(unknown)} is not an image of {matrix.source}; "
+            f"known: {', '.join(known_names(matrix))}"
+        )

@@ -1,0 +1,182 @@
+"""images/matrix.yaml: valid, consistent with itself, the package and the repository."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from gpuspawner.images.matrix import (
+    MIN_DRIVER_FOR_CUDA_MAJOR,
+    MatrixError,
+    consistency_problems,
+    constraints_cuda,
+    find_repo_root,
+    load_matrix,
+    parse_matrix,
+    read_constraints,
+)
+
+from .conftest import REPO, package_jupyterhub_requirement
+
+
+@pytest.fixture
+def raw() -> dict:
+    return yaml.safe_load((REPO / "images" / "matrix.yaml").read_text())
+
+
+def test_the_real_matrix_has_no_problems(matrix):
+    assert consistency_problems(matrix, package_jupyterhub_requirement(), REPO) == []
+
+
+def test_single_user_and_hub_jupyterhub_satisfy_the_package_requirement(matrix):
+    req = Requirement(package_jupyterhub_requirement())
+    assert req.name == "jupyterhub"
+    assert Version(matrix.hub.jupyterhub) in req.specifier
+    for spec in matrix.images.values():
+        assert Version(spec.jupyterhub) in req.specifier, spec.name
+
+
+def test_both_frameworks_and_cuda_majors_are_covered(matrix):
+    frameworks = {s.framework: s for s in matrix.images.values()}
+    assert set(frameworks) == {"torch", "tensorflow"}
+    # tensorflow[and-cuda] needs CUDA 12 >= 12.5; current torch wheels are CUDA 13.
+    tf_cuda = Version(frameworks["tensorflow"].cuda)
+    assert tf_cuda.major == 12 and tf_cuda >= Version("12.5")
+    assert Version(frameworks["torch"].cuda).major == 13
+
+
+def test_tags_carry_framework_cuda_and_python(matrix):
+    for spec in matrix.images.values():
+        assert spec.framework_version in spec.tag
+        assert f"cuda{spec.cuda}" in spec.tag
+        assert f"py{spec.python}" in spec.tag
+
+
+def test_requirement_outside_the_matrix_is_reported(matrix):
+    problems = consistency_problems(matrix, "jupyterhub>=7,<8")
+    assert any("hub.jupyterhub" in p and "jupyterhub<8,>=7" in p for p in problems)
+    assert sum("images." in p for p in problems) == len(matrix.images)
+
+
+def test_driver_floor_below_the_cuda_major_is_reported(raw):
+    raw["images"]["cuda-pytorch"]["driver_floor"] = "575.51.03"
+    problems = consistency_problems(parse_matrix(raw), package_jupyterhub_requirement())
+    assert problems == [
+        "images.cuda-pytorch.driver_floor 575.51.03 is below "
+        f"{MIN_DRIVER_FOR_CUDA_MAJOR[13]}, the oldest driver for CUDA 13.x"
+    ]
+
+
+def test_require_cuda_must_match_the_floor(raw):
+    raw["images"]["cuda-tensorflow"]["require_cuda"] = "cuda>=12.9"
+    problems = consistency_problems(parse_matrix(raw), package_jupyterhub_requirement())
+    assert len(problems) == 1 and "should be 'cuda>=12.0'" in problems[0]
+
+
+def test_single_user_on_another_release_line_than_the_hub_is_reported(raw):
+    raw["hub"]["jupyterhub"] = "6.0.1"
+    raw["defaults"]["jupyterhub"] = "6.1.1"
+    problems = consistency_problems(parse_matrix(raw), "jupyterhub>=6.0,<7")
+    assert len(problems) == 2
+    assert all("not the hub's release line 6.0" in p for p in problems)
+
+
+def test_python_that_the_base_image_lacks_is_reported(raw):
+    raw["images"]["cuda-pytorch"]["python"] = "3.13"
+    raw["images"]["cuda-pytorch"]["tag_template"] = "{framework_version}-py{python}"
+    problems = consistency_problems(parse_matrix(raw), package_jupyterhub_requirement())
+    assert problems == ["images.cuda-pytorch.python 3.13: ubuntu:24.04 provides Python 3.12"]
+
+
+def test_constraints_disagreeing_with_the_matrix_are_reported(raw, tmp_path):
+    tree = tmp_path / "repo"
+    (tree / "images" / "cuda-tensorflow").mkdir(parents=True)
+    (tree / "images" / "cuda-pytorch").mkdir(parents=True)
+    for name in ("cuda-tensorflow", "cuda-pytorch"):
+        (tree / "images" / name / "Dockerfile").write_text("FROM scratch\n")
+    (tree / "images" / "hub").mkdir()
+    (tree / "images" / "hub" / "Dockerfile").write_text("FROM scratch\n")
+    (tree / "images" / "cuda-pytorch" / "constraints.txt").write_text(
+        (REPO / "images" / "cuda-pytorch" / "constraints.txt").read_text()
+    )
+    (tree / "images" / "cuda-tensorflow" / "constraints.txt").write_text(
+        "tensorflow==2.20.0\nnvidia-cuda-runtime-cu12==12.5.82\n"
+    )
+    problems = consistency_problems(parse_matrix(raw), package_jupyterhub_requirement(), tree)
+    assert problems == [
+        "images/cuda-tensorflow/constraints.txt pins tensorflow==2.20.0, the matrix says 2.21.0",
+        "images/cuda-tensorflow/constraints.txt pins CUDA runtime 12.5, the matrix says 12.9",
+    ]
+
+
+def test_constraints_cuda_reads_the_runtime_wheel():
+    torch = read_constraints((REPO / "images" / "cuda-pytorch" / "constraints.txt").read_text())
+    tf = read_constraints((REPO / "images" / "cuda-tensorflow" / "constraints.txt").read_text())
+    assert constraints_cuda(torch) == "13.2"
+    assert constraints_cuda(tf) == "12.9"
+    assert constraints_cuda({"numpy": "2.0"}) is None
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["images"]["cuda-pytorch"].pop("cuda"), "images.cuda-pytorch.cuda is missing"),
+        (
+            lambda d: d["images"]["cuda-pytorch"].update(cuda=13.2),
+            "images.cuda-pytorch.cuda must be a quoted string, not the number 13.2",
+        ),
+        (
+            lambda d: d["images"]["cuda-pytorch"].update(cuda="13"),
+            "images.cuda-pytorch.cuda = '13': write MAJOR.MINOR",
+        ),
+        (
+            lambda d: d["images"]["cuda-tensorflow"].update(profile="pytorch"),
+            "images.cuda-tensorflow.profile 'pytorch' is also used by images.cuda-pytorch",
+        ),
+        (
+            lambda d: d["images"]["cuda-pytorch"].update(profile="PyTorch"),
+            "a catalog key is lowercase",
+        ),
+        (
+            lambda d: d["images"]["cuda-pytorch"].update(framework_version="latest"),
+            "framework_version = 'latest' is not a version number",
+        ),
+        (
+            lambda d: d["images"]["cuda-pytorch"].update(tag_template="{torch}"),
+            "tag_template: unknown field 'torch'",
+        ),
+        (lambda d: d.pop("hub"), "hub must be a mapping"),
+        (lambda d: d.update(images={}), "images must be a non-empty mapping"),
+    ],
+)
+def test_invalid_matrix_gives_a_precise_message(raw, mutate, message):
+    data = copy.deepcopy(raw)
+    mutate(data)
+    with pytest.raises(MatrixError) as err:
+        parse_matrix(data, "m.yaml")
+    assert message in str(err.value)
+    assert str(err.value).startswith("m.yaml")
+
+
+def test_load_matrix_reports_unreadable_and_invalid_files(tmp_path):
+    with pytest.raises(MatrixError, match="cannot read the image matrix"):
+        load_matrix(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("images: [unclosed\n")
+    with pytest.raises(MatrixError, match="is not valid YAML"):
+        load_matrix(bad)
+
+
+def test_find_repo_root_walks_up(tmp_path):
+    assert find_repo_root(REPO / "gpuspawner" / "images") == REPO
+    assert find_repo_root(tmp_path) is None
+
+
+def test_select_unknown_image(matrix):
+    with pytest.raises(MatrixError, match="cuda-jax is not an image of"):
+        matrix.select(["cuda-jax"])
+    assert [s.name for s in matrix.select(None)] == list(matrix.images)

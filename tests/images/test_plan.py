@@ -1,0 +1,113 @@
+"""The tool's plans as data: builds, smoke-test runs and catalog entries."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuspawner import labels
+from gpuspawner.catalog import parse_catalog
+from gpuspawner.images.matrix import MatrixError
+from gpuspawner.images.plan import (
+    SMOKE_TEST_PATH,
+    catalog_document,
+    catalog_entries,
+    check_names,
+    plan_builds,
+    plan_test,
+)
+
+from .conftest import REPO
+
+
+def test_build_plan_for_every_notebook_image(matrix):
+    steps = plan_builds(
+        matrix, None, context=str(REPO), created="2026-11-29T00:00:00Z", revision="abc123"
+    )
+    assert [s.name for s in steps] == list(matrix.images)
+    for step, spec in zip(steps, matrix.images.values(), strict=True):
+        assert step.dockerfile == spec.dockerfile
+        assert step.context == str(REPO)
+        assert step.refs == [f"{matrix.registry}/{spec.name}:{spec.tag}"]
+        assert step.buildargs[spec.framework_arg] == spec.framework_version
+        assert step.buildargs["CUDA_VERSION"] == spec.cuda
+        assert step.buildargs["DRIVER_FLOOR"] == spec.driver_floor
+        assert step.buildargs["JUPYTERHUB_VERSION"] == spec.jupyterhub
+        assert step.buildargs["BASE_IMAGE"] == spec.base_image
+        assert step.buildargs["BUILD_DATE"] == "2026-11-29T00:00:00Z"
+        assert step.buildargs["VCS_REF"] == "abc123"
+        assert step.labels["org.opencontainers.image.revision"] == "abc123"
+        assert step.labels[labels.IMAGE_LABEL_CUDA] == spec.cuda
+        assert step.labels[labels.IMAGE_LABEL_DRIVER_FLOOR] == spec.driver_floor
+        assert (step.cuda, step.driver_floor) == (spec.cuda, spec.driver_floor)
+
+
+def test_build_plan_registry_override_and_selection(matrix):
+    (step,) = plan_builds(matrix, ["cuda-tensorflow"], context="/ctx", registry="ghcr.io/me/")
+    spec = matrix.images["cuda-tensorflow"]
+    assert step.refs == [f"ghcr.io/me/cuda-tensorflow:{spec.tag}"]
+    (local,) = plan_builds(matrix, ["cuda-tensorflow"], context="/ctx", registry="")
+    assert local.refs == [f"cuda-tensorflow:{spec.tag}"]
+
+
+def test_build_plan_for_the_hub(matrix):
+    steps = plan_builds(matrix, [matrix.hub.name], context="/ctx", package_version="0.1.0")
+    (hub,) = steps
+    assert hub.dockerfile == matrix.hub.dockerfile
+    assert hub.tags == (f"0.1.0-z2jh{matrix.hub.z2jh_chart}",)
+    assert hub.buildargs["BASE_IMAGE"] == matrix.hub.base_image
+    assert hub.buildargs["JUPYTERHUB_VERSION"] == matrix.hub.jupyterhub
+    both = plan_builds(matrix, ["cuda-pytorch", matrix.hub.name], context="/ctx")
+    assert [s.name for s in both] == ["cuda-pytorch", matrix.hub.name]
+
+
+def test_unknown_names_are_refused(matrix):
+    with pytest.raises(MatrixError, match="cuda-jax is not an image"):
+        check_names(matrix, ["cuda-pytorch", "cuda-jax"])
+    with pytest.raises(MatrixError):
+        plan_builds(matrix, ["cuda-jax"], context="/ctx")
+
+
+def test_smoke_test_uses_every_gpu_with_the_nvidia_runtime():
+    run = plan_test("img:1", nvidia_runtime=True)
+    assert run.mode == "gpu"
+    assert run.command == [SMOKE_TEST_PATH]
+    assert run.device_requests == [{"Driver": "", "Count": -1, "Capabilities": [["gpu"]]}]
+    assert "NVIDIA_VISIBLE_DEVICES" not in run.environment
+    assert "NVIDIA runtime" in run.reason
+
+
+def test_smoke_test_without_the_nvidia_runtime_is_cpu_only_and_says_so():
+    run = plan_test("img:1", nvidia_runtime=False)
+    assert run.mode == "cpu"
+    assert run.command == [SMOKE_TEST_PATH, "--cpu"]
+    assert run.device_requests == []
+    assert run.environment == {"NVIDIA_VISIBLE_DEVICES": labels.VISIBLE_DEVICES_NONE}
+    assert "no NVIDIA runtime" in run.reason
+
+
+def test_cpu_only_can_be_forced():
+    run = plan_test("img:1", nvidia_runtime=True, cpu_only=True)
+    assert run.mode == "cpu" and run.device_requests == []
+
+
+def test_catalog_entries_follow_the_matrix(matrix):
+    entries = catalog_entries(matrix, registry="registry.test/team")
+    assert list(entries) == [s.profile for s in matrix.images.values()]
+    for spec in matrix.images.values():
+        entry = entries[spec.profile]
+        assert entry["image"] == f"registry.test/team/{spec.name}:{spec.tag}"
+        assert entry["cuda"] == spec.cuda
+        assert entry["display_name"] == spec.display_name
+        assert spec.cuda in entry["description"] and spec.driver_floor in entry["description"]
+        # Only what the image knows: GPU types and limits are the admin's.
+        assert set(entry) == {"display_name", "description", "image", "cuda"}
+
+
+def test_catalog_entries_pass_the_core_catalog_parser(matrix):
+    document = catalog_document(matrix)
+    document["gpu_types"] = {"a100": {"display_name": "NVIDIA A100"}}
+    catalog = parse_catalog(document, "generated")
+    for spec in matrix.images.values():
+        image = catalog.images[spec.profile]
+        assert image.cuda == spec.cuda
+        assert image.image.endswith(f"/{spec.name}:{spec.tag}")
