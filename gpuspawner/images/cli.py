@@ -32,6 +32,7 @@ from .plan import (
     image_ref,
     plan_builds,
     plan_test,
+    repository,
 )
 
 EXIT_OK = 0
@@ -80,7 +81,7 @@ def matrix_table(matrix: Matrix, registry: str | None) -> str:
     hub = matrix.hub
     rows.append(
         [
-            f"{matrix.registry if registry is None else registry}/{hub.name}",
+            f"{repository(matrix.registry if registry is None else registry, hub.name)}:{__version__}",
             "(hub)",
             "-",
             f"z2jh {hub.z2jh_chart}",

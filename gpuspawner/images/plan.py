@@ -112,7 +112,8 @@ def plan_builds(
                 dockerfile=hub.dockerfile,
                 context=context,
                 repository=repository(reg, hub.name),
-                tags=(f"{package_version}-z2jh{hub.z2jh_chart}",),
+                # The package version, as z2jh's hub.image.tag; the base is in the labels.
+                tags=(package_version,),
                 buildargs={
                     **hub.build_args(package_version),
                     "BUILD_DATE": created,

@@ -53,7 +53,8 @@ def test_build_plan_for_the_hub(matrix):
     steps = plan_builds(matrix, [matrix.hub.name], context="/ctx", package_version="0.1.0")
     (hub,) = steps
     assert hub.dockerfile == matrix.hub.dockerfile
-    assert hub.tags == (f"0.1.0-z2jh{matrix.hub.z2jh_chart}",)
+    assert hub.tags == ("0.1.0",)
+    assert hub.refs == [f"{matrix.registry}/hub:0.1.0"]
     assert hub.buildargs["BASE_IMAGE"] == matrix.hub.base_image
     assert hub.buildargs["JUPYTERHUB_VERSION"] == matrix.hub.jupyterhub
     both = plan_builds(matrix, ["cuda-pytorch", matrix.hub.name], context="/ctx")
