@@ -186,7 +186,9 @@ def test_per_type_limit(pools_catalog, holdings):
 def test_type_forbidden_by_group(pools_catalog):
     with pytest.raises(
         Refusal,
-        match=re.escape("You may not use NVIDIA H100 GPUs (group rule 'students'): choose another GPU type."),
+        match=re.escape(
+            "You may not use NVIDIA H100 GPUs (group rule 'students'): choose another GPU type."
+        ),
     ):
         check_request(
             catalog=pools_catalog,
