@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import signal
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from gpuspawner.sandbox.topology import parse_topology
 GPU = "nvidia.com/gpu"
 TOLERATE_GPU = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]
 SUFFIX = uuid.uuid4().hex[:6]
+# Its own loopback range, so another kubelet in the same test session never hands out the same IPs.
+POD_RANGE = f"127.{100 + int(SUFFIX, 16) % 100}.0.0/16"
 GPU_NODE = f"kt-a100-{SUFFIX}"
 MIG_NODE = f"kt-mig-{SUFFIX}"
 CPU_NODE = f"kt-cpu-{SUFFIX}"
@@ -73,6 +76,8 @@ def kubelet(control_plane, tmp_path_factory):
             str(state),
             "--backoff-initial",
             "1",
+            "--pod-ip-range",
+            POD_RANGE,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -209,7 +214,7 @@ def test_gpu_pod_sees_exactly_its_two_gpus(kubelet, namespace):
     assert pod["status"]["phase"] == "Succeeded"
     assert pod["spec"]["nodeName"] == GPU_NODE  # bound by the real scheduler
     pod_ip = pod["status"]["podIP"]
-    assert pod_ip.startswith("127.") and pod_ip != "127.0.0.1"
+    assert ipaddress.ip_address(pod_ip) in ipaddress.ip_network(POD_RANGE)
     out = container_log(kubelet, pod, "main").splitlines()
     visible = out[0].removeprefix("VISIBLE=").split(",")
     node_uuids = {g.uuid for g in kubelet["topology"].node(GPU_NODE).gpus}
