@@ -1,4 +1,8 @@
-"""Start a real JupyterHub process with its real configurable-http-proxy, on loopback only."""
+"""Start a real JupyterHub process with its real configurable-http-proxy, on loopback only.
+
+Used by the demo (``gpuspawner-sandbox demo``) and by the test suites: the hub,
+its proxy and everything they start listen on 127.0.0.1.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+
+#: Scopes of the admin service token a started hub gets (for tests and the demo's own checks).
+ADMIN_SCOPES = ("admin:users", "admin:servers", "admin:groups", "access:servers", "tokens")
 
 
 def free_port() -> int:
@@ -92,8 +99,11 @@ class Hub:
             pass
 
 
-def write_config(workdir: Path, extra: str, token: str) -> tuple[Path, str]:
-    public_port, hub_port, api_port = free_port(), free_port(), free_port()
+def write_config(
+    workdir: Path, extra: str, token: str, public_port: int | None = None
+) -> tuple[Path, str]:
+    public_port = public_port or free_port()
+    hub_port, api_port = free_port(), free_port()
     config = workdir / "jupyterhub_config.py"
     config.write_text(
         f"""
@@ -113,7 +123,7 @@ c.Authenticator.allow_all = True
 c.JupyterHub.allow_named_servers = True
 c.JupyterHub.services = [{{"name": "tester", "api_token": {token!r}}}]
 c.JupyterHub.load_roles = [
-    {{"name": "tester", "scopes": ["admin:users", "admin:servers", "admin:groups", "tokens"], "services": ["tester"]}}
+    {{"name": "tester", "scopes": {list(ADMIN_SCOPES)!r}, "services": ["tester"]}}
 ]
 c.JupyterHub.spawner_class = "gpu"
 {extra}
@@ -123,13 +133,24 @@ c.JupyterHub.spawner_class = "gpu"
 
 
 def start_hub(
-    workdir: Path, extra_config: str = "", env: dict | None = None, timeout: float = 60
+    workdir: Path,
+    extra_config: str = "",
+    env: dict | None = None,
+    timeout: float = 60,
+    public_port: int | None = None,
+    token: str | None = None,
 ) -> Hub:
-    """Start ``jupyterhub`` and wait until its API answers through the proxy."""
+    """Start ``jupyterhub`` and wait until its API answers through the proxy.
+
+    ``workdir`` keeps the hub's database: starting again in the same folder
+    with the same ``token`` is a hub restart.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_hex(16)
-    config, public_url = write_config(workdir, extra_config, token)
+    token = token or secrets.token_hex(16)
+    config, public_url = write_config(workdir, extra_config, token, public_port)
     log_path = workdir / "hub.log"
+    if log_path.exists():  # keep the log of an earlier run of this hub
+        log_path.rename(workdir / f"hub.{int(time.time() * 1000)}.log")
     jupyterhub = Path(sys.executable).parent / "jupyterhub"
     process = subprocess.Popen(
         [str(jupyterhub), "-f", str(config)],
