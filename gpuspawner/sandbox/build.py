@@ -149,9 +149,13 @@ def build(
     force: bool = False,
     jobs: int = 2,
     verbose: bool = False,
-    out: TextIO = sys.stderr,
+    out: TextIO | None = None,
 ) -> Path:
-    """Build the control plane binary if the cached one is missing; return its path."""
+    """Build the control plane binary if the cached one is missing; return its path.
+
+    Progress goes to ``out`` (standard error by default).
+    """
+    out = out if out is not None else sys.stderr
     target = binary_path(module_dir, cache)
     if target.exists() and not force:
         print(f"Control plane binary is up to date: {target}", file=out)

@@ -23,6 +23,7 @@ from .controlplane import (
     STOP_GRACE,
     ControlPlane,
     ControlPlaneError,
+    log_tail,
     pid_is_ours,
     read_state,
     recorded_status,
@@ -30,9 +31,11 @@ from .controlplane import (
 )
 
 DEFAULT_STATE_DIR = build.REPO_ROOT / ".cache" / "sandbox" / "state"
-DEFAULT_TOPOLOGY = Path(__file__).with_name("topology.yaml")
 KUBELET_MODULE = "gpuspawner.sandbox.kubelet"
 KUBELET_STATE = "kubelet.json"
+#: The file the kubelet writes into its state dir once its nodes are registered
+#: (gpuspawner.sandbox.kubelet.READY_FILE; not imported, to keep `status` light).
+KUBELET_READY_FILE = "kubelet.ready"
 
 
 # -- the local kubelet, started and stopped alongside the control plane ---------
@@ -46,24 +49,22 @@ def kubelet_available() -> bool:
     return importlib.util.find_spec(KUBELET_MODULE) is not None
 
 
-def start_kubelet(state_dir: Path, kubeconfig: Path, topology: Path) -> int:
-    """Start the local kubelet in the background; returns its pid."""
-    log = (state_dir / "logs" / "kubelet.log").open("ab")
+def start_kubelet(
+    state_dir: Path, kubeconfig: Path, topology: Path | None, timeout: float = 60
+) -> int:
+    """Start the local kubelet in the background, wait until its nodes are up; returns its pid."""
+    log_path = state_dir / "logs" / "kubelet.log"
+    log = log_path.open("ab")
     kubelet_dir = state_dir / "kubelet"
     kubelet_dir.mkdir(parents=True, exist_ok=True)
+    (kubelet_dir / KUBELET_READY_FILE).unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", KUBELET_MODULE, "--kubeconfig", str(kubeconfig)]
+    if topology is not None:
+        cmd += ["--topology", str(topology)]
+    cmd += ["--state-dir", str(kubelet_dir)]
     try:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                KUBELET_MODULE,
-                "--kubeconfig",
-                str(kubeconfig),
-                "--topology",
-                str(topology),
-                "--state-dir",
-                str(kubelet_dir),
-            ],
+            cmd,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -72,6 +73,19 @@ def start_kubelet(state_dir: Path, kubeconfig: Path, topology: Path) -> int:
     finally:
         log.close()
     (state_dir / KUBELET_STATE).write_text(json.dumps({"pid": proc.pid}) + "\n")
+    deadline = time.monotonic() + timeout
+    while not (kubelet_dir / KUBELET_READY_FILE).exists():
+        if proc.poll() is not None:
+            raise ControlPlaneError(
+                f"The local kubelet exited with code {proc.returncode}; "
+                f"last lines of {log_path}:\n{log_tail(log_path)}"
+            )
+        if time.monotonic() > deadline:
+            raise ControlPlaneError(
+                f"The local kubelet did not register its nodes within {timeout:.0f}s; "
+                f"see {log_path}."
+            )
+        time.sleep(0.2)
     return proc.pid
 
 
@@ -120,8 +134,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.no_kubelet:
         pass
     elif kubelet_available():
-        kubelet = start_kubelet(state_dir, cp.admin_kubeconfig, args.topology)
-        print(f"Local kubelet started (pid {kubelet}) for the nodes in {args.topology}")
+        try:
+            kubelet = start_kubelet(state_dir, cp.admin_kubeconfig, args.topology)
+        except ControlPlaneError:
+            stop_kubelet(state_dir)
+            cp.stop()
+            raise
+        where = args.topology or "the default topology"
+        print(f"Local kubelet started (pid {kubelet}); its nodes from {where} are registered.")
     else:
         print("The local kubelet (gpuspawner.sandbox.kubelet) is not available: no nodes.")
 
@@ -192,7 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="build if needed and start the sandbox")
     up.add_argument("--timeout", type=float, default=180, help="seconds to wait for health")
     up.add_argument(
-        "--topology", type=Path, default=DEFAULT_TOPOLOGY, help="the emulated nodes (YAML)"
+        "--topology",
+        type=Path,
+        default=None,
+        help="the emulated nodes (YAML; default: gpuspawner/sandbox/topology.yaml)",
     )
     up.add_argument("--no-kubelet", action="store_true", help="start the control plane only")
     up.add_argument(

@@ -147,7 +147,7 @@ def processes_mentioning(text: str) -> list[int]:
     pids = []
     needle = text.encode()
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         with contextlib.suppress(OSError):
             if needle in (entry / "cmdline").read_bytes():

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
-from gpuspawner.sandbox import cli
+from gpuspawner.sandbox import cli, testing
 
 
 def test_status_when_nothing_runs(tmp_path, capsys):
@@ -36,3 +37,31 @@ def test_down_never_signals_a_stranger_with_a_recorded_pid(tmp_path, capsys):
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_up_status_down_leave_no_process(control_plane_binary, tmp_path, capsys):
+    state = tmp_path / "state"
+    try:
+        assert cli.main(["--state-dir", str(state), "up"]) == 0
+        out = capsys.readouterr().out
+        assert f"export KUBECONFIG={state / 'admin.kubeconfig'}" in out
+        assert "Local kubelet started" in out
+
+        assert cli.main(["--state-dir", str(state), "status"]) == 0
+        status = capsys.readouterr().out
+        for name in ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"):
+            assert f"{name} " in status
+        assert "NOT RUNNING" not in status
+        assert testing.processes_mentioning(str(state))
+
+        # `up` again must not start a second sandbox over the first.
+        assert cli.main(["--state-dir", str(state), "up"]) == 1
+        assert "already running" in capsys.readouterr().out
+    finally:
+        assert cli.main(["--state-dir", str(state), "down"]) == 0
+    assert "Stopped kubelet, " in capsys.readouterr().out
+    deadline = time.monotonic() + 10  # reparented components are reaped by init
+    while testing.processes_mentioning(str(state)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert testing.processes_mentioning(str(state)) == []
+    assert cli.main(["--state-dir", str(state), "status"]) == 3
