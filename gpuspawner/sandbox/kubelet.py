@@ -423,8 +423,6 @@ class Kubelet:
         meta = pod["metadata"]
         if runner is not None:
             await runner.terminate(grace)
-            if runner.task is not None:
-                runner.task.cancel()
             with contextlib.suppress(Exception):
                 await runner.post_status()
         with contextlib.suppress(ApiException):
@@ -441,9 +439,9 @@ class Kubelet:
         runner = self.runners.pop(uid, None)
         self.referenced.pop(uid, None)
         if runner is not None:
+            # The runner's task sees `terminating` and ends by itself; cancelling it
+            # mid-spawn could lose a process handle.
             runner.kill_now()
-            if runner.task is not None:
-                runner.task.cancel()
 
     # -- API writes --
 

@@ -452,6 +452,9 @@ class PodRunner:
                 start_new_session=True,
                 preexec_fn=_die_with_kubelet,
             )
+        if self.terminating:
+            # Deleted while the process was being started: it must not outlive the pod.
+            signal_group(run.process, signal.SIGKILL)
         run.started_at = time.monotonic()
         started = now()
         run.state = {"running": {"startedAt": started}}

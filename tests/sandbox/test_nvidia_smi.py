@@ -261,3 +261,11 @@ def test_main_without_state_behaves_like_no_driver(monkeypatch, capsys):
     monkeypatch.delenv(nvidia_smi.STATE_ENV, raising=False)
     assert nvidia_smi.main([]) == 9
     assert "couldn't communicate with the NVIDIA driver" in capsys.readouterr().out
+
+
+def test_id_option_selects_gpus_by_index_or_uuid():
+    state = make_state("A100-SXM4-80GB", 3)
+    uuid2 = state["gpus"][2]["uuid"]
+    rc, got, _ = smi(["--query-gpu=uuid", "--format=csv,noheader", f"--id=0,{uuid2}"], state)
+    assert rc == 0
+    assert got.splitlines() == [state["gpus"][0]["uuid"], uuid2]
