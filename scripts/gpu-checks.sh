@@ -5,6 +5,7 @@
 #
 #   scripts/gpu-checks.sh                       # install wheels from the index
 #   scripts/gpu-checks.sh --wheelhouse DIR      # offline: wheels downloaded beforehand
+#   scripts/gpu-checks.sh --no-install          # use the frameworks $PYTHON already has
 #   scripts/gpu-checks.sh --frameworks torch    # only one framework
 #   scripts/gpu-checks.sh --expect 2            # GPU count (default: nvidia-smi -L)
 #
@@ -24,6 +25,7 @@ PYTHON=${PYTHON:-python3}
 FRAMEWORKS="torch tensorflow"
 WHEELHOUSE=""
 EXPECT=""
+INSTALL=1
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
@@ -32,7 +34,8 @@ while [ $# -gt 0 ]; do
         --wheelhouse) WHEELHOUSE=$2; shift 2 ;;
         --frameworks) FRAMEWORKS=$2; shift 2 ;;
         --expect) EXPECT=$2; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        --no-install) INSTALL=0; shift ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         *) echo "gpu-checks.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -98,26 +101,33 @@ expect_rc() {  # expect_rc WANT LABEL COMMAND...: run, record, compare exit code
         esac
         version=$(matrix_value "$image" framework_version)
         constraints=$(matrix_value "$image" constraints)
-        venv="$WORK/venv-$fw"
-        echo
-        echo "### install $package==$version (constraints: $constraints)"
-        "$PYTHON" -m venv "$venv"
-        if [ -n "$WHEELHOUSE" ]; then
-            source_args=(--no-index --find-links "$WHEELHOUSE")
+        if [ "$INSTALL" = 1 ]; then
+            venv="$WORK/venv-$fw"
+            py="$venv/bin/python"
+            echo
+            echo "### install $package==$version (constraints: $constraints)"
+            "$PYTHON" -m venv "$venv"
+            if [ -n "$WHEELHOUSE" ]; then
+                source_args=(--no-index --find-links "$WHEELHOUSE")
+            else
+                source_args=()
+            fi
+            if ! "$venv/bin/pip" install --quiet "${source_args[@]}" \
+                    --constraint "$constraints" "$package==$version" numpy 2>&1 | tail -5; then
+                echo "-> install failed: skipping $fw"
+                FAILED=1
+                continue
+            fi
         else
-            source_args=()
-        fi
-        if ! "$venv/bin/pip" install --quiet "${source_args[@]}" \
-                --constraint "$constraints" "$package==$version" numpy 2>&1 | tail -5; then
-            echo "-> install failed: skipping $fw"
-            FAILED=1
-            continue
+            py="$PYTHON"
+            echo
+            echo "### $fw as installed: $("$py" -c "import $fw; print($fw.__version__)" 2>&1 | tail -1) (matrix: $version)"
         fi
         expect_rc 0 "$fw: smoke test, GPU mode" \
-            env NVIDIA_VISIBLE_DEVICES=all "$venv/bin/python" gpuspawner/images/smoke.py \
+            env NVIDIA_VISIBLE_DEVICES=all "$py" gpuspawner/images/smoke.py \
             --framework "$fw" --expect "$EXPECT"
         expect_rc 1 "$fw: smoke test, CPU mode (must fail: GPUs are visible)" \
-            "$venv/bin/python" gpuspawner/images/smoke.py --framework "$fw" --cpu
+            "$py" gpuspawner/images/smoke.py --framework "$fw" --cpu
     done
 
     # The spawner's init-container check, once per image CUDA version: the driver
