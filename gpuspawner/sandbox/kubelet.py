@@ -106,6 +106,7 @@ class Kubelet:
         self._boot_id = str(uuid.uuid4())
         self._node_uids: dict[str, str] = {}
         self._heartbeat = now()
+        self._last_event_ns = 0
 
     # -- start/stop --
 
@@ -445,6 +446,11 @@ class Kubelet:
 
     # -- API writes --
 
+    def _event_stamp(self) -> int:
+        stamp = max(time.time_ns(), self._last_event_ns + 1)
+        self._last_event_ns = stamp
+        return stamp
+
     async def patch_pod_status(self, pod: dict, status: dict) -> None:
         meta = pod["metadata"]
         try:
@@ -479,7 +485,9 @@ class Kubelet:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
-                "name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
+                # As the kubelet names them: pod name + hex nanoseconds, so that
+                # listing (sorted by name) gives a pod's events in order.
+                "name": f"{meta['name']}.{self._event_stamp():x}",
                 "namespace": meta["namespace"],
             },
             "involvedObject": involved,

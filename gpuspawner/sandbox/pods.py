@@ -172,6 +172,18 @@ def extended_limits(spec: dict[str, Any], resources: set[str]) -> dict[str, int]
     return out
 
 
+def extended_resource_names(pod: dict[str, Any]) -> set[str]:
+    """Extended resources (``vendor.example/thing``) any container of the pod asks for."""
+    names = set()
+    for c in (pod["spec"].get("initContainers") or []) + (pod["spec"].get("containers") or []):
+        resources = c.get("resources") or {}
+        for kind in ("limits", "requests"):
+            for name, value in (resources.get(kind) or {}).items():
+                if "/" in name and not name.startswith("kubernetes.io/") and int(value) > 0:
+                    names.add(name)
+    return names
+
+
 def pod_device_requests(pod: dict[str, Any], resources: set[str]) -> dict[str, int]:
     """The pod's effective extended-resource request: max(any init container, sum of containers)."""
     spec = pod["spec"]
@@ -256,6 +268,18 @@ class PodRunner:
 
     def _admit(self) -> bool:
         """Device admission: the device manager allocates for the whole pod up front."""
+        unknown = extended_resource_names(self.pod) - self.pool.resources
+        if unknown:
+            # The kubelet's own admission check (the scheduler would not have bound it).
+            name = sorted(unknown)[0]
+            count = pod_device_requests(self.pod, {name})[name]
+            self.reason = f"OutOf{name}"
+            self.message = (
+                f"Pod was rejected: Node didn't have enough resource: {name}, "
+                f"requested: {count}, used: 0, capacity: 0"
+            )
+            self.kubelet.event(self.pod, "Warning", self.reason, self.message)
+            return False
         requests = pod_device_requests(self.pod, self.pool.resources)
         pod_devices: dict[str, list] = {}
         for resource, count in requests.items():
@@ -583,7 +607,7 @@ class PodRunner:
     def status(self) -> dict[str, Any]:
         app_statuses = [r.status() for r in self.apps]
         init_statuses = [r.status() for r in self.inits]
-        if self.reason == "UnexpectedAdmissionError":
+        if self.reason is not None:  # rejected at admission
             phase = "Failed"
         else:
             phase = ct.pod_phase(

@@ -227,8 +227,36 @@ def test_gpu_pod_sees_exactly_its_two_gpus(kubelet, namespace):
     assert status["state"]["terminated"]["exitCode"] == 0
     assert status["image"] == "nvidia/cuda:12.4.1-base"
     assert status["containerID"].startswith("containerd://")
-    reasons = {e["reason"] for e in events(api, namespace, "two-gpus")}
-    assert {"Scheduled", "Pulled", "Created", "Started"} <= reasons
+    listed = [
+        e for e in events(api, namespace, "two-gpus") if e["source"].get("component") == "kubelet"
+    ]
+    # Named like the kubelet's (pod + hex nanoseconds), so a listing is in order.
+    assert [e["reason"] for e in listed] == ["Pulled", "Created", "Started"]
+    assert any(e["reason"] == "Scheduled" for e in events(api, namespace, "two-gpus"))
+
+
+def test_kubelet_rejects_a_pod_bound_to_a_node_without_the_resource(kubelet, namespace):
+    api = kubelet["api"]
+    create_pod(
+        api,
+        namespace,
+        "bypass",
+        {
+            "nodeName": CPU_NODE,  # bound directly, without the scheduler
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "x",
+                    "command": ["true"],
+                    "resources": {"limits": {GPU: "1"}},
+                }
+            ],
+        },
+    )
+    pod = wait_phase(api, namespace, "bypass", "Failed")
+    assert pod["status"]["reason"] == "OutOfnvidia.com/gpu"
+    assert "Node didn't have enough resource: nvidia.com/gpu" in pod["status"]["message"]
 
 
 def test_mig_pod_gets_a_mig_device(kubelet, namespace):

@@ -10,6 +10,7 @@ from gpuspawner.sandbox.devices import container_device_state, node_devices
 from gpuspawner.sandbox.kubelet import is_loopback_url
 from gpuspawner.sandbox.pods import (
     AddressPool,
+    extended_resource_names,
     image_id,
     pod_device_requests,
     run_probe,
@@ -106,3 +107,21 @@ def test_nvidia_smi_wrapper_runs_the_emulator_with_the_container_state(tmp_path)
 def test_probes_never_leave_loopback():
     probe = {"httpGet": {"host": "10.1.2.3", "port": 80, "path": "/"}}
     assert asyncio.run(run_probe(probe, {}, "127.0.0.5", 1)) is False
+
+
+def test_extended_resource_names():
+    pod = {
+        "spec": {
+            "initContainers": [
+                {"name": "i", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}
+            ],
+            "containers": [
+                {"name": "a", "resources": {"limits": {"cpu": "1", GPU: "0"}}},
+                {
+                    "name": "b",
+                    "resources": {"requests": {"example.com/fpga": "2", "memory": "1Gi"}},
+                },
+            ],
+        }
+    }
+    assert extended_resource_names(pod) == {"nvidia.com/mig-1g.10gb", "example.com/fpga"}
