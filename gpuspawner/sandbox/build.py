@@ -181,6 +181,9 @@ def build(
         "-v",
         f"-p={jobs}",
         "-trimpath",
+        # Our binary's identity is the pin, not the checkout's git state (and a
+        # CI checkout without git, or owned by another user, must still build).
+        "-buildvcs=false",
         f"-ldflags={version_ldflags(version)}",
         "-o",
         str(tmp),

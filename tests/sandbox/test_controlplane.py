@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import ssl
 import time
@@ -274,3 +275,31 @@ def test_component_dying_at_start_is_named_and_nothing_is_left(
     assert "no-such-flag-for-this-test" in message  # the log's last lines are included
     assert cp.processes == {}
     assert testing.processes_mentioning(str(tmp_path)) == []
+
+
+def test_node_identities_are_held_to_their_own_node(control_plane):
+    # The Node authorizer and NodeRestriction are on: a kubelet's credentials
+    # may register and update its own Node, never another one.
+    me, other = f"node-{uuid.uuid4().hex[:8]}", f"node-{uuid.uuid4().hex[:8]}"
+    kubelet = KubeApi.from_kubeconfig(
+        control_plane.client_kubeconfig(f"system:node:{me}", ["system:nodes"])
+    )
+    admin = control_plane.admin_api()
+    try:
+        kubelet.post("/api/v1/nodes", {"metadata": {"name": me}})
+        with pytest.raises(ApiError) as denied:
+            kubelet.post("/api/v1/nodes", {"metadata": {"name": other}})
+        assert denied.value.status == 403
+        admin.post("/api/v1/nodes", {"metadata": {"name": other}})
+        with pytest.raises(ApiError) as denied:
+            kubelet.request(
+                "PATCH",
+                f"/api/v1/nodes/{other}/status",
+                json.dumps({"status": {"capacity": {GPU: "8"}}}),
+                content_type="application/strategic-merge-patch+json",
+            )
+        assert denied.value.status == 403
+    finally:
+        for name in (me, other):
+            with contextlib.suppress(ApiError):
+                admin.delete(f"/api/v1/nodes/{name}")
