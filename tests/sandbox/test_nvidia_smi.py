@@ -4,6 +4,7 @@ import io
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gpuspawner.sandbox import nvidia_smi
@@ -269,3 +270,31 @@ def test_id_option_selects_gpus_by_index_or_uuid():
     rc, got, _ = smi(["--query-gpu=uuid", "--format=csv,noheader", f"--id=0,{uuid2}"], state)
     assert rc == 0
     assert got.splitlines() == [state["gpus"][0]["uuid"], uuid2]
+
+
+@pytest.mark.parametrize(
+    ("sample", "model", "count", "driver"),
+    [
+        ("table__H100SXMx8_565.57.01.txt", "H100-80GB-HBM3", 8, "565.57.01"),
+        ("table__8x-h100-80gb-hbm3_550.90.07.txt", "H100-80GB-HBM3", 8, "550.90.07"),
+        ("table__t4__570.133.20__dstack-2860.txt", "T4", 1, "570.133.20"),
+        ("table__l4__570.133.20__speaches-438.txt", "L4", 1, "570.133.20"),
+        (
+            "table__gb10-memory-NotSupported__580.95.05__inference-snaps-143.txt",
+            "L4",
+            1,
+            "580.95.05",
+        ),
+    ],
+)
+def test_table_layout_per_driver_branch_matches_recorded_samples(sample, model, count, driver):
+    want = recorded(sample).splitlines()
+    if not want[0].startswith("+"):
+        want = want[1:]  # the timestamp line, when the sample has one
+    _, got, _ = smi([], make_state(model, count, driver))
+    got = got.splitlines()[1:]
+    # Samples pasted into issues may be cut short, and the spacer line between the two
+    # tables is sometimes trimmed: compare the lines the sample has, spacer excepted.
+    pairs = [(g, w) for g, w in zip(got, want, strict=False) if g.strip() or w.strip()]
+    assert len(pairs) >= 10
+    assert layout([g for g, _ in pairs]) == layout([w for _, w in pairs])
