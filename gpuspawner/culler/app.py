@@ -1,0 +1,551 @@
+"""``gpuspawner-culler``: the GPU-aware idle culler, run as a JupyterHub service.
+
+Every ``cull_every`` seconds one pass: list the hub's users with servers
+(paginated), optionally list GPUSpawner's pods (pod names, GPU labels, pending
+GPU requests), ask Prometheus two queries for the GPU activity of all pods,
+decide with :mod:`gpuspawner.culler.policy`, and stop what should be stopped
+(a bounded number at a time). ``/metrics`` serves Prometheus metrics.
+
+Configured like the hub: ``c.GPUCuller.*`` in a config file
+(``--config``, default ``gpuspawner_culler_config.py``) or on the command line
+(``--GPUCuller.dry_run=True``, or the short flags shown by ``--help``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections import Counter
+from urllib.parse import urlparse
+
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, default, validate
+from traitlets.config import Application, catch_config_error
+
+from . import policy as P
+from .hub import HubClient, HubError
+from .kube import KubeError, PodLister, kubernetes_available
+from .pods import pods_by_server, waiting_gpus, with_pods
+from .prometheus import GPUQueries, PrometheusClient, PrometheusError
+
+
+class CullerMetrics:
+    """The culler's Prometheus metrics, in their own registry."""
+
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        r = self.registry
+        prefix = "gpuspawner_culler"
+        self.culls = Counter(
+            f"{prefix}_culls", "Servers stopped", ["reason", "profile"], registry=r
+        )
+        self.would_culls = Counter(
+            f"{prefix}_would_culls",
+            "Servers that would have been stopped (dry run)",
+            ["reason", "profile"],
+            registry=r,
+        )
+        self.warnings = Counter(
+            f"{prefix}_warnings", "Cull warnings given", ["reason", "profile"], registry=r
+        )
+        self.gpus_reclaimed = Counter(
+            f"{prefix}_gpus_reclaimed",
+            "GPUs given back by stopping servers",
+            ["gpu_type"],
+            registry=r,
+        )
+        self.idle_servers = Gauge(
+            f"{prefix}_idle_servers",
+            "Servers considered idle (over their timeout) in the last pass",
+            ["gpu_type"],
+            registry=r,
+        )
+        self.warned_servers = Gauge(
+            f"{prefix}_warned_servers", "Servers warned and not yet culled", registry=r
+        )
+        self.gpu_missing = Gauge(
+            f"{prefix}_gpu_metrics_missing_servers",
+            "GPU servers counted as busy because their GPU metrics are missing or Prometheus did not answer",
+            registry=r,
+        )
+        self.pressure = Gauge(
+            f"{prefix}_pressure_waiting_gpus",
+            "GPUs requested by pods waiting for GPUs of the type",
+            ["gpu_type"],
+            registry=r,
+        )
+        self.errors = Counter(f"{prefix}_errors", "Errors by source", ["source"], registry=r)
+        self.pass_duration = Histogram(
+            f"{prefix}_pass_duration_seconds",
+            "Duration of a culling pass",
+            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+            registry=r,
+        )
+        self.last_success = Gauge(
+            f"{prefix}_last_success_timestamp_seconds",
+            "When the last pass completed",
+            registry=r,
+        )
+        for source in ("hub", "prometheus", "kubernetes", "internal"):
+            self.errors.labels(source=source)
+
+
+class GPUCuller(Application):
+    name = "gpuspawner-culler"
+    description = "Stop idle JupyterHub servers, GPU-aware: per-profile timeouts, GPU utilisation from Prometheus and pool pressure."
+
+    config_file = Unicode(
+        "gpuspawner_culler_config.py",
+        help="The config file to load (Python, `c.GPUCuller.* = ...`); a missing default file is ignored.",
+    ).tag(config=True)
+
+    # --- the hub ----------------------------------------------------------
+    hub_api_url = Unicode(
+        help="The hub's API URL. Default: $JUPYTERHUB_API_URL (set by the hub for managed services), else http://127.0.0.1:8081/hub/api."
+    ).tag(config=True)
+
+    @default("hub_api_url")
+    def _default_api_url(self):
+        return os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
+
+    api_token = Unicode(
+        help="The service's API token. Default: $JUPYTERHUB_API_TOKEN (set by the hub for managed services)."
+    ).tag(config=True)
+
+    @default("api_token")
+    def _default_token(self):
+        return os.environ.get("JUPYTERHUB_API_TOKEN", "")
+
+    hub_timeout = Float(
+        30, help="Seconds before one hub API request is abandoned (and retried)."
+    ).tag(config=True)
+    max_retries = Integer(
+        4, help="Retries of a hub API request after a connection error, timeout, 429 or 5xx answer."
+    ).tag(config=True)
+    backoff_base = Float(
+        0.5,
+        help="Seconds before the first retry; each further retry waits twice as long (with jitter), at most backoff_max.",
+    ).tag(config=True)
+    backoff_max = Float(30, help="The longest wait between two retries, in seconds.").tag(
+        config=True
+    )
+    page_size = Integer(200, help="Users per page when listing /users.").tag(config=True)
+    concurrency = Integer(10, help="At most this many servers are stopped at the same time.").tag(
+        config=True
+    )
+
+    # --- when to cull -------------------------------------------------------
+    cull_every = Integer(300, help="Seconds between two passes.").tag(config=True)
+    once = Bool(False, help="Run one pass and exit (for cron jobs and benchmarks).").tag(
+        config=True
+    )
+    dry_run = Bool(
+        False, help="Only log and count what would be culled (would_culls metric); stop nothing."
+    ).tag(config=True)
+    timeout = Integer(
+        3600,
+        help="Idle timeout in seconds for servers no rule in `timeouts` matches; 0: never cull those for idleness.",
+    ).tag(config=True)
+    timeouts = List(
+        Dict(),
+        help="""Idle timeouts per kind of server, first match wins. Each rule is a dict with
+        `timeout` (seconds) and any of `profile`, `gpu_type` ("none" for CPU-only),
+        `gpus` (exact count), `min_gpus`, `max_gpus`. Example:
+        [{"min_gpus": 8, "timeout": 1800}, {"gpu_type": "h100", "timeout": 3600},
+        {"min_gpus": 1, "timeout": 7200}, {"gpu_type": "none", "timeout": 28800}]""",
+    ).tag(config=True)
+    max_age = Integer(
+        0,
+        help="Stop any server running longer than this many seconds, active or not (a backstop); 0: off.",
+    ).tag(config=True)
+    min_running = Integer(
+        300, help="Never cull a server that has been running for less than this many seconds."
+    ).tag(config=True)
+    exempt_users = List(Unicode(), help="Users whose servers are never culled.").tag(config=True)
+    exempt_groups = List(
+        Unicode(),
+        help="Groups whose members' servers are never culled (needs the read:users:groups scope).",
+    ).tag(config=True)
+    cull_admin_users = Bool(
+        True, help="Cull admins' servers like everyone's; False exempts admins."
+    ).tag(config=True)
+    warning_period = Integer(
+        0,
+        help="Seconds between the warning and the cull: an eligible server is first warned (logged, /warnings, warned_servers metric) and culled only on a later pass, this long after, if it is still idle on fresh data; 0: cull at once.",
+    ).tag(config=True)
+
+    # --- GPU activity (Prometheus) -----------------------------------------
+    prometheus_url = Unicode(
+        "",
+        help="Prometheus's base URL (e.g. http://prometheus-server.monitoring). Empty: GPU activity is not used, only Jupyter activity counts.",
+    ).tag(config=True)
+    prometheus_timeout = Float(30, help="Seconds before a Prometheus query is abandoned.").tag(
+        config=True
+    )
+    gpu_util_metric = Unicode(
+        "DCGM_FI_DEV_GPU_UTIL", help="GPU utilisation metric, in percent (DCGM exporter)."
+    ).tag(config=True)
+    gpu_engine_metric = Unicode(
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        help="Fallback activity metric as a 0..1 ratio, used for pods without gpu_util_metric (e.g. MIG devices).",
+    ).tag(config=True)
+    pod_label = Unicode(
+        "pod",
+        help="The metric label holding the pod name: 'pod', or 'exported_pod' when Prometheus scrapes the exporter without honor_labels.",
+    ).tag(config=True)
+    namespace_label = Unicode(
+        "namespace",
+        help="The metric label holding the pod's namespace: 'namespace' or 'exported_namespace'.",
+    ).tag(config=True)
+    gpu_busy_threshold = Float(5.0, help="A GPU is busy above this utilisation, in percent.").tag(
+        config=True
+    )
+    gpu_window = Integer(
+        0,
+        help="Seconds of GPU history looked at; a GPU idle for the whole window counts as idle since its start. 0: the longest idle timeout configured.",
+    ).tag(config=True)
+    gpu_query_step = Integer(
+        60, help="Resolution in seconds of the last-busy lookup (the subquery step)."
+    ).tag(config=True)
+    gpu_freshness = Integer(
+        300,
+        help="A GPU server without GPU samples in this many seconds has missing metrics and counts as busy.",
+    ).tag(config=True)
+
+    # --- pressure (Kubernetes) ----------------------------------------------
+    kubernetes = Unicode(
+        "auto",
+        help="Read GPUSpawner's pods from Kubernetes (pod names, GPU labels, waiting GPU requests): 'on', 'off', or 'auto' (on in a pod with a service account or with a kubeconfig).",
+    ).tag(config=True)
+
+    @validate("kubernetes")
+    def _check_kubernetes(self, proposal):
+        if proposal.value not in ("auto", "on", "off"):
+            raise ValueError("GPUCuller.kubernetes must be 'auto', 'on' or 'off'")
+        return proposal.value
+
+    namespace = Unicode(
+        help="The namespace of the notebook pods. Default: $POD_NAMESPACE, else jupyterhub."
+    ).tag(config=True)
+
+    @default("namespace")
+    def _default_namespace(self):
+        return os.environ.get("POD_NAMESPACE", "jupyterhub")
+
+    pressure_timeout = Integer(
+        900,
+        help="While GPU requests of a type wait for GPUs, servers of that type idle longer than this (seconds) are culled, longest-idle first, as many as the waiting requests need; 0: no pressure culling.",
+    ).tag(config=True)
+    pressure_timeouts = Dict(
+        help="Pressure timeouts per GPU type, e.g. {'h100': 600}; types not listed use pressure_timeout."
+    ).tag(config=True)
+
+    # --- metrics endpoint ---------------------------------------------------
+    metrics_url = Unicode(
+        help="Where /metrics and /warnings are served. Default: $JUPYTERHUB_SERVICE_URL (the service's url in the hub config), else http://127.0.0.1:10101. Empty string: no endpoint."
+    ).tag(config=True)
+
+    @default("metrics_url")
+    def _default_metrics_url(self):
+        return os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101")
+
+    aliases = {
+        "config": "GPUCuller.config_file",
+        "url": "GPUCuller.hub_api_url",
+        "cull-every": "GPUCuller.cull_every",
+        "timeout": "GPUCuller.timeout",
+        "max-age": "GPUCuller.max_age",
+        "min-running": "GPUCuller.min_running",
+        "warning-period": "GPUCuller.warning_period",
+        "concurrency": "GPUCuller.concurrency",
+        "prometheus-url": "GPUCuller.prometheus_url",
+        "pressure-timeout": "GPUCuller.pressure_timeout",
+        "kubernetes": "GPUCuller.kubernetes",
+        "namespace": "GPUCuller.namespace",
+        "metrics-url": "GPUCuller.metrics_url",
+        "log-level": "Application.log_level",
+    }
+    flags = {
+        "dry-run": ({"GPUCuller": {"dry_run": True}}, "Only report what would be culled."),
+        "once": ({"GPUCuller": {"once": True}}, "Run one pass and exit."),
+    }
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.metrics = CullerMetrics()
+        self.warned: dict[tuple[str, str], P.WarningMark] = {}
+        self.last_decisions: list[P.Decision] = []
+        self.hub: HubClient | None = None
+        self.prometheus: PrometheusClient | None = None
+        self.pods: PodLister | None = None
+        self._groups_warned = False
+
+    @catch_config_error
+    def initialize(self, argv=None):
+        super().initialize(argv)
+        if self.config_file:
+            path = self.config_file
+            if os.path.exists(path) or path != self.__class__.config_file.default_value:
+                self.load_config_file(path)
+                # the command line wins over the file
+                self.update_config(self.cli_config)
+        self.policy = self.build_policy()
+        self._setup_clients()
+
+    # --- set-up ---------------------------------------------------------------
+    def build_policy(self) -> P.Policy:
+        """The pure policy from the traits; a malformed rule stops the service with one sentence."""
+        try:
+            rules = tuple(P.parse_rule(r) for r in self.timeouts)
+        except ValueError as e:
+            self.exit_with(f"GPUCuller.timeouts: {e}")
+        return P.Policy(
+            rules=rules,
+            default_timeout=float(self.timeout) if self.timeout > 0 else None,
+            max_age=float(self.max_age) if self.max_age > 0 else None,
+            min_running=float(self.min_running),
+            exempt_users=frozenset(self.exempt_users),
+            exempt_groups=frozenset(self.exempt_groups),
+            cull_admin_users=self.cull_admin_users,
+            pressure_timeouts={k: float(v) for k, v in self.pressure_timeouts.items()},
+            default_pressure_timeout=float(self.pressure_timeout)
+            if self.pressure_timeout > 0
+            else None,
+            warning_period=float(self.warning_period),
+        )
+
+    def exit_with(self, message: str):
+        self.log.critical("gpuspawner-culler cannot start: %s", message)
+        self.exit(1)
+
+    def gpu_window_seconds(self) -> int:
+        if self.gpu_window > 0:
+            return self.gpu_window
+        timeouts = [r.timeout for r in self.policy.rules]
+        timeouts += [
+            t for t in (self.policy.default_timeout, self.policy.default_pressure_timeout) if t
+        ]
+        timeouts += list(self.policy.pressure_timeouts.values())
+        return int(max(timeouts or [3600]))
+
+    def _setup_clients(self) -> None:
+        if not self.api_token:
+            self.exit_with("no API token: set $JUPYTERHUB_API_TOKEN or c.GPUCuller.api_token.")
+        self.hub = HubClient(
+            self.hub_api_url,
+            self.api_token,
+            timeout=self.hub_timeout,
+            max_retries=self.max_retries,
+            backoff_base=self.backoff_base,
+            backoff_max=self.backoff_max,
+            page_size=self.page_size,
+            log=self.log,
+        )
+        if self.prometheus_url:
+            try:
+                queries = GPUQueries(
+                    util_metric=self.gpu_util_metric,
+                    engine_metric=self.gpu_engine_metric,
+                    pod_label=self.pod_label,
+                    namespace_label=self.namespace_label,
+                    threshold=self.gpu_busy_threshold / 100,
+                    window=self.gpu_window_seconds(),
+                    step=self.gpu_query_step,
+                    freshness=self.gpu_freshness,
+                )
+            except ValueError as e:
+                self.exit_with(str(e))
+            self.prometheus = PrometheusClient(
+                self.prometheus_url, queries, timeout=self.prometheus_timeout
+            )
+        else:
+            self.log.info("No prometheus_url: only Jupyter activity decides idleness.")
+        use_kube = self.kubernetes == "on" or (self.kubernetes == "auto" and kubernetes_available())
+        if use_kube:
+            self.pods = PodLister(self.namespace)
+        else:
+            self.log.info(
+                "Kubernetes not configured: no pressure mode; pods known from server state."
+            )
+
+    # --- one pass --------------------------------------------------------------
+    async def _gpu_view(self, now: float) -> P.GPUView:
+        if self.prometheus is None:
+            return P.GPUView()
+        try:
+            return await self.prometheus.gpu_view(now)
+        except PrometheusError as e:
+            self.metrics.errors.labels(source="prometheus").inc()
+            self.log.warning("%s; every GPU server counts as busy this pass.", e)
+            return P.GPUView(enabled=True, ok=False)
+
+    async def cull_pass(self) -> list[P.Decision] | None:
+        """One pass; returns the decisions, or None if the hub could not be read."""
+        started = time.monotonic()
+        now = time.time()
+        try:
+            servers = await self.hub.list_servers()
+        except HubError as e:
+            self.metrics.errors.labels(source="hub").inc()
+            self.log.error("Pass abandoned, the hub's users could not be listed: %s", e)
+            return None
+        waiting: dict[str, int] = {}
+        if self.pods is not None:
+            try:
+                pods = await self.pods.list_pods()
+                servers = with_pods(servers, pods_by_server(pods))
+                waiting = waiting_gpus(pods)
+            except KubeError as e:
+                self.metrics.errors.labels(source="kubernetes").inc()
+                self.log.warning("%s; no pressure mode this pass.", e)
+        if self.policy.exempt_groups and not self._groups_warned:
+            self._groups_warned = True
+            self.log.info("exempt_groups is set: the service needs the read:users:groups scope.")
+        gpu = await self._gpu_view(now)
+        decisions, self.warned = P.decide(
+            servers, now, self.policy, gpu=gpu, waiting=waiting, warned=self.warned
+        )
+        self.last_decisions = decisions
+        await self._act(decisions)
+        self._record(decisions, waiting)
+        self.metrics.pass_duration.observe(time.monotonic() - started)
+        self.metrics.last_success.set(time.time())
+        return decisions
+
+    async def _act(self, decisions: list[P.Decision]) -> None:
+        semaphore = asyncio.Semaphore(max(1, self.concurrency))
+
+        async def stop(d: P.Decision) -> None:
+            profile = d.server.profile or "none"
+            if self.dry_run:
+                self.log.info(P.log_line(d, dry_run=True))
+                self.metrics.would_culls.labels(reason=d.reason, profile=profile).inc()
+                return
+            async with semaphore:
+                self.log.info(P.log_line(d))
+                try:
+                    await self.hub.stop_server(d.server.user, d.server.name)
+                except HubError as e:
+                    self.metrics.errors.labels(source="hub").inc()
+                    self.log.error("Could not stop %s: %s", d.server.display, e)
+                    return
+            self.metrics.culls.labels(reason=d.reason, profile=profile).inc()
+            if d.server.gpus > 0:
+                self.metrics.gpus_reclaimed.labels(gpu_type=d.server.gpu_type or "unknown").inc(
+                    d.server.gpus
+                )
+
+        for d in decisions:
+            if d.action == P.WARN:
+                self.log.warning(P.log_line(d, dry_run=self.dry_run))
+                self.metrics.warnings.labels(
+                    reason=d.reason, profile=d.server.profile or "none"
+                ).inc()
+        await asyncio.gather(*(stop(d) for d in decisions if d.action == P.CULL))
+
+    def _record(self, decisions: list[P.Decision], waiting: dict[str, int]) -> None:
+        idle = Counter(
+            (d.server.gpu_type or "none") for d in decisions if d.action in (P.CULL, P.WARN)
+        )
+        self.metrics.idle_servers.clear()
+        for gpu_type, count in idle.items():
+            self.metrics.idle_servers.labels(gpu_type=gpu_type).set(count)
+        self.metrics.warned_servers.set(len(self.warned))
+        missing = [
+            d for d in decisions if d.reason in (P.REASON_GPU_MISSING, P.REASON_GPU_UNAVAILABLE)
+        ]
+        self.metrics.gpu_missing.set(len(missing))
+        for d in missing:
+            self.log.info("Not culling %s: %s", d.server.display, d.detail)
+        self.metrics.pressure.clear()
+        for gpu_type, count in waiting.items():
+            self.metrics.pressure.labels(gpu_type=gpu_type).set(count)
+        if waiting:
+            self.log.info(
+                "GPU pressure: %s",
+                ", ".join(f"{n} {t} GPUs waiting" for t, n in sorted(waiting.items())),
+            )
+
+    def warnings_json(self) -> list[dict]:
+        by_key = {d.server.key: d for d in self.last_decisions}
+        result = []
+        for key, mark in sorted(self.warned.items()):
+            d = by_key.get(key)
+            result.append(
+                {
+                    "user": key[0],
+                    "server": key[1],
+                    "reason": mark.reason,
+                    "warned_at": mark.warned_at,
+                    "cull_after": mark.warned_at + self.policy.warning_period,
+                    "detail": d.detail if d else "",
+                }
+            )
+        return result
+
+    # --- serving --------------------------------------------------------------
+    def _web_app(self):
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        from tornado import web
+
+        culler = self
+
+        class MetricsHandler(web.RequestHandler):
+            def get(self):
+                self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+                self.write(generate_latest(culler.metrics.registry))
+
+        class WarningsHandler(web.RequestHandler):
+            def get(self):
+                self.set_header("Content-Type", "application/json")
+                self.write(json.dumps(culler.warnings_json()))
+
+        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/").rstrip("/")
+        routes = [(r"/metrics", MetricsHandler), (r"/warnings", WarningsHandler)]
+        if prefix:
+            routes += [(prefix + path, handler) for path, handler in list(routes)]
+        return web.Application(routes)
+
+    def _listen(self) -> None:
+        if not self.metrics_url:
+            return
+        url = urlparse(self.metrics_url)
+        host = url.hostname or "127.0.0.1"
+        port = url.port or (443 if url.scheme == "https" else 80)
+        self._web_app().listen(port, address=host)
+        self.log.info("Serving /metrics and /warnings on %s:%d", host, port)
+
+    async def run(self) -> None:
+        self._listen()
+        self.log.info(
+            "gpuspawner-culler: every %ds%s, hub %s, Prometheus %s",
+            self.cull_every,
+            " (dry run)" if self.dry_run else "",
+            self.hub_api_url,
+            self.prometheus_url or "not used",
+        )
+        while True:
+            try:
+                await self.cull_pass()
+            except Exception:  # a pass must never end the service
+                self.metrics.errors.labels(source="internal").inc()
+                self.log.exception("Unexpected error in a culling pass; the next pass will run.")
+            if self.once:
+                return
+            await asyncio.sleep(self.cull_every)
+
+    def start(self) -> None:
+        asyncio.run(self.run())
+
+
+def main(argv: list[str] | None = None) -> None:
+    app = GPUCuller.instance()
+    app.initialize(argv)
+    app.start()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,469 @@
+"""What to cull and why: servers + Jupyter activity + GPU busyness + GPU pressure -> decisions.
+
+Pure: no hub, Prometheus or Kubernetes calls, no clock. Times are POSIX
+seconds; the caller passes ``now``. The rules, in order:
+
+1. A server that is starting, stopping or not ready is skipped.
+2. Exempt users and groups are skipped (admins too, unless admins are culled,
+   which is the default).
+3. A server younger than ``min_running`` is kept.
+4. ``max_age`` culls a server whatever its activity (a backstop).
+5. A server is idle since the *later* of its hub ``last_activity`` and the last
+   time its GPUs were busy. A GPU server whose GPU data is missing, or when
+   Prometheus did not answer, counts as busy: never cull on missing data.
+6. It is culled when idle longer than the timeout of the first matching rule
+   (profile / GPU type / GPU count), else ``default_timeout``.
+7. Pressure: for each GPU type with requests waiting, idle servers of that type
+   (idle longer than the type's pressure timeout, busy by neither signal) are
+   culled longest-idle first until the waiting GPUs are covered.
+8. With a warning period, a server is first warned and culled only on a later
+   pass, at least ``warning_period`` after the warning, if it is still eligible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+# Decision actions
+CULL = "cull"
+WARN = "warn"
+KEEP = "keep"
+SKIP = "skip"
+
+# Reasons a server is culled
+REASON_IDLE = "idle"
+REASON_MAX_AGE = "max-age"
+REASON_PRESSURE = "pressure"
+
+# Reasons a server is kept or skipped
+REASON_PENDING = "pending"
+REASON_NOT_READY = "not-ready"
+REASON_EXEMPT = "exempt"
+REASON_ADMIN = "admin"
+REASON_TOO_YOUNG = "too-young"
+REASON_ACTIVE = "active"
+REASON_NO_TIMEOUT = "no-timeout"
+REASON_GPU_MISSING = "gpu-metrics-missing"
+REASON_GPU_UNAVAILABLE = "prometheus-unavailable"
+REASON_WARNED = "warned"
+
+# GPU signal states, as reported in decisions and metrics
+GPU_NOT_USED = "not-used"  # a CPU-only server, or Prometheus not configured
+GPU_FRESH = "fresh"
+GPU_MISSING = "missing"
+GPU_UNAVAILABLE = "unavailable"
+
+
+@dataclass(frozen=True)
+class Server:
+    """One running (or starting/stopping) server as the culler sees it."""
+
+    user: str
+    name: str = ""
+    admin: bool = False
+    groups: frozenset[str] = frozenset()
+    ready: bool = True
+    pending: str | None = None
+    started: float | None = None
+    last_activity: float | None = None
+    profile: str | None = None
+    gpu_type: str | None = None
+    gpus: int = 0
+    pod: str | None = None
+    namespace: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.user, self.name)
+
+    @property
+    def display(self) -> str:
+        """``alice`` for a default server, ``alice/exp1`` for a named one."""
+        return f"{self.user}/{self.name}" if self.name else self.user
+
+
+@dataclass(frozen=True)
+class GPUSample:
+    """A pod's GPU activity over the lookback window.
+
+    ``last_busy`` is the last time a GPU of the pod was above the threshold
+    inside the window (None: never inside it); ``window_start`` is where the
+    window begins, so a pod with no busy sample has been GPU-idle at least since then.
+    """
+
+    last_busy: float | None
+    window_start: float
+
+
+@dataclass(frozen=True)
+class GPUView:
+    """What Prometheus said about every GPU pod this pass.
+
+    ``enabled`` False: Prometheus is not configured, only Jupyter activity counts.
+    ``ok`` False: Prometheus did not answer; every GPU server counts as busy.
+    ``samples`` holds the pods with fresh data, by ``(namespace, pod)``.
+    """
+
+    enabled: bool = False
+    ok: bool = True
+    samples: Mapping[tuple[str, str], GPUSample] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TimeoutRule:
+    """An idle timeout for the servers it matches; unset keys match anything.
+
+    ``gpu_type`` "none" matches CPU-only servers; ``min_gpus``/``max_gpus`` are inclusive.
+    """
+
+    timeout: float
+    profile: str | None = None
+    gpu_type: str | None = None
+    min_gpus: int | None = None
+    max_gpus: int | None = None
+
+    def matches(self, server: Server) -> bool:
+        if self.profile is not None and server.profile != self.profile:
+            return False
+        if self.gpu_type is not None:
+            server_type = server.gpu_type if server.gpus > 0 else "none"
+            if server_type != self.gpu_type:
+                return False
+        if self.min_gpus is not None and server.gpus < self.min_gpus:
+            return False
+        return not (self.max_gpus is not None and server.gpus > self.max_gpus)
+
+    def describe(self) -> str:
+        parts = []
+        if self.profile is not None:
+            parts.append(f"profile {self.profile}")
+        if self.gpu_type is not None:
+            parts.append(f"GPU type {self.gpu_type}")
+        if self.min_gpus is not None and self.min_gpus == self.max_gpus:
+            parts.append(f"{self.min_gpus} GPUs")
+        else:
+            if self.min_gpus is not None:
+                parts.append(f"at least {self.min_gpus} GPUs")
+            if self.max_gpus is not None:
+                parts.append(f"at most {self.max_gpus} GPUs")
+        return ", ".join(parts) or "every server"
+
+
+_RULE_KEYS = {"timeout", "profile", "gpu_type", "min_gpus", "max_gpus", "gpus"}
+
+
+def parse_rule(raw: Mapping) -> TimeoutRule:
+    """A rule from config: ``{"gpu_type": "h100", "min_gpus": 8, "timeout": 1800}``.
+
+    ``gpus: N`` is short for ``min_gpus: N, max_gpus: N``. Raises ValueError
+    with one sentence when the rule is malformed.
+    """
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"a timeout rule must be a dict, got {raw!r}")
+    unknown = set(raw) - _RULE_KEYS
+    if unknown:
+        raise ValueError(
+            f"timeout rule {dict(raw)!r} has unknown keys {sorted(unknown)}: "
+            f"use {sorted(_RULE_KEYS)}"
+        )
+    timeout = raw.get("timeout")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"timeout rule {dict(raw)!r} needs a timeout in seconds above 0")
+    counts = {}
+    for key in ("gpus", "min_gpus", "max_gpus"):
+        value = raw.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"timeout rule {dict(raw)!r}: {key} must be a whole number >= 0")
+        counts[key] = value
+    min_gpus = counts.get("min_gpus", counts.get("gpus"))
+    max_gpus = counts.get("max_gpus", counts.get("gpus"))
+    for key in ("profile", "gpu_type"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise ValueError(f"timeout rule {dict(raw)!r}: {key} must be a string")
+    return TimeoutRule(
+        timeout=float(timeout),
+        profile=raw.get("profile"),
+        gpu_type=raw.get("gpu_type"),
+        min_gpus=min_gpus,
+        max_gpus=max_gpus,
+    )
+
+
+@dataclass(frozen=True)
+class Policy:
+    rules: tuple[TimeoutRule, ...] = ()
+    default_timeout: float | None = 3600.0
+    max_age: float | None = None
+    min_running: float = 0.0
+    exempt_users: frozenset[str] = frozenset()
+    exempt_groups: frozenset[str] = frozenset()
+    cull_admin_users: bool = True
+    pressure_timeouts: Mapping[str, float] = field(default_factory=dict)
+    default_pressure_timeout: float | None = None
+    warning_period: float = 0.0
+
+    def timeout_for(self, server: Server) -> tuple[float | None, str]:
+        """The idle timeout that applies to a server, and which rule gave it."""
+        for rule in self.rules:
+            if rule.matches(server):
+                return rule.timeout, rule.describe()
+        return self.default_timeout, "default"
+
+    def pressure_timeout_for(self, gpu_type: str) -> float | None:
+        return self.pressure_timeouts.get(gpu_type, self.default_pressure_timeout)
+
+
+@dataclass(frozen=True)
+class Decision:
+    server: Server
+    action: str
+    reason: str
+    idle_seconds: float | None = None
+    timeout: float | None = None
+    gpu_state: str = GPU_NOT_USED
+    detail: str = ""
+
+    @property
+    def gpus_reclaimed(self) -> int:
+        return self.server.gpus if self.action == CULL else 0
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def idle_since(server: Server, gpu: GPUView) -> tuple[float | None, str]:
+    """When the server became idle by both signals, and the GPU signal's state.
+
+    None means "busy": the GPU data is missing or Prometheus did not answer.
+    """
+    jupyter = server.last_activity if server.last_activity is not None else server.started
+    if server.gpus <= 0 or not gpu.enabled:
+        return jupyter, GPU_NOT_USED
+    if not gpu.ok:
+        return None, GPU_UNAVAILABLE
+    if server.pod is None or server.namespace is None:
+        return None, GPU_MISSING
+    sample = gpu.samples.get((server.namespace, server.pod))
+    if sample is None:
+        return None, GPU_MISSING
+    gpu_since = sample.last_busy if sample.last_busy is not None else sample.window_start
+    candidates = [t for t in (jupyter, gpu_since, server.started) if t is not None]
+    return max(candidates), GPU_FRESH
+
+
+def _skip_reason(server: Server, policy: Policy) -> str | None:
+    if server.pending:
+        return REASON_PENDING
+    if not server.ready:
+        return REASON_NOT_READY
+    if server.user in policy.exempt_users or server.groups & policy.exempt_groups:
+        return REASON_EXEMPT
+    if server.admin and not policy.cull_admin_users:
+        return REASON_ADMIN
+    return None
+
+
+def decide_one(server: Server, now: float, policy: Policy, gpu: GPUView) -> Decision:
+    """The decision for one server, without pressure or warnings."""
+    skip = _skip_reason(server, policy)
+    if skip is not None:
+        return Decision(server, SKIP, skip, detail=f"skipped ({skip})")
+    age = None if server.started is None else now - server.started
+    if age is not None and age < policy.min_running:
+        return Decision(
+            server,
+            KEEP,
+            REASON_TOO_YOUNG,
+            detail=f"running {_duration(age)}, under the minimum {_duration(policy.min_running)}",
+        )
+    since, gpu_state = idle_since(server, gpu)
+    idle = None if since is None else max(0.0, now - since)
+    if policy.max_age is not None and age is not None and age >= policy.max_age:
+        return Decision(
+            server,
+            CULL,
+            REASON_MAX_AGE,
+            idle_seconds=idle,
+            timeout=policy.max_age,
+            gpu_state=gpu_state,
+            detail=f"running {_duration(age)}, over max_age {_duration(policy.max_age)}",
+        )
+    if since is None:
+        reason = REASON_GPU_UNAVAILABLE if gpu_state == GPU_UNAVAILABLE else REASON_GPU_MISSING
+        what = (
+            "Prometheus did not answer"
+            if gpu_state == GPU_UNAVAILABLE
+            else f"no fresh GPU metrics for pod {server.namespace}/{server.pod}"
+        )
+        return Decision(
+            server, KEEP, reason, gpu_state=gpu_state, detail=f"counted as busy: {what}"
+        )
+    timeout, rule = policy.timeout_for(server)
+    if timeout is None:
+        return Decision(
+            server,
+            KEEP,
+            REASON_NO_TIMEOUT,
+            idle_seconds=idle,
+            gpu_state=gpu_state,
+            detail="no idle timeout applies",
+        )
+    if idle >= timeout:
+        return Decision(
+            server,
+            CULL,
+            REASON_IDLE,
+            idle_seconds=idle,
+            timeout=timeout,
+            gpu_state=gpu_state,
+            detail=f"idle {_duration(idle)}, over the {_duration(timeout)} timeout ({rule})",
+        )
+    return Decision(
+        server,
+        KEEP,
+        REASON_ACTIVE,
+        idle_seconds=idle,
+        timeout=timeout,
+        gpu_state=gpu_state,
+        detail=f"idle {_duration(idle)} of {_duration(timeout)} ({rule})",
+    )
+
+
+def apply_pressure(
+    decisions: list[Decision],
+    now: float,
+    policy: Policy,
+    waiting: Mapping[str, int],
+) -> list[Decision]:
+    """Cull, per GPU type with waiting requests, the longest-idle servers of the type.
+
+    Only servers kept as idle-but-under-timeout (busy by neither signal) are
+    candidates; GPUs already freed by this pass's other culls count first.
+    """
+    result = list(decisions)
+    for gpu_type, needed in sorted(waiting.items()):
+        if needed <= 0:
+            continue
+        pressure_timeout = policy.pressure_timeout_for(gpu_type)
+        if pressure_timeout is None:
+            continue
+        freed = sum(
+            d.server.gpus for d in result if d.action == CULL and d.server.gpu_type == gpu_type
+        )
+        if freed >= needed:
+            continue
+        candidates = [
+            (i, d)
+            for i, d in enumerate(result)
+            if d.action == KEEP
+            and d.reason in (REASON_ACTIVE, REASON_NO_TIMEOUT)
+            and d.server.gpus > 0
+            and d.server.gpu_type == gpu_type
+            and d.idle_seconds is not None
+            and d.idle_seconds >= pressure_timeout
+        ]
+        candidates.sort(key=lambda item: (-item[1].idle_seconds, item[1].server.key))
+        for i, d in candidates:
+            if freed >= needed:
+                break
+            freed += d.server.gpus
+            result[i] = replace(
+                d,
+                action=CULL,
+                reason=REASON_PRESSURE,
+                timeout=pressure_timeout,
+                detail=(
+                    f"idle {_duration(d.idle_seconds)}, over the pressure timeout "
+                    f"{_duration(pressure_timeout)} while {needed} {gpu_type} GPUs are requested "
+                    "and waiting"
+                ),
+            )
+    return result
+
+
+@dataclass(frozen=True)
+class WarningMark:
+    """A server warned that it will be culled, and when."""
+
+    warned_at: float
+    reason: str
+
+
+def apply_warnings(
+    decisions: list[Decision],
+    warned: Mapping[tuple[str, str], WarningMark],
+    now: float,
+    warning_period: float,
+) -> tuple[list[Decision], dict[tuple[str, str], WarningMark]]:
+    """Turn culls into warnings until a server has been warned ``warning_period`` ago.
+
+    Returns the decisions and the warnings to keep for the next pass: a
+    server that is no longer eligible loses its warning, so it must be found
+    idle again, on fresh data, before it is culled.
+    """
+    if warning_period <= 0:
+        return list(decisions), {}
+    result = []
+    still: dict[tuple[str, str], WarningMark] = {}
+    for d in decisions:
+        if d.action != CULL:
+            result.append(d)
+            continue
+        mark = warned.get(d.server.key)
+        if mark is not None and now - mark.warned_at >= warning_period:
+            result.append(d)
+            continue
+        mark = mark or WarningMark(warned_at=now, reason=d.reason)
+        still[d.server.key] = mark
+        remaining = warning_period - (now - mark.warned_at)
+        result.append(
+            replace(
+                d,
+                action=WARN,
+                detail=f"{d.detail}; warned, culled in {_duration(remaining)} if still idle",
+            )
+        )
+    return result, still
+
+
+def decide(
+    servers: Iterable[Server],
+    now: float,
+    policy: Policy,
+    gpu: GPUView | None = None,
+    waiting: Mapping[str, int] | None = None,
+    warned: Mapping[tuple[str, str], WarningMark] | None = None,
+) -> tuple[list[Decision], dict[tuple[str, str], WarningMark]]:
+    """Every server's decision for this pass, and the warnings to carry to the next."""
+    gpu = gpu or GPUView()
+    decisions = [decide_one(s, now, policy, gpu) for s in servers]
+    if waiting:
+        decisions = apply_pressure(decisions, now, policy, waiting)
+    return apply_warnings(decisions, warned or {}, now, policy.warning_period)
+
+
+def log_line(decision: Decision, dry_run: bool = False) -> str:
+    """One line per cull or would-cull: user, server, GPUs reclaimed, idle time and reason."""
+    s = decision.server
+    verb = {CULL: "would cull" if dry_run else "culling", WARN: "warning"}.get(
+        decision.action, decision.action
+    )
+    gpus = f"{s.gpus} x {s.gpu_type}" if s.gpus > 0 else "no GPUs"
+    return (
+        f"{verb} {s.display!r} (user {s.user!r}, server {s.name!r}, profile "
+        f"{s.profile or '-'}, {gpus}): reason {decision.reason}, idle "
+        f"{_duration(decision.idle_seconds)}; {decision.detail}"
+    )
