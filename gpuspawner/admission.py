@@ -1,0 +1,314 @@
+"""Cluster-aware admission: can this GPU request be scheduled, now or ever, and what to tell the user.
+
+Pure decisions over :class:`~gpuspawner.inventory.model.Availability` figures:
+
+- :func:`check_capacity` refuses a request no node could *ever* hold
+  ("No node has 8 NVIDIA A100 GPUs; the largest has 4…") and one that no node
+  can hold *now* — or, when the admin enables queueing, lets it wait;
+- :class:`WaitQueue` orders the requests that wait, per GPU type;
+- :func:`explain_unschedulable` turns the scheduler's "0/5 nodes are
+  available: 2 Insufficient nvidia.com/gpu, …" into plain words, and says
+  whether too few free GPUs is the reason (the only case that fails fast);
+- :func:`figures_label` is the "N free of M (at most K on one node)" text the
+  form shows.
+
+Refusals are :class:`~gpuspawner.options.Refusal` with reasons
+``never-schedulable`` and ``no-capacity``, so they reach users like every
+other refusal.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .inventory.model import Availability
+from .options import Refusal
+
+REASON_NEVER = "never-schedulable"
+REASON_NO_CAPACITY = "no-capacity"
+REASON_UNSCHEDULABLE = "unschedulable"
+
+
+def _gpus(n: int, name: str = "") -> str:
+    noun = "GPU" if n == 1 else "GPUs"
+    return f"{n} {name} {noun}" if name else f"{n} {noun}"
+
+
+def _either(names: list[str]) -> str:
+    if len(names) == 1:
+        return names[0]
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def figures_label(availability: Availability | None) -> str:
+    """The form's figures for a type, e.g. "5 free of 8 (at most 4 on one node)"."""
+    if availability is None:
+        return ""
+    if not availability.nodes:
+        return "no node available"
+    text = f"{availability.free} free of {availability.allocatable}"
+    if len(availability.nodes) > 1:
+        text += f" (at most {availability.largest_free} on one node)"
+    return text
+
+
+# ---------------------------------------------------------------------------
+# admission
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of :func:`check_capacity` for a request that is not refused."""
+
+    wait: bool  # True: no node can hold it now and queueing is on
+    message: str = ""
+
+
+def _alternatives(
+    gpus: int, others: Mapping[str, Availability], *, now: bool
+) -> list[tuple[str, int]]:
+    found = []
+    for name, availability in others.items():
+        if availability.fits_now(gpus) if now else availability.fits_ever(gpus):
+            found.append((name, availability.free))
+    return found
+
+
+def never_message(
+    display_name: str, gpus: int, availability: Availability, others: Mapping[str, Availability]
+) -> str:
+    """Why a request can never be scheduled, and what would work instead."""
+    alternatives = [name for name, _ in _alternatives(gpus, others, now=False)]
+    if not availability.nodes:
+        excluded = len(availability.excluded)
+        why = (
+            f" ({excluded} {'is' if excluded == 1 else 'are'} cordoned or not ready)"
+            if excluded
+            else ""
+        )
+        message = f"No node that can run servers has {display_name} GPUs{why}."
+        if alternatives:
+            return f"{message} Choose {_either(alternatives)}, or ask an admin."
+        return f"{message} Please ask an admin."
+    largest = availability.largest_node
+    message = f"No node has {_gpus(gpus, display_name)}; the largest has {largest}."
+    options = [f"ask for {largest} or fewer"]
+    if alternatives:
+        options.append(f"choose {_either(alternatives)}")
+    text = ", or ".join(options)
+    return f"{message} {text[0].upper()}{text[1:]}."
+
+
+def busy_message(
+    display_name: str, gpus: int, availability: Availability, others: Mapping[str, Availability]
+) -> str:
+    """Why a request cannot be scheduled right now, with the current figures."""
+    free, total, largest = availability.free, availability.allocatable, availability.largest_free
+    if free == 0:
+        figures = f"all {total} are in use"
+    elif len(availability.nodes) > 1:
+        figures = f"{free} of {total} are free, at most {largest} on one node"
+    else:
+        figures = f"{free} of {total} are free"
+    message = f"No node has {_gpus(gpus, display_name)} free right now: {figures}."
+    options = []
+    if largest > 0:
+        options.append(f"ask for {largest} or fewer")
+    alternatives = [f"{name} ({free} free)" for name, free in _alternatives(gpus, others, now=True)]
+    if alternatives:
+        options.append(f"choose {_either(alternatives)}")
+    options.append("try again later")
+    text = ", ".join(options[:-1]) + ", or " + options[-1] if len(options) > 1 else options[0]
+    return f"{message} {text[0].upper()}{text[1:]}."
+
+
+def check_capacity(
+    display_name: str,
+    gpus: int,
+    availability: Availability,
+    others: Mapping[str, Availability] | None = None,
+    *,
+    queueing: bool = False,
+) -> Verdict:
+    """Admit, let wait, or refuse (:class:`Refusal`) a request for ``gpus`` GPUs of one type.
+
+    ``others`` maps the display names of the other types the image may use
+    to their figures, to suggest one that would work.
+    """
+    others = others or {}
+    if gpus <= 0:
+        return Verdict(wait=False)
+    if not availability.fits_ever(gpus):
+        raise Refusal(
+            never_message(display_name, gpus, availability, others),
+            status=400,
+            reason=REASON_NEVER,
+        )
+    if availability.fits_now(gpus):
+        return Verdict(wait=False)
+    if queueing:
+        return Verdict(wait=True, message=queue_message(display_name, gpus, availability, 1, 1))
+    raise Refusal(
+        busy_message(display_name, gpus, availability, others),
+        status=503,
+        reason=REASON_NO_CAPACITY,
+    )
+
+
+def queue_message(
+    display_name: str, gpus: int, availability: Availability, place: int, waiting: int
+) -> str:
+    """The progress line of a request that waits, naming its place and what it waits for."""
+    if availability.free == 0:
+        figures = f"all {availability.allocatable} are in use"
+    else:
+        figures = (
+            f"{availability.free} of {availability.allocatable} are free, "
+            f"at most {availability.largest_free} on one node"
+        )
+    return (
+        f"Waiting for {_gpus(gpus, display_name)} on one node "
+        f"(place {place} of {waiting} in the queue for {display_name}): {figures}."
+    )
+
+
+class WaitQueue:
+    """Requests waiting for GPUs, first come first served per GPU type.
+
+    A waiting request may start when it fits now and no request ahead of it
+    (for the same type) fits: the oldest request that can start, starts, and
+    a large request does not block smaller ones behind it forever.
+    """
+
+    def __init__(self) -> None:
+        self._order = itertools.count()
+        self._waiting: dict[str, dict[Any, tuple[int, int]]] = {}
+
+    def join(self, type_key: str, ticket: Any, gpus: int) -> None:
+        self._waiting.setdefault(type_key, {})[ticket] = (next(self._order), gpus)
+
+    def leave(self, type_key: str, ticket: Any) -> None:
+        waiting = self._waiting.get(type_key, {})
+        waiting.pop(ticket, None)
+        if not waiting:
+            self._waiting.pop(type_key, None)
+
+    def _ordered(self, type_key: str) -> list[tuple[Any, int]]:
+        waiting = self._waiting.get(type_key, {})
+        return [(t, g) for t, (_, g) in sorted(waiting.items(), key=lambda item: item[1][0])]
+
+    def place(self, type_key: str, ticket: Any) -> tuple[int, int]:
+        """(1-based place, number waiting) of a ticket."""
+        ordered = [t for t, _ in self._ordered(type_key)]
+        return ordered.index(ticket) + 1, len(ordered)
+
+    def may_start(self, type_key: str, ticket: Any, availability: Availability) -> bool:
+        for other, gpus in self._ordered(type_key):
+            if other is ticket:
+                return availability.fits_now(gpus)
+            if availability.fits_now(gpus):
+                return False
+        return False
+
+    def __len__(self) -> int:
+        return sum(len(w) for w in self._waiting.values())
+
+
+# ---------------------------------------------------------------------------
+# the scheduler's reasons
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    """A pod the scheduler could not place: the reason in plain words."""
+
+    message: str
+    insufficient_gpus: bool
+    raw: str
+
+
+def unschedulable_message(pod: Mapping[str, Any] | None) -> str | None:
+    """The scheduler's message while a Pending pod is unschedulable, else None."""
+    if not pod:
+        return None
+    status = pod.get("status") or {}
+    if status.get("phase") not in (None, "Pending") or (pod.get("spec") or {}).get("nodeName"):
+        return None
+    for condition in status.get("conditions") or []:
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == "Unschedulable"
+        ):
+            return condition.get("message") or ""
+    return None
+
+
+_TERM = re.compile(r"^\s*(\d+)\s+(.*?)\s*$")
+
+
+def _plain_term(
+    count: int, text: str, gpu_resources: Iterable[str], gpu_name: str
+) -> tuple[str, bool]:
+    nodes = "node" if count == 1 else "nodes"
+    has = "has" if count == 1 else "have"
+    is_ = "is" if count == 1 else "are"
+    insufficient = re.fullmatch(r"Insufficient (\S+)", text)
+    if insufficient:
+        resource = insufficient.group(1)
+        if resource in gpu_resources or resource.startswith(("nvidia.com/", "amd.com/")):
+            return f"{count} {nodes} {has} too few free {gpu_name or resource}", True
+        what = {"cpu": "CPU", "memory": "memory", "pods": "pod slots"}.get(resource, resource)
+        return f"{count} {nodes} {has} too little free {what}", False
+    if "didn't match Pod's node affinity/selector" in text:
+        return f"{count} {nodes} {is_} not of this GPU type", False
+    if "were unschedulable" in text or "node.kubernetes.io/unschedulable" in text:
+        return f"{count} {nodes} {is_} cordoned", False
+    if "node.kubernetes.io/not-ready" in text or "node.kubernetes.io/unreachable" in text:
+        return f"{count} {nodes} {is_} not ready", False
+    if "untolerated taint" in text:
+        return (
+            f"{count} {nodes} {is_} reserved for other work (a taint this server does not tolerate)",
+            False,
+        )
+    return f"{count} {nodes}: {text}", False
+
+
+def explain_unschedulable(
+    message: str, gpu_resources: Iterable[str] = (), gpu_name: str = ""
+) -> Unschedulable:
+    """The scheduler's message in plain words.
+
+    ``"0/5 nodes are available: 2 Insufficient nvidia.com/gpu, 3 node(s) didn't
+    match Pod's node affinity/selector. preemption: …"`` becomes "No node can
+    take this server yet: 2 nodes have too few free NVIDIA A100 GPUs, 3 nodes
+    are not of this GPU type."
+    """
+    resources = set(gpu_resources)
+    head = message.split(". preemption:", 1)[0].strip().rstrip(".")
+    match = re.match(r"^\s*\d+/(\d+) nodes are available:\s*(.*)$", head)
+    if not match:
+        if "no nodes available" in head:
+            return Unschedulable(
+                "The cluster has no node that can run servers yet.", False, message
+            )
+        return Unschedulable(f"The scheduler cannot place this server yet: {head}.", False, message)
+    parts: list[str] = []
+    gpus_short = False
+    for term in match.group(2).split(", "):
+        found = _TERM.match(term)
+        if not found:
+            parts.append(term)
+            continue
+        text, is_gpu = _plain_term(int(found.group(1)), found.group(2), resources, gpu_name)
+        gpus_short = gpus_short or is_gpu
+        parts.append(text)
+    return Unschedulable(
+        f"No node can take this server yet: {', '.join(parts)}.", gpus_short, message
+    )
