@@ -27,6 +27,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -372,11 +373,42 @@ def max_relative_error(got: Any, want: list[list[float]]) -> float:
     return worst / scale
 
 
-def check_visibility(framework: Framework, expected: int, problems: list[str]) -> Check:
+def name_mismatch(framework: Framework, devices: list[Device]) -> str | None:
+    """Whether the framework's GPUs are the models nvidia-smi lists, compared as multisets.
+
+    CUDA orders devices fastest first and nvidia-smi by PCI bus, so only the
+    names as a whole can be compared. MIG devices carry their parent's name in
+    the framework, so listings with MIG are not compared.
+    """
+    if any(d.mig for d in devices):
+        return None
+    try:
+        seen = sorted(framework.gpu_name(i).strip() for i in range(framework.gpu_count()))
+    except Exception as e:  # a framework that cannot name its devices is itself a finding
+        return f"{framework.name} cannot name its GPUs ({type(e).__name__}: {e})"
+    listed = sorted(d.name.strip() for d in devices)
+    if seen != listed:
+        return f"{framework.name} sees {_tally(seen)}; nvidia-smi lists {_tally(listed)}"
+    return None
+
+
+def _tally(names: list[str]) -> str:
+    """'2x NVIDIA A10, 1x Tesla T4': short enough for one report line."""
+    return ", ".join(f"{n}x {name}" for name, n in sorted(Counter(names).items()))
+
+
+def check_visibility(
+    framework: Framework, expected: int, problems: list[str], devices: list[Device] | None = None
+) -> Check:
     seen = framework.gpu_count()
     detail = (
         f"{framework.name} sees {seen} GPU(s), nvidia-smi/NVIDIA_VISIBLE_DEVICES expect {expected}"
     )
+    problems = list(problems)
+    if devices and seen == expected == len(devices):
+        mismatch = name_mismatch(framework, devices)
+        if mismatch:
+            problems.append(mismatch)
     if problems:
         detail += "; " + "; ".join(problems)
     return Check("framework sees exactly the GPUs given", seen == expected and not problems, detail)
@@ -439,7 +471,7 @@ def run_gpu_checks(
         problems.append(f"--expect {expect} but the container was given {expected}")
     if expected == 0 and not smi_error:
         problems.append("no GPU was given to this container (use --cpu for a CPU image)")
-    checks.append(check_visibility(framework, expected, problems))
+    checks.append(check_visibility(framework, expected, problems, devices))
     seen = framework.gpu_count()
     for gpu in range(seen):
         checks.append(check_matmul(framework, gpu))

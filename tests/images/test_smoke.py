@@ -29,15 +29,19 @@ class FakeGPUs(smoke.NumpyFramework):
 
     name = "fake"
 
-    def __init__(self, count: int, broken: frozenset[int] = frozenset(), move_to=None):
+    def __init__(self, count: int, broken: frozenset[int] = frozenset(), move_to=None, names=None):
         super().__init__()
         self.count = count
         self.broken = broken
         self.move_to = move_to
+        self.names = names
         self.calls: list[int | None] = []
 
     def gpu_count(self) -> int:
         return self.count
+
+    def gpu_name(self, index: int) -> str:
+        return self.names[index] if self.names else super().gpu_name(index)
 
     def matmul(self, a, b, gpu):
         self.calls.append(gpu)
@@ -52,6 +56,10 @@ class FakeGPUs(smoke.NumpyFramework):
 
     def move_between(self, values, src, dst):
         return list(values), dst if self.move_to is None else self.move_to
+
+
+def names_of(devices):
+    return [d.name for d in devices if not d.mig]
 
 
 # --- nvidia-smi -L ------------------------------------------------------------------
@@ -155,7 +163,7 @@ def _checks_by_name(checks):
 
 def test_gpu_mode_passes_when_framework_sees_every_listed_gpu():
     devices = smoke.parse_nvidia_smi_list(recorded("list-L__2x-a100-pcie-40gb__insights-core.txt"))
-    fw = FakeGPUs(2)
+    fw = FakeGPUs(2, names=names_of(devices))
     checks = smoke.run_gpu_checks(fw, devices, None, ",".join(d.uuid for d in devices))
     assert all(c.ok for c in checks), checks
     names = [c.name for c in checks]
@@ -164,6 +172,30 @@ def test_gpu_mode_passes_when_framework_sees_every_listed_gpu():
     assert "tensor moves GPU 0 -> GPU 1" in names
     # Every GPU product was compared with a CPU product.
     assert fw.calls.count(None) == 2 and sorted(c for c in fw.calls if c is not None) == [0, 1]
+
+
+def test_gpu_mode_compares_gpu_models_in_any_order():
+    devices = smoke.parse_nvidia_smi_list(recorded("list-L__2xA10-2xT4__570.133.20__nct-1227.txt"))
+    # CUDA orders the fastest first; nvidia-smi by PCI bus.
+    fw = FakeGPUs(4, names=["NVIDIA A10", "NVIDIA A10", "Tesla T4", "Tesla T4"][::-1])
+    assert smoke.run_gpu_checks(fw, devices, None, "all")[0].ok
+
+
+def test_gpu_mode_fails_when_the_framework_sees_other_models():
+    devices = smoke.parse_nvidia_smi_list(recorded("list-L__2xA10-2xT4__570.133.20__nct-1227.txt"))
+    fw = FakeGPUs(4, names=["NVIDIA A10", "NVIDIA A10", "NVIDIA A10", "Tesla T4"])
+    visibility = smoke.run_gpu_checks(fw, devices, None, "all")[0]
+    assert not visibility.ok
+    assert visibility.detail.endswith(
+        "fake sees 3x NVIDIA A10, 1x Tesla T4; nvidia-smi lists 2x NVIDIA A10, 2x Tesla T4"
+    )
+
+
+def test_mig_listings_are_not_compared_by_name():
+    devices = smoke.parse_nvidia_smi_list(recorded("list-L__h100-80gb-hbm3-MIG_590.48.01.txt"))
+    one_mig = [devices[0], devices[1]]
+    fw = FakeGPUs(1, names=["NVIDIA H100 80GB HBM3 MIG 3g.40gb"])
+    assert smoke.run_gpu_checks(fw, one_mig, None, devices[1].uuid)[0].ok
 
 
 def test_gpu_mode_fails_when_framework_sees_fewer_gpus():
@@ -177,7 +209,9 @@ def test_gpu_mode_fails_when_framework_sees_fewer_gpus():
 def test_gpu_mode_fails_on_a_wrong_product():
     devices = smoke.parse_nvidia_smi_list(recorded("list-L__2x-a100-pcie-40gb__insights-core.txt"))
     checks = _checks_by_name(
-        smoke.run_gpu_checks(FakeGPUs(2, frozenset({1})), devices, None, "all")
+        smoke.run_gpu_checks(
+            FakeGPUs(2, frozenset({1}), names=names_of(devices)), devices, None, "all"
+        )
     )
     assert checks["matmul on GPU 0 matches CPU"].ok
     bad = checks["matmul on GPU 1 matches CPU"]
@@ -187,7 +221,9 @@ def test_gpu_mode_fails_on_a_wrong_product():
 
 def test_gpu_mode_fails_when_a_tensor_lands_on_the_wrong_gpu():
     devices = smoke.parse_nvidia_smi_list(recorded("list-L__2x-a100-pcie-40gb__insights-core.txt"))
-    checks = _checks_by_name(smoke.run_gpu_checks(FakeGPUs(2, move_to=0), devices, None, "all"))
+    checks = _checks_by_name(
+        smoke.run_gpu_checks(FakeGPUs(2, move_to=0, names=names_of(devices)), devices, None, "all")
+    )
     assert not checks["tensor moves GPU 0 -> GPU 1"].ok
 
 
@@ -206,8 +242,9 @@ def test_gpu_mode_reports_a_broken_nvidia_smi():
 
 def test_expect_option_must_match():
     devices = smoke.parse_nvidia_smi_list(recorded("list-L__h200_590.48.01.txt"))
-    assert all(c.ok for c in smoke.run_gpu_checks(FakeGPUs(1), devices, None, "all", expect=1))
-    checks = smoke.run_gpu_checks(FakeGPUs(1), devices, None, "all", expect=2)
+    fw = FakeGPUs(1, names=names_of(devices))
+    assert all(c.ok for c in smoke.run_gpu_checks(fw, devices, None, "all", expect=1))
+    checks = smoke.run_gpu_checks(fw, devices, None, "all", expect=2)
     assert not checks[0].ok and "--expect 2" in checks[0].detail
 
 
@@ -271,7 +308,11 @@ def test_naive_matmul_agrees_with_numpy():
 def test_report_fits_one_screen_and_names_failures():
     devices = smoke.parse_nvidia_smi_list(recorded("list-L__8x-quadro-rtx-8000__insights-core.txt"))
     report = smoke.build_report(
-        "gpu", FakeGPUs(8, frozenset({5})), devices, None, {"NVIDIA_VISIBLE_DEVICES": "all"}
+        "gpu",
+        FakeGPUs(8, frozenset({5}), names=names_of(devices)),
+        devices,
+        None,
+        {"NVIDIA_VISIBLE_DEVICES": "all"},
     )
     text = smoke.render_report(report)
     lines = text.splitlines()
