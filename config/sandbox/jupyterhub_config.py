@@ -1,0 +1,47 @@
+# JupyterHub configuration for the local GPU cluster (gpuspawner-sandbox demo
+# and the end-to-end tests). It is loaded after a generated preamble that sets
+# the loopback addresses, ports, proxy, database and the demo login; see
+# gpuspawner/sandbox/hubprocess.py and gpuspawner/sandbox/demo.py.
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from gpuspawner import check_catalog
+
+c = get_config()  # noqa: F821
+
+here = Path(__file__).resolve().parent
+
+c.JupyterHub.spawner_class = "gpu"
+c.GPUSpawner.catalog_file = os.environ.get("GPUSPAWNER_CATALOG", str(here / "catalog.yaml"))
+
+# The hub runs outside the cluster with the kubeconfig of its service account
+# (KUBECONFIG, bound only to config/rbac.yaml); notebooks reach it on loopback.
+c.KubeSpawner.namespace = "jupyterhub"
+c.JupyterHub.hub_connect_ip = "127.0.0.1"
+# Images are recorded, not pulled: the local kubelet runs the container's
+# command on this machine, so it must be given (the image's CMD is not known).
+singleuser = shutil.which("jupyterhub-singleuser") or str(
+    Path(sys.executable).parent / "jupyterhub-singleuser"
+)
+c.KubeSpawner.cmd = [singleuser]
+c.KubeSpawner.args = [
+    "--ServerApp.default_url=/lab",
+    # language-server autodetection runs npm on every start; nothing here needs it
+    "--LanguageServerManager.autodetect=False",
+]
+# The local kubelet runs pods as this machine's user (root in CI), not as the
+# image's jovyan: Jupyter refuses to run as root unless told.
+if os.geteuid() == 0:
+    c.KubeSpawner.args.append("--allow-root")
+c.KubeSpawner.storage_pvc_ensure = False
+c.KubeSpawner.start_timeout = 180
+c.KubeSpawner.http_timeout = 60
+# No Services: their endpoints would be loopback pod IPs, which the API refuses.
+c.KubeSpawner.services_enabled = False
+
+c.JupyterHub.load_groups = {"students": {"users": ["student"]}}
+c.JupyterHub.admin_users = {"admin"}
+
+check_catalog(c)

@@ -1,0 +1,196 @@
+"""The local GPU cluster with a JupyterHub in front of it: the project's main command.
+
+    make demo            (or: gpuspawner-sandbox demo)
+
+Builds the control plane if needed, starts it with the local kubelet and its
+emulated GPU nodes, gives the hub the service account of config/rbac.yaml,
+and runs JupyterHub with GPUSpawner and configurable-http-proxy on
+127.0.0.1. Ctrl-C stops everything. The end-to-end tests start the same stack
+through :class:`SandboxStack`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+from . import build
+from .cli import start_kubelet, stop_kubelet
+from .controlplane import ControlPlane, ControlPlaneError
+from .hubprocess import REPO, Hub, proxy_command, start_hub
+
+HUB_NAMESPACE = "jupyterhub"
+HUB_SERVICE_ACCOUNT = "gpuspawner-hub"
+RBAC_MANIFEST = REPO / "config" / "rbac.yaml"
+SANDBOX_HUB_CONFIG = REPO / "config" / "sandbox" / "jupyterhub_config.py"
+DEMO_PASSWORD = "gpu"
+
+
+class SandboxStack:
+    """Control plane + local kubelet + a hub whose only cluster access is its service account."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        topology: Path | None = None,
+        catalog: Path | None = None,
+        extra_hub_config: str = "",
+        public_port: int | None = None,
+        binary: Path | None = None,
+    ):
+        self.state_dir = state_dir.resolve()
+        self.topology = topology
+        self.catalog = catalog
+        self.extra_hub_config = extra_hub_config
+        self.public_port = public_port
+        self.binary = binary
+        self.control_plane: ControlPlane | None = None
+        self.hub: Hub | None = None
+        self.hub_kubeconfig: Path | None = None
+        self._token: str | None = None
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.state_dir / "kubelet"
+
+    def start_cluster(self) -> None:
+        cp = ControlPlane(self.state_dir, self.binary or build.build(out=sys.stderr))
+        self.control_plane = cp
+        cp.start()
+        start_kubelet(self.state_dir, cp.admin_kubeconfig, self.topology)
+        cp.apply_manifests(RBAC_MANIFEST)
+        cp.wait_for_service_account(HUB_NAMESPACE, HUB_SERVICE_ACCOUNT)
+        self.hub_kubeconfig = cp.service_account_kubeconfig(HUB_NAMESPACE, HUB_SERVICE_ACCOUNT)
+
+    def start_hub(self, timeout: float = 90) -> Hub:
+        """Start (or restart: same database, same token) the hub."""
+        assert self.hub_kubeconfig is not None, "start_cluster() first"
+        env = {"KUBECONFIG": str(self.hub_kubeconfig)}
+        if self.catalog is not None:
+            env["GPUSPAWNER_CATALOG"] = str(self.catalog)
+        extra = (
+            f"c.DummyAuthenticator.password = {DEMO_PASSWORD!r}\n"
+            f"load_subconfig({str(SANDBOX_HUB_CONFIG)!r})\n{self.extra_hub_config}"
+        )
+        hub = start_hub(
+            self.state_dir / "hub",
+            extra_config=extra,
+            env=env,
+            timeout=timeout,
+            public_port=self.public_port,
+            token=self._token,
+        )
+        if hub.process.poll() is not None:
+            raise ControlPlaneError(
+                f"JupyterHub exited during start; its log:\n{hub.log()[-3000:]}"
+            )
+        self._token = hub.token
+        self.public_port = int(hub.public_url.rsplit(":", 1)[1])
+        self.hub = hub
+        return hub
+
+    def stop_hub(self) -> None:
+        if self.hub is not None:
+            self.hub.stop()
+            self.hub = None
+
+    def stop(self) -> None:
+        """Stop the hub (its servers' pods stay, as in a real hub restart), the kubelet, the control plane."""
+        self.stop_hub()
+        stop_kubelet(self.state_dir)
+        if self.control_plane is not None:
+            self.control_plane.stop()
+
+    def __enter__(self) -> SandboxStack:
+        try:
+            self.start_cluster()
+            self.start_hub()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def _prerequisites() -> str | None:
+    try:
+        build.find_go()
+        proxy_command()
+    except (build.BuildError, RuntimeError) as e:
+        return str(e)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpuspawner-sandbox demo",
+        description="Start the local GPU cluster and a JupyterHub with GPUSpawner in front of it.",
+    )
+    parser.add_argument("--state-dir", type=Path, default=REPO / ".cache" / "sandbox" / "demo")
+    parser.add_argument("--port", type=int, default=8000, help="the hub's port on 127.0.0.1")
+    parser.add_argument("--topology", type=Path, default=None, help="GPU node topology YAML")
+    parser.add_argument(
+        "--catalog",
+        type=Path,
+        default=None,
+        help="catalog YAML (default config/sandbox/catalog.yaml)",
+    )
+    args = parser.parse_args(argv)
+
+    problem = _prerequisites()
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
+    stack = SandboxStack(
+        args.state_dir, topology=args.topology, catalog=args.catalog, public_port=args.port
+    )
+    started = time.monotonic()
+    try:
+        print(
+            "Starting the local GPU cluster (etcd, kube-apiserver, scheduler, controller manager, kubelet)…",
+            flush=True,
+        )
+        stack.start_cluster()
+        print(
+            f"Cluster ready in {time.monotonic() - started:.0f}s; starting JupyterHub…", flush=True
+        )
+        hub = stack.start_hub()
+    except (ControlPlaneError, build.BuildError, RuntimeError) as e:
+        print(f"The demo could not start: {e}", file=sys.stderr)
+        stack.stop()
+        return 1
+    except KeyboardInterrupt:
+        stack.stop()
+        return 130
+    print(
+        f"\nJupyterHub with GPUSpawner is running at {hub.public_url}/\n"
+        f"Log in as any user name with the password '{DEMO_PASSWORD}' ('admin' has no GPU limit,\n"
+        "'student' may use 1 A100), pick 'PyTorch' with 2 × NVIDIA A100, and open a terminal:\n"
+        "`nvidia-smi` lists the two GPUs the cluster allocated to you.\n"
+        f"Cluster: export KUBECONFIG={stack.control_plane.admin_kubeconfig}\n"
+        "Press Ctrl-C to stop everything.",
+        flush=True,
+    )
+    try:
+        while hub.process.poll() is None:
+            time.sleep(1)
+        print(
+            f"JupyterHub exited; its log is {hub.log_path}. Stopping the cluster.", file=sys.stderr
+        )
+        return 1
+    except KeyboardInterrupt:
+        print("\nStopping JupyterHub, the kubelet and the control plane…", flush=True)
+        return 0
+    finally:
+        with contextlib.suppress(Exception):
+            stack.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
