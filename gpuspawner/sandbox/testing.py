@@ -124,32 +124,61 @@ def _hex_to_ip(hex_addr: str) -> str:
     return str(ipaddress.ip_address(b"".join(words)))
 
 
-def listening_addresses(pid: int) -> list[tuple[str, int]]:
-    """(address, port) of every TCP socket the process listens on (Linux /proc)."""
+def _split(hex_endpoint: str) -> tuple[str, int]:
+    addr, port = hex_endpoint.rsplit(":", 1)
+    return _hex_to_ip(addr), int(port, 16)
+
+
+def sockets(pid: int) -> list[dict]:
+    """Every TCP and UDP socket the process holds, from Linux's /proc tables.
+
+    Each is ``{"proto", "local": (ip, port), "remote": (ip, port), "state"}``;
+    an unconnected socket's remote is ``("0.0.0.0", 0)`` (or ``("::", 0)``).
+    """
     inodes = _socket_inodes(pid)
     found = []
-    for table in ("tcp", "tcp6"):
+    for table in ("tcp", "tcp6", "udp", "udp6"):
         try:
             lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
         except OSError:
             continue
         for line in lines:
             fields = line.split()
-            local, state, inode = fields[1], fields[3], int(fields[9])
-            if state == "0A" and inode in inodes:  # 0A = LISTEN
-                addr, port = local.rsplit(":", 1)
-                found.append((_hex_to_ip(addr), int(port, 16)))
+            if int(fields[9]) in inodes:
+                found.append(
+                    {
+                        "proto": table,
+                        "local": _split(fields[1]),
+                        "remote": _split(fields[2]),
+                        "state": fields[3],
+                    }
+                )
     return found
 
 
-def processes_mentioning(text: str) -> list[int]:
-    """Pids of live processes whose command line contains text (a state dir, say)."""
-    pids = []
-    needle = text.encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            if needle in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-    return pids
+def listening_addresses(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket the process listens on (Linux /proc)."""
+    return [s["local"] for s in sockets(pid) if s["proto"].startswith("tcp") and s["state"] == "0A"]
+
+
+def stays_on_loopback(sock: dict) -> bool:
+    """Whether a socket from :func:`sockets` is bound and connected within 127.0.0.0/8 (or ::1).
+
+    An unconnected socket's remote (the unspecified address, port 0) is fine.
+    """
+    import ipaddress
+
+    def loopback(endpoint: tuple[str, int], unconnected_ok: bool) -> bool:
+        ip = ipaddress.ip_address(endpoint[0])
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+            ip = ip.ipv4_mapped
+        if unconnected_ok and ip.is_unspecified and endpoint[1] == 0:
+            return True
+        return ip.is_loopback
+
+    return loopback(sock["local"], False) and loopback(sock["remote"], True)
+
+
+def non_loopback_sockets(pid: int) -> list[dict]:
+    """The process's sockets bound or connected anywhere outside loopback."""
+    return [s for s in sockets(pid) if not stays_on_loopback(s)]

@@ -89,6 +89,8 @@ def test_every_component_listens_on_loopback_only(control_plane):
         assert addresses, f"{name} listens on nothing"
         for address, port in addresses:
             assert address.startswith("127."), f"{name} listens on {address}:{port}"
+        # ...and is bound or connected to nothing else either.
+        assert testing.non_loopback_sockets(proc.pid) == [], name
 
 
 def test_admin_kubeconfig_is_cluster_admin(control_plane):
