@@ -398,6 +398,8 @@ class PodRunner:
         if "HOME" in env and not Path(env["HOME"]).is_dir():
             final_env["HOME"] = str(home)
         final_env["PATH"] = os.pathsep.join([*path_dirs, base_path])
+        if final_env["HOME"] == str(home):
+            write_login_profile(home, final_env["PATH"])
 
         argv = ct.container_argv(spec, final_env)
         argv, final_env = ct.confine_to_pod_ip(argv, final_env, self.pod_ip)
@@ -760,6 +762,20 @@ async def run_probe(probe: dict, container: dict, pod_ip: str, timeout: float) -
     except (OSError, asyncio.TimeoutError, ValueError):
         return False
     return True
+
+
+def write_login_profile(home: Path, path: str) -> None:
+    """Keep the container's PATH in login shells (Jupyter terminals run ``sh -l``).
+
+    In a container, /etc/profile is the image's and nvidia-smi sits in /usr/bin;
+    here /etc/profile is the host's and resets PATH, which would hide the
+    injected nvidia-smi. The per-pod HOME's .profile puts the container's PATH back.
+    """
+    (home / ".profile").write_text(
+        "# Written by the gpuspawner sandbox kubelet: restore the container's PATH\n"
+        "# (the host's /etc/profile, read by login shells, resets it).\n"
+        f"export PATH={shlex.quote(path)}\n"
+    )
 
 
 def write_smi_wrapper(path: Path, state_file: Path) -> None:

@@ -187,7 +187,9 @@ def test_gpu_pod_sees_exactly_its_two_gpus(kubelet, namespace):
     api = kubelet["api"]
     script = (
         'echo "VISIBLE=$NVIDIA_VISIBLE_DEVICES"; nvidia-smi -L; '
-        "nvidia-smi --query-gpu=uuid --format=csv,noheader; echo IP=$(POD_IP)"
+        "nvidia-smi --query-gpu=uuid --format=csv,noheader; echo IP=$(POD_IP); "
+        # A Jupyter terminal is a login shell, which reads the host's /etc/profile.
+        "sh -lc 'echo LOGIN-SHELL-GPUS=$(nvidia-smi -L | wc -l)'"
     )
     create_pod(
         api,
@@ -223,6 +225,7 @@ def test_gpu_pod_sees_exactly_its_two_gpus(kubelet, namespace):
     assert listed == visible
     assert [line for line in out if line.startswith("GPU-")] == visible
     assert f"IP={pod_ip}" in out
+    assert "LOGIN-SHELL-GPUS=2" in out
     status = pod["status"]["containerStatuses"][0]
     assert status["state"]["terminated"]["exitCode"] == 0
     assert status["image"] == "nvidia/cuda:12.4.1-base"
