@@ -257,6 +257,8 @@ class TorchFramework(Framework):
         tb = self.torch.tensor(b, dtype=self.torch.float32, device=device)
         out = ta @ tb
         if gpu is not None:
+            if out.device.index != gpu:
+                raise SmokeTestError(f"the product ran on {out.device}, not GPU {gpu}")
             self.torch.cuda.synchronize(gpu)
         return out.cpu().tolist()
 
@@ -282,6 +284,8 @@ class TensorFlowFramework(Framework):
         self.version = tf.__version__
         self.cuda = tf.sysconfig.get_build_info().get("cuda_version", "")
         tf.config.experimental.enable_tensor_float_32_execution(False)
+        # Never let TensorFlow quietly run a "GPU" product on the CPU.
+        tf.config.set_soft_device_placement(False)
 
     def gpu_count(self) -> int:
         return len(self.tf.config.list_physical_devices("GPU"))
@@ -298,6 +302,8 @@ class TensorFlowFramework(Framework):
                 self.tf.constant(a, dtype=self.tf.float32),
                 self.tf.constant(b, dtype=self.tf.float32),
             )
+        if gpu is not None and not out.device.endswith(f"GPU:{gpu}"):
+            raise SmokeTestError(f"the product ran on {out.device}, not GPU {gpu}")
         return out.numpy().tolist()
 
 
