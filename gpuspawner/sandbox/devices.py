@@ -85,6 +85,14 @@ def validate_fault(fault: Fault) -> None:
         raise ValueError(f"The {fault.kind!r} fault applies to a whole node, not to one GPU.")
 
 
+def effective_driver(node: str, configured: str, faults: list[Fault]) -> str:
+    """The driver a node really runs: its configured one unless "driver-too-old" is injected."""
+    for f in faults:
+        if f.node == node and f.gpu is None and f.kind == "driver-too-old":
+            return f.value or DEFAULT_OLD_DRIVER
+    return configured
+
+
 def faults_path(state_dir: Path | str) -> Path:
     return Path(state_dir) / FAULTS_FILE
 

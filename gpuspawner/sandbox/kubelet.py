@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import ipaddress
 import json
@@ -46,6 +47,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from . import containers as ct
 from .devices import (
     DevicePool,
+    effective_driver,
     faults_path,
     load_faults,
 )
@@ -95,6 +97,8 @@ class Kubelet:
         self.state_dir = Path(state_dir)
         self.nodes = {n.name: n for n in topology.nodes}
         self.pools = {n.name: DevicePool(n) for n in topology.nodes}
+        self.drivers = {n.name: n.driver for n in topology.nodes}
+        self._relabel: set[str] = set()
         self.addresses = AddressPool(pod_ip_range)
         self.backoff_initial = backoff_initial
         self.runners: dict[str, PodRunner] = {}
@@ -222,7 +226,7 @@ class Kubelet:
             "kind": "Node",
             "metadata": {
                 "name": node.name,
-                "labels": node_labels(node),
+                "labels": self.labels(node),
                 "annotations": {"gpuspawner.io/sandbox-node": "true"},
             },
             "spec": {"taints": node_taints(node)},
@@ -321,7 +325,16 @@ class Kubelet:
         changed = False
         for pool in self.pools.values():
             changed |= pool.set_faults(faults)
+        for name, node in self.nodes.items():
+            driver = effective_driver(name, node.driver, faults)
+            if driver != self.drivers[name]:
+                self.drivers[name] = driver
+                self._relabel.add(name)
         return changed
+
+    def labels(self, node: NodeSpec) -> dict[str, str]:
+        """The node's labels as GFD would set them for the driver it really runs."""
+        return node_labels(dataclasses.replace(node, driver=self.drivers[node.name]))
 
     async def _fault_loop(self) -> None:
         while True:
@@ -329,6 +342,16 @@ class Kubelet:
             if self._check_faults():
                 log.info("device health changed; updating node allocatable")
                 await self._post_all_node_status()
+            while self._relabel:
+                # GPU feature discovery relabels a node whose driver changed.
+                name = self._relabel.pop()
+                labels = {k: v for k, v in self.labels(self.nodes[name]).items() if "cuda" in k}
+                try:
+                    await self.core.patch_node(
+                        name, {"metadata": {"labels": labels}}, _content_type=MERGE_PATCH
+                    )
+                except ApiException as e:
+                    log.warning("relabelling node %s failed: %s", name, e.reason)
 
     # -- pods --
 

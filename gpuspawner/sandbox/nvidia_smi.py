@@ -31,7 +31,7 @@ from typing import TextIO
 
 import yaml
 
-from .devices import DEFAULT_OLD_DRIVER, Fault, load_faults
+from .devices import Fault, effective_driver, load_faults
 from .topology import GPU_MODELS, GPUModel, cuda_version_for
 
 STATE_ENV = "GPUSPAWNER_SANDBOX_SMI_STATE"
@@ -125,15 +125,10 @@ class View:
 def build_view(state: dict, faults: list[Fault]) -> View:
     """Apply the injected faults to a container's device state."""
     node = state["node"]
-    driver = state["driver"]
-    loaded = True
-    for f in faults:
-        if f.node != node or f.gpu is not None:
-            continue
-        if f.kind == "driver-too-old":
-            driver = f.value or DEFAULT_OLD_DRIVER
-        elif f.kind == "driver-not-loaded":
-            loaded = False
+    driver = effective_driver(node, state["driver"], faults)
+    loaded = not any(
+        f.node == node and f.gpu is None and f.kind == "driver-not-loaded" for f in faults
+    )
     gpus = []
     for g in state["gpus"]:
         mine = [f for f in faults if f.matches(node, g["index"], g["uuid"])]

@@ -7,6 +7,7 @@ from gpuspawner.sandbox.devices import (
     DevicePool,
     Fault,
     clear_faults,
+    effective_driver,
     faults_path,
     inject_fault,
     load_faults,
@@ -167,3 +168,10 @@ def test_cli(tmp_path, capsys):
     )
     assert devices_cli(["clear", "--state-dir", str(tmp_path)]) == 0
     assert load_faults(faults_path(tmp_path)) == []
+
+
+def test_effective_driver():
+    faults = [Fault("n1", "driver-too-old", value="535.104.12"), Fault("n2", "driver-too-old")]
+    assert effective_driver("n1", "580.95.05", faults) == "535.104.12"
+    assert effective_driver("n2", "580.95.05", faults) == "470.82.01"
+    assert effective_driver("n3", "580.95.05", faults) == "580.95.05"

@@ -514,3 +514,27 @@ def test_server_binding_all_addresses_listens_on_its_pod_ip_only(kubelet, namesp
     assert pids
     listening = {addr for pid in pids for addr in testing.listening_addresses(pid)}
     assert listening == {(pod_ip, 8888)}
+
+
+def test_old_driver_is_relabelled_as_gpu_feature_discovery_would(kubelet):
+    api = kubelet["api"]
+
+    def driver_major():
+        return api.get(f"/api/v1/nodes/{MIG_NODE}")["metadata"]["labels"][
+            "nvidia.com/cuda.driver.major"
+        ]
+
+    assert driver_major() == "580"
+    try:
+        inject_fault(kubelet["state"], Fault(MIG_NODE, "driver-too-old", value="535.104.12"))
+        wait_for("the driver labels to follow the driver", lambda: driver_major() == "535")
+        labels = api.get(f"/api/v1/nodes/{MIG_NODE}")["metadata"]["labels"]
+        assert labels["nvidia.com/cuda.runtime.major"] == "12"
+        # Driver faults do not make the device plugin withdraw anything.
+        assert (
+            api.get(f"/api/v1/nodes/{MIG_NODE}")["status"]["allocatable"]["nvidia.com/mig-1g.10gb"]
+            == "2"
+        )
+    finally:
+        clear_faults(kubelet["state"], MIG_NODE)
+    wait_for("the labels to recover", lambda: driver_major() == "580")
