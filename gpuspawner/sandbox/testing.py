@@ -182,3 +182,16 @@ def stays_on_loopback(sock: dict) -> bool:
 def non_loopback_sockets(pid: int) -> list[dict]:
     """The process's sockets bound or connected anywhere outside loopback."""
     return [s for s in sockets(pid) if not stays_on_loopback(s)]
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids of live processes whose command line contains text (a state dir, say)."""
+    pids = []
+    needle = text.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if needle in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+    return pids
