@@ -11,10 +11,14 @@ clients all work unchanged.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .admission import figures_label
 from .catalog import Catalog, GPUType, ImageSpec
 from .limits import format_units
+
+if TYPE_CHECKING:
+    from .inventory.model import Availability
 
 _EPSILON = 1e-9
 
@@ -46,10 +50,25 @@ def offered_counts(
     return sorted(counts)
 
 
+def _count_mark(n: int, types: list[GPUType], availability: Mapping[str, Availability]) -> str:
+    """Empty when some offered type can take ``n`` GPUs on one node now, else why not."""
+    figures = [availability[t.key] for t in types if t.key in availability]
+    if n == 0 or not figures or any(f.fits_now(n) for f in figures):
+        return ""
+    return "not free now"
+
+
+def _fits_ever(n: int, gpu_type: GPUType, availability: Mapping[str, Availability] | None) -> bool:
+    if availability is None or gpu_type.key not in availability:
+        return True
+    return availability[gpu_type.key].fits_ever(n)
+
+
 def build_profile_list(
     catalog: Catalog,
     room: Mapping[str, float | None] | None = None,
     held_summary: str = "",
+    availability: Mapping[str, Availability] | None = None,
 ) -> list[dict[str, Any]]:
     """A KubeSpawner ``profile_list`` for the catalog.
 
@@ -57,7 +76,12 @@ def build_profile_list(
     may take (None: unlimited); types with no room left are not offered, and
     only counts that fit are. ``held_summary`` (e.g. "You are using 2 of your
     2 GPUs.") is shown on profiles whose GPU choices it removed.
+
+    ``availability`` (GPU type key to live cluster figures) adds "N free of M
+    (at most K on one node)" to each type, leaves out counts no node of any
+    offered type could ever hold, and marks counts none can hold now.
     """
+
     profiles = []
     for key, image in catalog.images.items():
         types = catalog.types_for_image(image)
@@ -69,6 +93,16 @@ def build_profile_list(
             or room[t.key] + _EPSILON >= min(catalog.counts_for_type(t))
         ]
         counts = offered_counts(image, catalog, room)
+        if availability is not None:
+            counts = [
+                n
+                for n in counts
+                if n == 0
+                or any(
+                    n in catalog.counts_for_type(t) and _fits_ever(n, t, availability)
+                    for t in usable_types
+                )
+            ]
         description = image.description
         if room is not None and len(usable_types) < len(types) and held_summary:
             description = f"{description} {held_summary}".strip()
@@ -83,8 +117,11 @@ def build_profile_list(
         is_default = key == catalog.defaults.image
         type_choices = {}
         for t in usable_types:
+            label = _type_label(t)
+            if availability is not None and t.key in availability:
+                label = f"{label} \u2014 {figures_label(availability[t.key])}"
             type_choices[t.key] = {
-                "display_name": _type_label(t),
+                "display_name": label,
                 "default": is_default and t.key == catalog.defaults.gpu_type,
             }
         if type_choices and not any(c["default"] for c in type_choices.values()):
@@ -93,9 +130,13 @@ def build_profile_list(
         default_count = catalog.defaults.gpus if is_default else counts[0]
         if default_count not in counts:
             default_count = counts[0]
-        count_choices = {
-            str(n): {"display_name": _count_label(n), "default": n == default_count} for n in counts
-        }
+        count_choices = {}
+        for n in counts:
+            label = _count_label(n)
+            mark = _count_mark(n, usable_types, availability) if availability is not None else ""
+            if mark:
+                label = f"{label} ({mark})"
+            count_choices[str(n)] = {"display_name": label, "default": n == default_count}
 
         profile: dict[str, Any] = {
             "display_name": image.display_name,

@@ -14,18 +14,22 @@ unknown profile option choice is a readable 400 instead of a ``KeyError``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import inspect
 import json
+import time
 import weakref
 from typing import Any
 
 from jupyterhub.spawner import SpawnException
 from kubespawner import KubeSpawner
-from traitlets import Bool, Dict, List, Unicode, observe
+from traitlets import Bool, Dict, Float, List, Unicode, observe
 
-from . import labels, limits, podspec, profiles
+from . import admission, labels, limits, podspec, profiles
 from .catalog import Catalog, CatalogError, CatalogFile, parse_catalog
+from .inventory import figures as inventory_figures
+from .inventory.model import Availability
 from .options import Refusal, Selection, ignored_options, resolve_selection
 
 
@@ -39,6 +43,10 @@ def spawn_error(message: str, *, reason: str, status: int, log_message: str = ""
 
 class GPUCheckFailed(Exception):
     """The validation init container reported broken or missing GPUs."""
+
+
+class GPUUnschedulable(Exception):
+    """The scheduler found too few free GPUs for the pod for too long."""
 
 
 class GPUSpawner(KubeSpawner):
@@ -99,6 +107,62 @@ class GPUSpawner(KubeSpawner):
         """,
     ).tag(config=True)
 
+    gpu_inventory_enabled = Bool(
+        True,
+        help="""
+        Keep a live inventory of the cluster's GPUs (one watch of nodes and one
+        of pods per hub, shared by all servers) to show free GPUs per type on
+        the spawn form and to refuse requests no node can hold.
+
+        Needs cluster-wide list/watch on nodes and pods (the ClusterRole in
+        config/rbac.yaml). Without them the hub logs one warning naming the
+        missing permission and works without figures.
+        """,
+    ).tag(config=True)
+
+    gpu_inventory_all_namespaces = Bool(
+        True,
+        help="""
+        Count the GPUs held by pods in every namespace (other hubs, batch jobs),
+        not only in the hub's own. Turn off only if GPU nodes run nothing but
+        this hub's servers and the hub may not watch pods cluster-wide.
+        """,
+    ).tag(config=True)
+
+    gpu_queue_enabled = Bool(
+        False,
+        help="""
+        What happens to a GPU request no node can hold right now (but one
+        could, once GPUs are freed). False (the default): it is refused at once
+        with the current figures. True: it waits in the hub, first come first
+        served per GPU type, with a progress message naming its place, for at
+        most ``gpu_queue_timeout`` seconds; no pod exists while it waits.
+
+        A request larger than any node can ever hold is always refused.
+        """,
+    ).tag(config=True)
+
+    gpu_queue_timeout = Float(
+        300,
+        help="""
+        The longest a queued GPU request waits for free GPUs, in seconds
+        (with ``gpu_queue_enabled``). Keep it below ``start_timeout`` minus the
+        time a server needs to start, or the hub's own timeout ends the wait
+        with a less helpful message.
+        """,
+    ).tag(config=True)
+
+    gpu_unschedulable_timeout = Float(
+        60,
+        help="""
+        How long a GPU pod may stay unschedulable for lack of free GPUs
+        (the scheduler's "Insufficient nvidia.com/gpu") before the spawn fails
+        with the scheduler's reason and the pod is deleted, in seconds. Keep it
+        well under ``start_timeout``. While it waits, the progress page shows
+        the reason in plain words. 0 turns fast failure off.
+        """,
+    ).tag(config=True)
+
     # Shared by every spawner in the hub process: one lock per user name (and
     # per pooled group) so that admission (count, check, reserve) of that
     # user's concurrent requests runs one at a time; reservations cover
@@ -114,7 +178,14 @@ class GPUSpawner(KubeSpawner):
     _parsed_catalog: Catalog | None = None
     _admin_values: dict[str, Any] | None = None
 
+    _wait_queue = admission.WaitQueue()
+    _gpu_mock: bool = False
+    _queue_message: str = ""
+    _unschedulable: admission.Unschedulable | None = None
+    _unschedulable_since: float | None = None
+
     def __init__(self, *args: Any, **kwargs: Any):
+        self._gpu_mock = bool(kwargs.get("_mock", False))
         super().__init__(*args, **kwargs)
         if self.gpu_catalog_configured:
             if self.trait_has_value("profile_list") and self.profile_list not in ([], None):
@@ -256,12 +327,123 @@ class GPUSpawner(KubeSpawner):
                 selection=selection,
                 holdings=holdings,
             )
+            verdict = await self._check_capacity(catalog, selection)
             self._reservations[(self.user.name, self.name)] = limits.holding_for(
                 self.user.name, self.name, selection, pools
             )
         finally:
             for lock in reversed(held_locks):
                 lock.release()
+        if verdict.wait:
+            await self._wait_for_gpus(catalog, selection)
+
+    # ------------------------------------------------------------------
+    # cluster capacity
+    # ------------------------------------------------------------------
+
+    def gpu_inventory(self):
+        """The hub's shared GPU inventory reflector, or None when it is off."""
+        if self._gpu_mock or not self.gpu_inventory_enabled or not self.gpu_catalog_configured:
+            return None
+        from kubespawner.clients import shared_client
+
+        from .inventory.reflectors import InventoryReflector, shared_reflector
+
+        def create() -> InventoryReflector:
+            return InventoryReflector(
+                shared_client("CoreV1Api"),
+                namespace=self.namespace,
+                all_namespaces=self.gpu_inventory_all_namespaces,
+                extra_resources=self._gpu_resource_names(),
+                log=self.log,
+            )
+
+        return shared_reflector(create)
+
+    def gpu_availability(self, catalog: Catalog) -> dict[str, Availability] | None:
+        """Live figures per GPU type of the catalog; None while the inventory is unavailable."""
+        reflector = self.gpu_inventory()
+        if reflector is None or not reflector.ready:
+            return None
+        admin = self._admin_values or {}
+        return inventory_figures.catalog_availability(
+            reflector.inventory,
+            catalog,
+            admin.get("node_selector", self.node_selector),
+            admin.get("tolerations", self.tolerations),
+        )
+
+    def gpu_availability_payload(self) -> dict:
+        """What the availability endpoint answers (see gpuspawner.inventory.web)."""
+        try:
+            catalog = self.load_catalog()
+        except CatalogError:
+            return inventory_figures.availability_payload(None, None, "the catalog is invalid")
+        reflector = self.gpu_inventory()
+        figures = self.gpu_availability(catalog)
+        problem = ""
+        if figures is None:
+            if reflector is None:
+                problem = "the GPU inventory is turned off"
+            elif reflector.missing_permissions:
+                problem = " ".join(reflector.missing_permissions)
+            else:
+                problem = "the GPU inventory is still loading"
+        return inventory_figures.availability_payload(catalog, figures, problem)
+
+    async def _check_capacity(self, catalog: Catalog, selection: Selection) -> admission.Verdict:
+        if not selection.is_gpu or selection.gpu_type is None:
+            return admission.Verdict(wait=False)
+        reflector = self.gpu_inventory()
+        if reflector is None or not await reflector.wait_ready(timeout=10):
+            return admission.Verdict(wait=False)
+        figures = self.gpu_availability(catalog)
+        if figures is None or selection.gpu_type.key not in figures:
+            return admission.Verdict(wait=False)
+        others = inventory_figures.alternatives(
+            catalog, selection.image, selection.gpu_type.key, figures
+        )
+        return admission.check_capacity(
+            selection.gpu_type.display_name,
+            selection.gpus,
+            figures[selection.gpu_type.key],
+            others,
+            queueing=self.gpu_queue_enabled,
+        )
+
+    async def _wait_for_gpus(self, catalog: Catalog, selection: Selection) -> None:
+        """Wait in the hub's queue until a node can take the request (gpu_queue_enabled)."""
+        assert selection.gpu_type is not None
+        reflector = self.gpu_inventory()
+        type_key, name = selection.gpu_type.key, selection.gpu_type.display_name
+        queue = self._wait_queue
+        queue.join(type_key, self, selection.gpus)
+        deadline = time.monotonic() + self.gpu_queue_timeout
+        try:
+            while True:
+                figures = self.gpu_availability(catalog) or {}
+                availability = figures.get(type_key)
+                if availability is None or queue.may_start(type_key, self, availability):
+                    break
+                place, waiting = queue.place(type_key, self)
+                self._queue_message = admission.queue_message(
+                    name, selection.gpus, availability, place, waiting
+                )
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._release_reservation()
+                    raise Refusal(
+                        f"No node had {selection.gpus} free {name} GPUs within "
+                        f"{self.gpu_queue_timeout:.0f} seconds, so the server was not started. "
+                        f"{admission.busy_message(name, selection.gpus, availability, {})}",
+                        status=503,
+                        reason=admission.REASON_NO_CAPACITY,
+                    )
+                await reflector.wait_for_change(timeout=min(remaining, 5))
+        finally:
+            queue.leave(type_key, self)
+            self._queue_message = ""
+        self.log.info("%s leaves the GPU queue for %s", self._log_name, name)
 
     def _release_reservation(self) -> None:
         self._reservations.pop((self.user.name, self.name), None)
@@ -271,18 +453,36 @@ class GPUSpawner(KubeSpawner):
         catalog = self.load_catalog()
         groups = self._group_names()
         pools = limits.pool_groups_for(catalog.limits, groups)
+        reflector = self.gpu_inventory()
+        if reflector is not None:
+            # Only the hub's first form waits: the watches start with it.
+            await reflector.wait_ready(timeout=3)
         try:
             holdings = await self.current_holdings(catalog, every_user=bool(pools))
         except Exception as e:
             self.log.warning("Showing all GPU choices: could not read current GPU usage: %s", e)
-            return profiles.build_profile_list(catalog)
+            return profiles.build_profile_list(catalog, availability=self.gpu_availability(catalog))
         room = limits.remaining(catalog, self.user.name, groups, self.name, holdings)
         limit = limits.effective_limit(catalog.limits, self.user.name, groups)
         mine = [h for h in holdings if h.user == self.user.name and h.server != self.name]
         summary = profiles.held_summary(
             sum(h.units for h in mine), limit.total, sorted({h.server_label for h in mine})
         )
-        return profiles.build_profile_list(catalog, room, summary)
+        return profiles.build_profile_list(
+            catalog, room, summary, availability=self.gpu_availability(catalog)
+        )
+
+    def _render_options_form(self, profile_list):
+        """KubeSpawner's form, plus the live GPU figures when the inventory has them."""
+        form = super()._render_options_form(profile_list)
+        if not self.gpu_catalog_configured or self.gpu_inventory() is None:
+            return form
+        from .inventory.web import AVAILABILITY_PATH, form_script
+
+        url = f"{self.hub.base_url}{AVAILABILITY_PATH}"
+        if self.name:
+            url += f"?server={self.name}"
+        return form + form_script(self.gpu_availability_payload(), url)
 
     # ------------------------------------------------------------------
     # user options
@@ -455,25 +655,61 @@ class GPUSpawner(KubeSpawner):
     # ------------------------------------------------------------------
 
     def _gpu_check_progress(self) -> str | None:
+        if self._queue_message:
+            return self._queue_message
         reflector = self.pod_reflector
         if reflector is None or self._selection is None or not self._selection.is_gpu:
             return None
         pod = reflector.pods.get(f"{self.namespace}/{self.pod_name}")
         if pod is None:
             return None
+        if self._unschedulable is not None and admission.unschedulable_message(pod):
+            return self._unschedulable_progress()
         from .validation.podstatus import describe_waiting
 
         return describe_waiting(pod)
 
+    def _unschedulable_progress(self) -> str:
+        assert self._unschedulable is not None
+        message = self._unschedulable.message
+        if self._unschedulable.insufficient_gpus and self.gpu_unschedulable_timeout > 0:
+            waited = time.monotonic() - (self._unschedulable_since or time.monotonic())
+            left = max(self.gpu_unschedulable_timeout - waited, 0)
+            message += f" Giving up in {left:.0f} s unless GPUs are freed."
+        return message
+
     async def progress(self):
-        """KubeSpawner's progress events, plus what the GPU check is doing."""
+        """KubeSpawner's progress events, plus the queue, the scheduler's reason and the GPU check.
+
+        KubeSpawner yields only when a Kubernetes event arrives; the queue and
+        a pod the scheduler cannot place produce none, so our messages are
+        checked every second as well.
+        """
         last = None
-        async for event in super().progress():
-            yield event
-            message = self._gpu_check_progress()
-            if message and message != last:
-                last = message
-                yield {"progress": event.get("progress", 50), "message": message}
+        percent = 0
+        events = super().progress().__aiter__()
+        next_event = asyncio.ensure_future(events.__anext__())
+        try:
+            while True:
+                done, _ = await asyncio.wait({next_event}, timeout=1)
+                if next_event in done:
+                    try:
+                        event = next_event.result()
+                    except StopAsyncIteration:
+                        break
+                    percent = event.get("progress", percent)
+                    yield event
+                    next_event = asyncio.ensure_future(events.__anext__())
+                message = self._gpu_check_progress()
+                if message and message != last:
+                    last = message
+                    yield {"progress": percent or 10, "message": message}
+        finally:
+            next_event.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+                await next_event
+            with contextlib.suppress(RuntimeError):
+                await events.aclose()
 
     def is_pod_running(self, pod: dict | None) -> bool:
         if pod is not None and self._selection is not None and self._selection.is_gpu:
@@ -482,7 +718,30 @@ class GPUSpawner(KubeSpawner):
             reason = check_failure(pod)
             if reason:
                 raise GPUCheckFailed(reason)
+            self._watch_scheduling(pod)
         return super().is_pod_running(pod)
+
+    def _watch_scheduling(self, pod: dict) -> None:
+        """Follow the scheduler's verdict on a Pending pod; too long without GPUs fails the spawn."""
+        raw = admission.unschedulable_message(pod)
+        if raw is None:
+            self._unschedulable = None
+            self._unschedulable_since = None
+            return
+        gpu_type = self._selection.gpu_type if self._selection else None
+        name = f"{gpu_type.display_name} GPUs" if gpu_type else ""
+        resources = {gpu_type.resource} if gpu_type else set()
+        self._unschedulable = admission.explain_unschedulable(raw, resources, name)
+        if not self._unschedulable.insufficient_gpus:
+            self._unschedulable_since = None
+            return
+        now = time.monotonic()
+        if self._unschedulable_since is None:
+            self._unschedulable_since = now
+            self.log.info("Pod of %s waits for GPUs: %s", self._log_name, raw)
+        timeout = self.gpu_unschedulable_timeout
+        if timeout > 0 and now - self._unschedulable_since >= timeout:
+            raise GPUUnschedulable(self._unschedulable.message)
 
     async def poll(self):
         if self._refused_before_pod:
@@ -491,19 +750,27 @@ class GPUSpawner(KubeSpawner):
 
     async def _start(self):
         self._refused_before_pod = False
+        self._unschedulable = None
+        self._unschedulable_since = None
         try:
             return await super()._start()
+        except GPUUnschedulable as e:
+            waited = self.gpu_unschedulable_timeout
+            self.log.warning(
+                "Giving up on %s after %.0f s without free GPUs: %s", self._log_name, waited, e
+            )
+            await self._delete_failed_pod("it could not be scheduled")
+            raise spawn_error(
+                f"The server was not started because no node had the GPUs for it for "
+                f"{waited:.0f} seconds. {e} Ask for fewer GPUs or another GPU type, "
+                f"or try again later.",
+                reason=admission.REASON_UNSCHEDULABLE,
+                status=503,
+            ) from None
         except GPUCheckFailed as e:
             reason = str(e)
             self.log.warning("GPU check failed for %s: %s", self._log_name, reason)
-            try:
-                await self.stop(now=True)
-            except Exception as stop_error:
-                self.log.error(
-                    "Could not delete the pod of %s after its GPU check failed: %s",
-                    self._log_name,
-                    stop_error,
-                )
+            await self._delete_failed_pod("its GPU check failed")
             raise spawn_error(
                 f"The GPUs given to this server failed their check, so it was not started: {reason}",
                 reason="gpu-check",
@@ -511,6 +778,15 @@ class GPUSpawner(KubeSpawner):
             ) from None
         finally:
             self._release_reservation()
+
+    async def _delete_failed_pod(self, why: str) -> None:
+        """Delete the pod of a failed spawn so it holds no GPUs (and no place in the queue)."""
+        try:
+            await self.stop(now=True)
+        except Exception as stop_error:
+            self.log.error(
+                "Could not delete the pod of %s after %s: %s", self._log_name, why, stop_error
+            )
 
 
 def _env_name(env_var: Any) -> str | None:

@@ -1,0 +1,81 @@
+"""The catalog's GPU types against the inventory: figures per type, for the form and its endpoint.
+
+Pure: a :class:`~gpuspawner.catalog.Catalog` and an
+:class:`~gpuspawner.inventory.model.Inventory` in, plain data out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..admission import figures_label
+from ..catalog import Catalog, ImageSpec
+from .model import Availability, Inventory, demand_for
+
+
+def catalog_availability(
+    inventory: Inventory,
+    catalog: Catalog,
+    node_selector: Mapping[str, str] | None = None,
+    tolerations: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Availability]:
+    """Figures for every GPU type of the catalog, keyed by type key.
+
+    ``node_selector`` and ``tolerations`` are the admin's KubeSpawner settings
+    that every pod gets on top of the type's own.
+    """
+    return {
+        key: inventory.availability(demand_for(gpu_type, node_selector, tolerations))
+        for key, gpu_type in catalog.gpu_types.items()
+    }
+
+
+def alternatives(
+    catalog: Catalog, image: ImageSpec, type_key: str, figures: Mapping[str, Availability]
+) -> dict[str, Availability]:
+    """The other types the image may use, by display name (to suggest in a refusal)."""
+    return {
+        t.display_name: figures[t.key]
+        for t in catalog.types_for_image(image)
+        if t.key != type_key and t.key in figures
+    }
+
+
+def count_note(count: int, availability: Availability | None) -> str:
+    """A count's mark on the form for one type: "" when it fits now."""
+    if availability is None or count <= 0 or availability.fits_now(count):
+        return ""
+    if not availability.fits_ever(count):
+        return "no node has that many"
+    return "not free now"
+
+
+def availability_payload(
+    catalog: Catalog, figures: Mapping[str, Availability] | None, problem: str = ""
+) -> dict[str, Any]:
+    """The JSON the form polls: per type its label and figures, per image its counts.
+
+    ``figures`` is None when the inventory is not available; ``problem`` then
+    says why (shown to nobody but the form's console and admins).
+    """
+    if figures is None:
+        return {"available": False, "problem": problem, "types": {}, "images": {}}
+    types = {}
+    for key, gpu_type in catalog.gpu_types.items():
+        availability = figures.get(key)
+        if availability is None:
+            continue
+        types[key] = {
+            **availability.as_dict(),
+            "display_name": gpu_type.display_name,
+            "label": figures_label(availability),
+            "counts": {
+                str(n): count_note(n, availability) for n in catalog.counts_for_type(gpu_type)
+            },
+        }
+    images = {
+        key: [t.key for t in catalog.types_for_image(image)]
+        for key, image in catalog.images.items()
+    }
+    return {"available": True, "problem": "", "types": types, "images": images}

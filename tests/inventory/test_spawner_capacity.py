@@ -1,0 +1,339 @@
+"""GPUSpawner with a live inventory: figures on the form, refusals, the queue, failing fast.
+
+The inventory is the real model filled from the recorded sandbox objects; only
+the watches are replaced (by :class:`FakeReflector`), so no cluster is needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+
+import pytest
+from jupyterhub.spawner import SpawnException
+from kubespawner import KubeSpawner
+from traitlets.config import Config
+
+from gpuspawner import spawner as spawner_module
+from gpuspawner.inventory.model import inventory_from
+from gpuspawner.spawner import GPUSpawner, GPUUnschedulable
+
+from ..conftest import FIXTURES
+from ..test_spawner import User, make_spawner
+
+NODES = FIXTURES / "nodes"
+
+
+def items(name):
+    return json.loads((NODES / name).read_text())["items"]
+
+
+def recorded(name):
+    return next(p for p in items("recorded-pods.json") if p["metadata"]["name"] == name)
+
+
+class FakeReflector:
+    """The reflector's interface over a real Inventory; tests change the inventory directly."""
+
+    def __init__(self, inventory, missing=()):
+        self.inventory = inventory
+        self.missing_permissions = list(missing)
+        self.ready = not missing
+        self.changed = asyncio.Event()
+
+    async def wait_ready(self, timeout):
+        return self.ready
+
+    async def wait_for_change(self, timeout):
+        try:
+            await asyncio.wait_for(self.changed.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        self.changed.clear()
+
+
+@pytest.fixture
+def reflector():
+    inventory = inventory_from(
+        items("recorded-nodes.json") + items("variants-nodes.json"),
+        items("recorded-pods.json") + items("variants-pods.json"),
+    )
+    return FakeReflector(inventory)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(offline_kubeconfig, monkeypatch):
+    GPUSpawner._reservations.clear()
+    GPUSpawner._catalog_files.clear()
+    monkeypatch.setattr(GPUSpawner, "_wait_queue", type(GPUSpawner._wait_queue)())
+    yield
+    GPUSpawner._reservations.clear()
+
+
+def capacity_spawner(reflector, user=None, **traits):
+    c = Config()
+    c.GPUSpawner.catalog_file = str(NODES / "catalog.yaml")
+    for name, value in traits.items():
+        setattr(c.GPUSpawner, name, value)
+    spawner = make_spawner(c, user=user)
+    spawner.gpu_inventory = lambda: reflector
+    return spawner
+
+
+def a100(reflector):
+    from gpuspawner.catalog import load_catalog_file
+    from gpuspawner.inventory.model import demand_for
+
+    catalog = load_catalog_file(NODES / "catalog.yaml")
+    return reflector.inventory.availability(demand_for(catalog.gpu_types["a100"]))
+
+
+async def test_form_shows_free_gpus_per_type_and_leaves_out_impossible_counts(reflector):
+    spawner = capacity_spawner(reflector)
+    profiles = await spawner._catalog_profile_list(spawner)
+    tensorflow = next(p for p in profiles if p["slug"] == "tensorflow")  # a100 and t4 only
+    types = tensorflow["profile_options"]["gpu_type"]["choices"]
+    figures = a100(reflector)
+    assert types["a100"]["display_name"].endswith(
+        f"\u2014 {figures.free} free of {figures.allocatable} "
+        f"(at most {figures.largest_free} on one node)"
+    )
+    assert types["t4"]["display_name"].endswith("\u2014 no node available")
+    counts = tensorflow["profile_options"]["gpus"]["choices"]
+    # 8: no A100 or T4 node has 8 GPUs, so it is not offered; 4 fits a node but none has 4 free.
+    assert "8" not in counts
+    assert counts["4"]["display_name"] == "4 GPUs (not free now)"
+    assert counts["1"]["display_name"] == "1 GPU"
+    pytorch = next(p for p in profiles if p["slug"] == "pytorch")  # H100 nodes have 8
+    assert "8" in pytorch["profile_options"]["gpus"]["choices"]
+
+
+async def test_form_without_inventory_has_no_figures(reflector):
+    blind = FakeReflector(reflector.inventory, missing=["the hub may not list nodes"])
+    spawner = capacity_spawner(blind)
+    profiles = await spawner._catalog_profile_list(spawner)
+    for profile in profiles:
+        for choice in profile["profile_options"].get("gpu_type", {}).get("choices", {}).values():
+            assert "free" not in choice["display_name"]
+    payload = spawner.gpu_availability_payload()
+    assert payload["available"] is False
+    assert "may not list nodes" in payload["problem"]
+
+
+async def test_rendered_form_carries_the_figures_and_the_poll(reflector):
+    spawner = capacity_spawner(reflector)
+    profiles = await spawner._catalog_profile_list(spawner)
+    html = spawner._render_options_form(profiles)
+    assert 'name="profile-option-pytorch--gpu_type"' in html  # KubeSpawner's own field names
+    assert f"{spawner.hub.base_url}gpuspawner/availability" in html
+    assert html.rstrip().endswith("{% endraw %}")
+    # The second Jinja pass JupyterHub makes must leave the script intact.
+    from jinja2 import Template
+
+    rendered = Template(html).render()
+    assert f'"free": {a100(reflector).free}' in rendered
+
+
+async def test_payload_marks_counts_per_type(reflector):
+    spawner = capacity_spawner(reflector)
+    payload = spawner.gpu_availability_payload()
+    figures = a100(reflector)
+    assert payload["available"]
+    assert payload["types"]["a100"]["free"] == figures.free
+    assert payload["types"]["a100"]["counts"]["8"] == "no node has that many"
+    assert payload["types"]["a100"]["counts"]["4"] == "not free now"
+    assert payload["types"]["a100"]["counts"]["1"] == ""
+    assert payload["images"]["tensorflow"] == ["a100", "t4"]
+
+
+async def test_never_schedulable_request_is_refused_before_any_pod(reflector):
+    spawner = capacity_spawner(reflector)
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "8"}
+    with pytest.raises(SpawnException) as info:
+        await spawner.load_user_options()
+    assert info.value.reason == "never-schedulable"
+    assert info.value.status_code == 400
+    assert info.value.jupyterhub_message.startswith(
+        "No node has 8 NVIDIA A100 GPUs; the largest has 4."
+    )
+    assert "choose NVIDIA H100" in info.value.jupyterhub_message
+    assert await spawner.poll() == 1
+    assert GPUSpawner._reservations == {}
+
+
+async def test_request_without_free_gpus_now_is_refused_with_figures(reflector):
+    spawner = capacity_spawner(reflector)
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "4"}
+    with pytest.raises(SpawnException) as info:
+        await spawner.load_user_options()
+    figures = a100(reflector)
+    assert info.value.reason == "no-capacity"
+    assert info.value.status_code == 503
+    assert f"{figures.free} of {figures.allocatable} are free" in info.value.jupyterhub_message
+
+
+async def test_request_that_fits_is_admitted(reflector):
+    spawner = capacity_spawner(reflector)
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
+    await spawner.load_user_options()
+    assert spawner._selection.gpus == 2
+
+
+async def test_queued_request_waits_with_its_place_and_starts_when_gpus_free(reflector):
+    spawner = capacity_spawner(reflector, gpu_queue_enabled=True)
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "4"}
+    waiting = asyncio.ensure_future(spawner.load_user_options())
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+        if spawner._queue_message:
+            break
+    assert not waiting.done()
+    assert spawner._gpu_check_progress().startswith(
+        "Waiting for 4 NVIDIA A100 GPUs on one node (place 1 of 1 in the queue for NVIDIA A100)"
+    )
+    # The 2-GPU pod on gpu-a100-0 ends: that node has 4 free.
+    reflector.inventory.remove_pod("default", "bound-2xa100")
+    reflector.changed.set()
+    await asyncio.wait_for(waiting, 5)
+    assert spawner._selection.gpus == 4
+    assert spawner._queue_message == ""
+    assert len(GPUSpawner._wait_queue) == 0
+
+
+async def test_queued_request_gives_up_after_the_queue_timeout(reflector):
+    spawner = capacity_spawner(reflector, gpu_queue_enabled=True, gpu_queue_timeout=0.05)
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "4"}
+    with pytest.raises(SpawnException) as info:
+        await spawner.load_user_options()
+    assert info.value.reason == "no-capacity"
+    assert info.value.jupyterhub_message.startswith(
+        "No node had 4 free NVIDIA A100 GPUs within 0 seconds"
+    )
+    assert GPUSpawner._reservations == {}
+    assert len(GPUSpawner._wait_queue) == 0
+
+
+async def test_never_schedulable_is_refused_even_when_queueing(reflector):
+    spawner = capacity_spawner(reflector, gpu_queue_enabled=True)
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "8"}
+    with pytest.raises(SpawnException) as info:
+        await spawner.load_user_options()
+    assert info.value.reason == "never-schedulable"
+
+
+def unschedulable_pod(spawner):
+    pod = copy.deepcopy(recorded("pending-8xa100"))
+    pod["metadata"]["name"] = spawner.pod_name
+    pod["metadata"]["namespace"] = spawner.namespace
+    return pod
+
+
+async def test_pending_pod_shows_the_scheduler_reason_then_fails_fast(reflector, monkeypatch):
+    spawner = capacity_spawner(reflector, gpu_unschedulable_timeout=60)
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
+    await spawner.load_user_options()
+    pod = unschedulable_pod(spawner)
+    clock = [1000.0]
+    monkeypatch.setattr(spawner_module.time, "monotonic", lambda: clock[0])
+    assert spawner.is_pod_running(pod) is False
+    assert spawner._unschedulable_progress() == (
+        "No node can take this server yet: 2 nodes have too few free NVIDIA A100 GPUs, "
+        "3 nodes are not of this GPU type. Giving up in 60 s unless GPUs are freed."
+    )
+    clock[0] += 59
+    assert spawner.is_pod_running(pod) is False
+    clock[0] += 1
+    with pytest.raises(GPUUnschedulable) as info:
+        spawner.is_pod_running(pod)
+    assert str(info.value).startswith("No node can take this server yet")
+
+
+async def test_pod_unschedulable_for_other_reasons_does_not_fail_fast(reflector, monkeypatch):
+    spawner = capacity_spawner(reflector, gpu_unschedulable_timeout=1)
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
+    await spawner.load_user_options()
+    pod = unschedulable_pod(spawner)
+    condition = pod["status"]["conditions"][0]
+    condition["message"] = "0/5 nodes are available: 5 Insufficient cpu."
+    clock = [1000.0]
+    monkeypatch.setattr(spawner_module.time, "monotonic", lambda: clock[0])
+    spawner.is_pod_running(pod)
+    clock[0] += 3600
+    assert spawner.is_pod_running(pod) is False
+    assert spawner._unschedulable_progress() == (
+        "No node can take this server yet: 5 nodes have too little free CPU."
+    )
+
+
+async def test_pod_bound_after_waiting_resets_the_clock(reflector, monkeypatch):
+    spawner = capacity_spawner(reflector, gpu_unschedulable_timeout=10)
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
+    await spawner.load_user_options()
+    pod = unschedulable_pod(spawner)
+    clock = [1000.0]
+    monkeypatch.setattr(spawner_module.time, "monotonic", lambda: clock[0])
+    spawner.is_pod_running(pod)
+    clock[0] += 9
+    spawner.is_pod_running(recorded("bound-2xa100"))
+    clock[0] += 9
+    assert spawner.is_pod_running(pod) is False  # a new wait starts from here
+
+
+async def test_stuck_pod_is_deleted_and_the_spawn_fails_with_the_reason(reflector, monkeypatch):
+    spawner = capacity_spawner(reflector)
+    stopped = []
+    reason = "No node can take this server yet: 2 nodes have too few free NVIDIA A100 GPUs."
+
+    async def stuck_start(self):
+        await self.load_user_options()
+        raise GPUUnschedulable(reason)
+
+    async def stop(now=False):
+        stopped.append(now)
+
+    monkeypatch.setattr(KubeSpawner, "_start", stuck_start)
+    spawner.stop = stop
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
+    with pytest.raises(SpawnException) as info:
+        await spawner._start()
+    assert stopped == [True]
+    assert info.value.reason == "unschedulable"
+    assert info.value.status_code == 503
+    assert info.value.jupyterhub_message == (
+        "The server was not started because no node had the GPUs for it for 60 seconds. "
+        f"{reason} Ask for fewer GPUs or another GPU type, or try again later."
+    )
+    assert GPUSpawner._reservations == {}
+
+
+async def test_progress_reports_our_messages_between_kubernetes_events(reflector, monkeypatch):
+    spawner = capacity_spawner(reflector)
+    spawner._queue_message = "Waiting for 4 NVIDIA A100 GPUs on one node (place 1 of 1 …)."
+
+    async def quiet_progress(self):
+        await asyncio.sleep(1.5)
+        yield {"progress": 30, "message": "Pod scheduled"}
+
+    monkeypatch.setattr(KubeSpawner, "progress", quiet_progress)
+    events = [e async for e in spawner.progress()]
+    assert events[0]["message"] == spawner._queue_message  # before the first Kubernetes event
+    assert events[-1]["message"] == "Pod scheduled"
+
+
+async def test_one_shared_inventory_per_hub_and_none_when_off():
+    from gpuspawner.inventory import reflectors
+
+    assert make_spawner().gpu_inventory() is None  # KubeSpawner's test mode starts no watches
+    first, second = make_spawner(user=User("a")), make_spawner(user=User("b"))
+    first._gpu_mock = second._gpu_mock = False
+    try:
+        shared = first.gpu_inventory()
+        assert shared is not None and second.gpu_inventory() is shared
+        assert not shared.ready  # nothing listens at the offline kubeconfig's address
+        first.gpu_inventory_enabled = False
+        assert first.gpu_inventory() is None
+    finally:
+        for reflector in list(reflectors._shared.values()):
+            await reflector.stop()
+        reflectors.forget_shared()
