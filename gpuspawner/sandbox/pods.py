@@ -117,7 +117,8 @@ class ContainerRun:
     state: dict[str, Any] = field(default_factory=dict)
     last_state: dict[str, Any] = field(default_factory=dict)
     container_id: str = ""
-    killed: bool = False
+    #: Steps into the crash-loop back-off (reset after 10 minutes of running well).
+    backoff_step: int = 0
 
     @property
     def name(self) -> str:
@@ -128,7 +129,7 @@ class ContainerRun:
         kind = "initContainers" if self.init else "containers"
         return f"spec.{kind}{{{self.name}}}"
 
-    def status(self) -> dict[str, Any]:
+    def status(self, waiting_reason: str = "ContainerCreating") -> dict[str, Any]:
         image = self.spec.get("image", "")
         status = {
             "name": self.name,
@@ -136,7 +137,7 @@ class ContainerRun:
             "imageID": image_id(image),
             "ready": self.ready,
             "restartCount": self.restart_count,
-            "state": self.state or {"waiting": {"reason": "PodInitializing"}},
+            "state": self.state or {"waiting": {"reason": waiting_reason}},
             "lastState": self.last_state,
             "started": "running" in self.state,
         }
@@ -331,18 +332,20 @@ class PodRunner:
     async def _back_off(self, run: ContainerRun) -> None:
         # The back-off resets when the container ran for 10 minutes without crashing.
         if run.started_at and time.monotonic() - run.started_at > 600:
-            run.restart_count = 0
-        delay = ct.backoff_seconds(run.restart_count, self.kubelet.backoff_initial)
+            run.backoff_step = 0
+        delay = ct.backoff_seconds(run.backoff_step, self.kubelet.backoff_initial)
+        run.backoff_step += 1
         run.last_state = {"terminated": run.state.get("terminated", {})} if run.state else {}
         run.restart_count += 1
-        message = f"back-off {int(delay)}s restarting failed container={run.name} pod={self.pod['metadata']['name']}_{self.pod['metadata']['namespace']}({self.uid})"
+        meta = self.pod["metadata"]
+        pod_ref = f"{meta['name']}_{meta['namespace']}({self.uid})"
+        message = f"back-off {int(delay)}s restarting failed container={run.name} pod={pod_ref}"
         run.state = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
         self.kubelet.event(
             self.pod,
             "Warning",
             "BackOff",
-            f"Back-off restarting failed container {run.name} in pod "
-            f"{self.pod['metadata']['name']}_{self.pod['metadata']['namespace']}({self.uid})",
+            f"Back-off restarting failed container {run.name} in pod {pod_ref}",
             run.field_path,
         )
         await self.post_status()
@@ -607,8 +610,9 @@ class PodRunner:
         return cond
 
     def status(self) -> dict[str, Any]:
-        app_statuses = [r.status() for r in self.apps]
-        init_statuses = [r.status() for r in self.inits]
+        app_waiting = "ContainerCreating" if self.init_done else "PodInitializing"
+        app_statuses = [r.status(app_waiting) for r in self.apps]
+        init_statuses = [r.status("PodInitializing") for r in self.inits]
         if self.reason is not None:  # rejected at admission
             phase = "Failed"
         else:
