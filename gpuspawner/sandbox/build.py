@@ -76,6 +76,11 @@ def source_hash(module_dir: Path) -> str:
 
 def binary_path(module_dir: Path = GO_MODULE_DIR, cache: Path | None = None) -> Path:
     """The cached binary's path for the module's current sources (it may not exist)."""
+    if not (module_dir / "go.mod").is_file():
+        raise BuildError(
+            f"The control plane's Go module is not at {module_dir}: the sandbox runs "
+            "from a clone of the gpuspawner repository (pip install -e .)."
+        )
     version = kubernetes_version((module_dir / "go.mod").read_text())
     cache = cache if cache is not None else cache_dir()
     return cache / "bin" / f"k8s-{version}-{source_hash(module_dir)}"

@@ -333,6 +333,8 @@ class ControlPlane:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         for sub in ("pki", "etcd"):
             shutil.rmtree(self.state_dir / sub, ignore_errors=True)
+        for old in self.state_dir.glob("*.kubeconfig"):
+            old.unlink()  # credentials for a CA that no longer exists
         self.log_dir.mkdir(exist_ok=True)
         for component in COMPONENTS:
             self.log_file(component).unlink(missing_ok=True)

@@ -105,3 +105,8 @@ def test_version_ldflags_set_both_version_packages():
         assert f"-X {pkg}.gitVersion=v1.37.2" in flags
         assert f"-X {pkg}.gitMajor=1" in flags
         assert f"-X {pkg}.gitMinor=37" in flags
+
+
+def test_no_go_module_is_a_readable_error(tmp_path):
+    with pytest.raises(build.BuildError, match="runs from a clone"):
+        build.binary_path(tmp_path / "nowhere", tmp_path / "cache")
