@@ -125,6 +125,8 @@ class OrmSpawner:
 
 
 class ListResponse:
+    status = 200
+
     def __init__(self, body: bytes):
         self.body = body
 

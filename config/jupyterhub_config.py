@@ -40,6 +40,10 @@ c.KubeSpawner.cpu_guarantee = 0.5
 c.KubeSpawner.mem_guarantee = "2G"
 c.KubeSpawner.storage_pvc_ensure = False
 
+# Notebook pods outlive hub restarts (as in zero-to-jupyterhub); the hub finds
+# them again from its database and the pod reflector.
+c.JupyterHub.cleanup_servers = False
+
 # --- users ------------------------------------------------------------------
 # Limits are per user and per group (catalog "limits:" section). Groups come
 # from the authenticator (e.g. OAuth groups claims) or from load_groups.

@@ -41,6 +41,10 @@ def spawn_error(message: str, *, reason: str, status: int, log_message: str = ""
     return error
 
 
+class PodListError(Exception):
+    """The API server refused or failed to list GPU pods."""
+
+
 class GPUCheckFailed(Exception):
     """The validation init container reported broken or missing GPUs."""
 
@@ -268,8 +272,18 @@ class GPUSpawner(KubeSpawner):
             response = await self.api.list_pod_for_all_namespaces(**kwargs)
         else:
             response = await self.api.list_namespaced_pod(self.namespace, **kwargs)
-        body = json.loads(await response.read())
-        return body.get("items") or []
+        raw = await response.read()
+        # Without preloading, kubernetes_asyncio does not raise on errors: a
+        # 403 would otherwise read as "no pods" and admit over the limit.
+        if not 200 <= response.status < 300:
+            try:
+                detail = json.loads(raw).get("message", "")
+            except ValueError:
+                detail = raw[:200].decode(errors="replace")
+            raise PodListError(
+                f"listing pods ({selector}) failed with HTTP {response.status}: {detail}"
+            )
+        return json.loads(raw).get("items") or []
 
     async def current_holdings(self, catalog: Catalog, every_user: bool) -> list[limits.Holding]:
         """GPU holdings from pods in the cluster plus admitted, not yet visible spawns."""

@@ -42,8 +42,11 @@ class OrmSpawner:
 
 
 class FakeListResponse:
-    def __init__(self, items):
-        self._body = json.dumps({"kind": "PodList", "items": items}).encode()
+    """What kubernetes_asyncio returns with _preload_content=False: status and raw body."""
+
+    def __init__(self, items, status=200, body=None):
+        self.status = status
+        self._body = body or json.dumps({"kind": "PodList", "items": items}).encode()
 
     async def read(self):
         return self._body
@@ -434,6 +437,29 @@ async def test_group_pool_member_is_checked_against_every_members_pods():
     assert info.value.jupyterhub_message.startswith(
         "The group 'students' is using 2.29 of its 3 shared GPUs."
     )
+
+
+async def test_forbidden_pod_list_is_not_mistaken_for_no_usage():
+    spawner = make_spawner()
+    forbidden = json.dumps(
+        {
+            "kind": "Status",
+            "status": "Failure",
+            "message": 'pods is forbidden: User "system:serviceaccount:jupyterhub:hub" cannot list resource "pods"',
+            "reason": "Forbidden",
+            "code": 403,
+        }
+    ).encode()
+
+    async def list_pods(namespace, **kwargs):
+        return FakeListResponse([], status=403, body=forbidden)
+
+    spawner.api.list_namespaced_pod = list_pods
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
+    with pytest.raises(SpawnException) as info:
+        await spawner.load_user_options()
+    assert info.value.status_code == 503
+    assert GPUSpawner._reservations == {}
 
 
 async def test_cluster_unreachable_refuses_gpu_requests_but_not_cpu_ones():

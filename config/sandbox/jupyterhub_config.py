@@ -41,6 +41,10 @@ c.KubeSpawner.http_timeout = 60
 # No Services: their endpoints would be loopback pod IPs, which the API refuses.
 c.KubeSpawner.services_enabled = False
 
+# Notebook pods outlive hub restarts (as in zero-to-jupyterhub); the hub finds
+# them again from its database and the pod reflector.
+c.JupyterHub.cleanup_servers = False
+
 c.JupyterHub.load_groups = {"students": {"users": ["student"]}}
 c.JupyterHub.admin_users = {"admin"}
 

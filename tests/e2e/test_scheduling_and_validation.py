@@ -1,0 +1,115 @@
+"""The real scheduler's view of GPUs, and the nvidia-smi check failing fast on injected faults."""
+
+import time
+
+from gpuspawner.sandbox.devices import Fault, clear_faults, inject_fault
+
+from .conftest import ensure_user, pod_of, server_state, stop_server, wait_for, wait_ready
+
+
+def progress_messages(hub, user, seconds=8.0):
+    """Messages of the hub's spawn-progress event stream, read for a few seconds."""
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{hub.public_url}/hub/api/users/{user}/server/progress",
+        headers={"Authorization": f"token {hub.token}", "Accept": "text/event-stream"},
+    )
+    messages = []
+    deadline = time.monotonic() + seconds
+    try:
+        with urllib.request.urlopen(request, timeout=seconds) as stream:
+            for raw in stream:
+                line = raw.decode().strip()
+                if line.startswith("data:"):
+                    messages.append(line[5:].strip())
+                if time.monotonic() > deadline:
+                    break
+    except TimeoutError:
+        pass
+    return messages
+
+
+def test_exhausted_type_waits_pending_with_the_reason_and_starts_when_gpus_return(hub, kube):
+    ensure_user(hub, "hog")  # unlimited in the e2e catalog
+    ensure_user(hub, "wanda")
+    r = hub.api(
+        "POST", "/users/hog/server", {"profile": "pytorch", "gpu_type": "h100", "gpus": "8"}
+    )
+    assert r.status in (201, 202), r.body
+    wait_ready(hub, "hog")
+    try:
+        r = hub.api(
+            "POST", "/users/wanda/server", {"profile": "pytorch", "gpu_type": "h100", "gpus": "1"}
+        )
+        assert r.status == 202, r.body  # still starting after the hub's slow-spawn wait
+
+        def unschedulable():
+            pod = pod_of(kube, "wanda")
+            if not pod:
+                return None
+            for condition in pod["status"].get("conditions") or []:
+                if (
+                    condition["type"] == "PodScheduled"
+                    and condition.get("reason") == "Unschedulable"
+                ):
+                    return condition["message"]
+            return None
+
+        message = wait_for(unschedulable, 30, what="the scheduler to report the pod unschedulable")
+        assert "Insufficient nvidia.com/gpu" in message
+        assert server_state(hub, "wanda")["pending"] == "spawn"
+        assert any("Insufficient nvidia.com/gpu" in m for m in progress_messages(hub, "wanda"))
+    finally:
+        stop_server(hub, "hog")
+    # the 8 H100 are back: the waiting server is scheduled and starts
+    wait_ready(hub, "wanda", timeout=120)
+    assert pod_of(kube, "wanda")["spec"]["nodeName"] == "gpu-h100-0"
+    stop_server(hub, "wanda")
+
+
+def test_gpu_fault_the_device_plugin_missed_fails_the_spawn_fast_and_removes_the_pod(
+    stack, hub, kube
+):
+    ensure_user(hub, "vera")
+    # uncorrectable ECC errors on every H100 that the device plugin did not notice:
+    # the GPUs stay allocatable, so only GPUSpawner's check can catch them
+    inject_fault(stack.kubelet_dir, Fault(node="gpu-h100-0", kind="ecc", withdraw=False, value="3"))
+    try:
+        r = hub.api(
+            "POST", "/users/vera/server", {"profile": "pytorch", "gpu_type": "h100", "gpus": "1"}
+        )
+        if r.status == 202:
+            wait_for(lambda: server_state(hub, "vera") is None, 60, what="the failed spawn to end")
+        else:
+            assert r.status == 503, r.body
+            assert r.json()["message"].startswith(
+                "The GPUs given to this server failed their check"
+            )
+        (line,) = [ln for ln in hub.log().splitlines() if "Not starting vera's server" in ln]
+        assert "reason=gpu-check" in line
+        assert "The GPUs given to this server failed their check, so it was not started:" in line
+        assert "uncorrectable" in line.lower()
+        # it ended on the check's failure, not on the hub's 120 s start timeout
+        assert "vera's server failed to start" not in hub.log()
+        wait_for(lambda: pod_of(kube, "vera") is None, 30, what="the pod to be deleted")
+    finally:
+        clear_faults(stack.kubelet_dir)
+
+
+def test_driver_too_old_for_the_images_cuda_is_named(stack, hub, kube):
+    ensure_user(hub, "olga")
+    inject_fault(
+        stack.kubelet_dir, Fault(node="gpu-h100-0", kind="driver-too-old", value="535.161.08")
+    )
+    try:
+        hub.api(
+            "POST", "/users/olga/server", {"profile": "pytorch", "gpu_type": "h100", "gpus": "1"}
+        )
+        wait_for(lambda: server_state(hub, "olga") is None, 60, what="the failed spawn to end")
+        (line,) = [ln for ln in hub.log().splitlines() if "Not starting olga's server" in ln]
+        assert "reason=gpu-check" in line
+        assert "535.161.08" in line and "13.0" in line
+        wait_for(lambda: pod_of(kube, "olga") is None, 30, what="the pod to be deleted")
+    finally:
+        clear_faults(stack.kubelet_dir)
