@@ -111,6 +111,8 @@ class Kubelet:
         self._node_uids: dict[str, str] = {}
         self._heartbeat = now()
         self._last_event_ns = 0
+        self._events: asyncio.Queue = asyncio.Queue()
+        self._event_counts: dict[tuple, tuple[str, int]] = {}
 
     # -- start/stop --
 
@@ -127,6 +129,7 @@ class Kubelet:
             asyncio.create_task(self._node_status_loop()),
             asyncio.create_task(self._fault_loop()),
             asyncio.create_task(self._pod_loop()),
+            asyncio.create_task(self._event_loop()),
         ]
 
     async def wait_schedulable(self, timeout: float = 60.0) -> bool:
@@ -146,12 +149,16 @@ class Kubelet:
         return False
 
     async def stop(self, grace: float = 5.0) -> None:
-        for task in self._tasks:
+        for task in self._tasks[:-1]:  # every loop but the events'
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks[:-1], return_exceptions=True)
         await asyncio.gather(
             *(r.terminate(grace) for r in list(self.runners.values())), return_exceptions=True
         )
+        # Let the Killing events out before the event loop goes.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._drain_events(), timeout=5)
+        self._tasks[-1].cancel()
         for r in list(self.runners.values()):
             if r.task:
                 r.task.cancel()
@@ -458,10 +465,12 @@ class Kubelet:
             )
         self.runners.pop(meta["uid"], None)
         self.referenced.pop(meta["uid"], None)
+        self.forget_events(meta["uid"])
 
     def _forget(self, uid: str) -> None:
         runner = self.runners.pop(uid, None)
         self.referenced.pop(uid, None)
+        self.forget_events(uid)
         if runner is not None:
             # The runner's task sees `terminating` and ends by itself; cancelling it
             # mid-spawn could lose a process handle.
@@ -492,9 +501,25 @@ class Kubelet:
         message: str,
         field_path: str | None = None,
     ) -> None:
-        """Record an Event about ``pod`` as the kubelet of its node (fire and forget)."""
+        """Record an Event about ``pod`` as the kubelet of its node.
+
+        Events are posted in order by one task. A repeat of an event (same
+        container, type, reason and message) raises the first one's ``count``, as
+        the client-go event correlator does, instead of creating another object.
+        """
         meta = pod["metadata"]
         stamp = now()
+        key = (meta["uid"], field_path, kind, reason, message)
+        if key in self._event_counts:
+            name, count = self._event_counts[key]
+            self._event_counts[key] = (name, count + 1)
+            patch = {"count": count + 1, "lastTimestamp": stamp}
+            self._events.put_nowait(("patch", meta["namespace"], name, patch))
+            return
+        # As the kubelet names them: pod name + hex nanoseconds, so that a listing
+        # (sorted by name) gives a pod's events in order.
+        name = f"{meta['name']}.{self._event_stamp():x}"
+        self._event_counts[key] = (name, 1)
         involved = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -507,12 +532,7 @@ class Kubelet:
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {
-                # As the kubelet names them: pod name + hex nanoseconds, so that
-                # listing (sorted by name) gives a pod's events in order.
-                "name": f"{meta['name']}.{self._event_stamp():x}",
-                "namespace": meta["namespace"],
-            },
+            "metadata": {"name": name, "namespace": meta["namespace"]},
             "involvedObject": involved,
             "reason": reason,
             "message": message,
@@ -524,14 +544,28 @@ class Kubelet:
             "reportingComponent": "kubelet",
             "reportingInstance": pod["spec"].get("nodeName", ""),
         }
+        self._events.put_nowait(("create", meta["namespace"], name, body))
 
-        async def post() -> None:
+    async def _event_loop(self) -> None:
+        while True:
+            op, namespace, name, body = await self._events.get()
             try:
-                await self.core.create_namespaced_event(meta["namespace"], body)
+                if op == "create":
+                    await self.core.create_namespaced_event(namespace, body)
+                else:
+                    await self.core.patch_namespaced_event(
+                        name, namespace, body, _content_type=MERGE_PATCH
+                    )
             except ApiException as e:
-                log.debug("event %s for %s not posted: %s", reason, pod_key(pod), e.reason)
+                log.debug("event %s in %s not posted: %s", name, namespace, e.reason)
 
-        self._spawn(post())
+    async def _drain_events(self) -> None:
+        while not self._events.empty():
+            await asyncio.sleep(0.05)
+
+    def forget_events(self, uid: str) -> None:
+        for key in [k for k in self._event_counts if k[0] == uid]:
+            del self._event_counts[key]
 
 
 # --- command line -------------------------------------------------------------------------

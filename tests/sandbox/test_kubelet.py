@@ -331,6 +331,16 @@ def test_failing_init_container_backs_off_with_its_termination_message(kubelet, 
     )
     # Between restarts the container waits in CrashLoopBackOff; "main" never started.
     assert "running" not in pod["status"]["containerStatuses"][0]["state"]
+
+    # Repeated events are one object with a count, as the event correlator makes them.
+    def started_counts():
+        found = events(api, namespace, "init-fails")
+        return [e["count"] for e in found if e["reason"] == "Started"]
+
+    wait_for(
+        "the Started event to be counted 3 times", lambda: max(started_counts(), default=0) >= 3
+    )
+    assert len(started_counts()) == 1
     wait_for(
         "a BackOff event",
         lambda: any(e["reason"] == "BackOff" for e in events(api, namespace, "init-fails")),
