@@ -60,6 +60,9 @@ DISABLED_CONTROLLERS = (
 #: Seconds a component gets to exit after SIGTERM before it is killed.
 STOP_GRACE = 15.0
 
+#: Starts tried when a port picked free is taken before a component binds it.
+PORT_ATTEMPTS = 3
+
 STATE_FILE = "controlplane.json"
 _PR_SET_PDEATHSIG = 1
 
@@ -167,6 +170,17 @@ class ControlPlane:
                 "stop it first (gpuspawner-sandbox down)."
             )
         deadline = time.monotonic() + timeout
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                self._start(deadline)
+                return
+            except ControlPlaneError as e:
+                # A port picked free can be taken by someone else before the
+                # component binds it; pick new ports and try again.
+                if "address already in use" not in str(e) or attempt == PORT_ATTEMPTS - 1:
+                    raise
+
+    def _start(self, deadline: float) -> None:
         try:
             self._prepare()
             self._spawn("etcd", self._etcd_args())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import ssl
 import time
 import urllib.error
@@ -305,3 +306,33 @@ def test_node_identities_are_held_to_their_own_node(control_plane):
         for name in (me, other):
             with contextlib.suppress(ApiError):
                 admin.delete(f"/api/v1/nodes/{name}")
+
+
+def test_a_port_taken_after_it_was_picked_means_a_retry(
+    control_plane_binary, tmp_path, monkeypatch
+):
+    from gpuspawner.sandbox import controlplane
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    real_free_port = controlplane.free_port
+    handed_out = []
+
+    def racy_free_port(host="127.0.0.1"):
+        # The first port handed out (etcd's) is grabbed by someone else.
+        port = taken if not handed_out else real_free_port(host)
+        handed_out.append(port)
+        return port
+
+    monkeypatch.setattr(controlplane, "free_port", racy_free_port)
+    cp = ControlPlane(tmp_path / "state", control_plane_binary)
+    try:
+        cp.start(timeout=120)
+        assert cp.ports["etcd"] != taken
+        assert handed_out[0] == taken
+    finally:
+        cp.stop()
+        squatter.close()
+    assert testing.processes_mentioning(str(tmp_path)) == []
