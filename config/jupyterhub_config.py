@@ -54,5 +54,42 @@ c.JupyterHub.load_groups = {
 c.JupyterHub.allow_named_servers = True
 c.JupyterHub.named_server_limit_per_user = 5
 
+# --- gpuspawner-culler: give idle GPUs back (docs/culler.md) ------------------
+# A hub-managed service: the hub starts it and hands it its API URL and token.
+# It stops servers idle by both Jupyter activity and GPU utilisation (from
+# Prometheus), with timeouts per profile / GPU type / GPU count, and culls
+# harder while GPU requests wait. Its settings: culler_config.py (next to the
+# catalog; config/gpuspawner_culler_config.py is a complete example).
+import sys  # noqa: E402
+
+c.JupyterHub.services.append(
+    {
+        "name": "gpuspawner-culler",
+        "command": [
+            sys.executable,
+            "-m",
+            "gpuspawner.culler",
+            "--config="
+            + os.environ.get("GPUSPAWNER_CULLER_CONFIG", "/etc/gpuspawner/culler_config.py"),
+        ],
+    }
+)
+# The least the culler needs (never access:servers or admin):
+#   list:users + read:servers     find users' servers, their user_options and state
+#   read:users:activity           the hub's last_activity of users and servers
+#   delete:servers                stop a server
+# Add "read:users:groups" if the culler's exempt_groups is set. Pod names, GPU
+# labels and waiting GPU requests are read from Kubernetes with the hub pod's
+# service account (rbac.yaml already lets it list pods).
+c.JupyterHub.load_roles.append(
+    {
+        "name": "gpuspawner-culler",
+        "description": "Stop idle servers (gpuspawner-culler)",
+        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        "services": ["gpuspawner-culler"],
+    }
+)
+# --- end of gpuspawner-culler ---------------------------------------------------
+
 # Stop the hub at start with one readable line if the catalog is invalid.
 check_catalog(c)

@@ -149,11 +149,16 @@ class GPUCuller(Application):
         3600,
         help="Idle timeout in seconds for servers no rule in `timeouts` matches; 0: never cull those for idleness.",
     ).tag(config=True)
+    gpu_timeout = Integer(
+        0,
+        help="Stop a GPU server whose GPUs (with fresh metrics) have been idle this many seconds even if Jupyter reports activity (an open browser tab keeps it 'active'), for servers no rule in `timeouts` matches; 0: off. Needs prometheus_url.",
+    ).tag(config=True)
     timeouts = List(
         Dict(),
         help="""Idle timeouts per kind of server, first match wins. Each rule is a dict with
-        `timeout` (seconds) and any of `profile`, `gpu_type` ("none" for CPU-only),
-        `gpus` (exact count), `min_gpus`, `max_gpus`. Example:
+        `timeout` (seconds; idle by both Jupyter and GPU activity) and/or `gpu_timeout`
+        (seconds of idle GPUs, whatever Jupyter says) and any of `profile`, `gpu_type`
+        ("none" for CPU-only), `gpus` (exact count), `min_gpus`, `max_gpus`. Example:
         [{"min_gpus": 8, "timeout": 1800}, {"gpu_type": "h100", "timeout": 3600},
         {"min_gpus": 1, "timeout": 7200}, {"gpu_type": "none", "timeout": 28800}]""",
     ).tag(config=True)
@@ -305,6 +310,7 @@ class GPUCuller(Application):
         return P.Policy(
             rules=rules,
             default_timeout=float(self.timeout) if self.timeout > 0 else None,
+            default_gpu_timeout=float(self.gpu_timeout) if self.gpu_timeout > 0 else None,
             max_age=float(self.max_age) if self.max_age > 0 else None,
             min_running=float(self.min_running),
             exempt_users=frozenset(self.exempt_users),
@@ -324,9 +330,10 @@ class GPUCuller(Application):
     def gpu_window_seconds(self) -> int:
         if self.gpu_window > 0:
             return self.gpu_window
-        timeouts = [r.timeout for r in self.policy.rules]
+        p = self.policy
+        timeouts = [t for r in p.rules for t in (r.timeout, r.gpu_timeout) if t]
         timeouts += [
-            t for t in (self.policy.default_timeout, self.policy.default_pressure_timeout) if t
+            t for t in (p.default_timeout, p.default_gpu_timeout, p.default_pressure_timeout) if t
         ]
         timeouts += list(self.policy.pressure_timeouts.values())
         return int(max(timeouts or [3600]))

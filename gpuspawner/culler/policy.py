@@ -12,7 +12,10 @@ seconds; the caller passes ``now``. The rules, in order:
    time its GPUs were busy. A GPU server whose GPU data is missing, or when
    Prometheus did not answer, counts as busy: never cull on missing data.
 6. It is culled when idle longer than the timeout of the first matching rule
-   (profile / GPU type / GPU count), else ``default_timeout``.
+   (profile / GPU type / GPU count), else ``default_timeout``. A rule's
+   ``gpu_timeout`` (or ``default_gpu_timeout``) also culls a GPU server whose
+   GPUs, with fresh data, were idle that long even though Jupyter reports
+   activity: an open browser tab keeps ``last_activity`` fresh forever.
 7. Pressure: for each GPU type with requests waiting, idle servers of that type
    (idle longer than the type's pressure timeout, busy by neither signal) are
    culled longest-idle first until the waiting GPUs are covered.
@@ -35,6 +38,7 @@ SKIP = "skip"
 REASON_IDLE = "idle"
 REASON_MAX_AGE = "max-age"
 REASON_PRESSURE = "pressure"
+REASON_GPU_IDLE = "gpu-idle"
 
 # Reasons a server is kept or skipped
 REASON_PENDING = "pending"
@@ -115,9 +119,11 @@ class TimeoutRule:
     """An idle timeout for the servers it matches; unset keys match anything.
 
     ``gpu_type`` "none" matches CPU-only servers; ``min_gpus``/``max_gpus`` are inclusive.
+    ``gpu_timeout``: cull after this long with idle GPUs whatever Jupyter says.
     """
 
-    timeout: float
+    timeout: float | None
+    gpu_timeout: float | None = None
     profile: str | None = None
     gpu_type: str | None = None
     min_gpus: int | None = None
@@ -150,7 +156,7 @@ class TimeoutRule:
         return ", ".join(parts) or "every server"
 
 
-_RULE_KEYS = {"timeout", "profile", "gpu_type", "min_gpus", "max_gpus", "gpus"}
+_RULE_KEYS = {"timeout", "gpu_timeout", "profile", "gpu_type", "min_gpus", "max_gpus", "gpus"}
 
 
 def parse_rule(raw: Mapping) -> TimeoutRule:
@@ -167,9 +173,16 @@ def parse_rule(raw: Mapping) -> TimeoutRule:
             f"timeout rule {dict(raw)!r} has unknown keys {sorted(unknown)}: "
             f"use {sorted(_RULE_KEYS)}"
         )
-    timeout = raw.get("timeout")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(f"timeout rule {dict(raw)!r} needs a timeout in seconds above 0")
+    seconds = {}
+    for key in ("timeout", "gpu_timeout"):
+        value = raw.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"timeout rule {dict(raw)!r}: {key} must be seconds above 0")
+        seconds[key] = float(value)
+    if not seconds:
+        raise ValueError(f"timeout rule {dict(raw)!r} needs a timeout or gpu_timeout in seconds")
     counts = {}
     for key in ("gpus", "min_gpus", "max_gpus"):
         value = raw.get(key)
@@ -184,7 +197,8 @@ def parse_rule(raw: Mapping) -> TimeoutRule:
         if raw.get(key) is not None and not isinstance(raw[key], str):
             raise ValueError(f"timeout rule {dict(raw)!r}: {key} must be a string")
     return TimeoutRule(
-        timeout=float(timeout),
+        timeout=seconds.get("timeout"),
+        gpu_timeout=seconds.get("gpu_timeout"),
         profile=raw.get("profile"),
         gpu_type=raw.get("gpu_type"),
         min_gpus=min_gpus,
@@ -196,6 +210,7 @@ def parse_rule(raw: Mapping) -> TimeoutRule:
 class Policy:
     rules: tuple[TimeoutRule, ...] = ()
     default_timeout: float | None = 3600.0
+    default_gpu_timeout: float | None = None
     max_age: float | None = None
     min_running: float = 0.0
     exempt_users: frozenset[str] = frozenset()
@@ -205,12 +220,12 @@ class Policy:
     default_pressure_timeout: float | None = None
     warning_period: float = 0.0
 
-    def timeout_for(self, server: Server) -> tuple[float | None, str]:
-        """The idle timeout that applies to a server, and which rule gave it."""
+    def timeout_for(self, server: Server) -> tuple[float | None, float | None, str]:
+        """The idle and GPU-idle timeouts that apply to a server, and which rule gave them."""
         for rule in self.rules:
             if rule.matches(server):
-                return rule.timeout, rule.describe()
-        return self.default_timeout, "default"
+                return rule.timeout, rule.gpu_timeout, rule.describe()
+        return self.default_timeout, self.default_gpu_timeout, "default"
 
     def pressure_timeout_for(self, gpu_type: str) -> float | None:
         return self.pressure_timeouts.get(gpu_type, self.default_pressure_timeout)
@@ -311,7 +326,26 @@ def decide_one(server: Server, now: float, policy: Policy, gpu: GPUView) -> Deci
         return Decision(
             server, KEEP, reason, gpu_state=gpu_state, detail=f"counted as busy: {what}"
         )
-    timeout, rule = policy.timeout_for(server)
+    timeout, gpu_timeout, rule = policy.timeout_for(server)
+    if gpu_state == GPU_FRESH and gpu_timeout is not None:
+        sample = gpu.samples[(server.namespace, server.pod)]
+        gpu_since = sample.last_busy if sample.last_busy is not None else sample.window_start
+        if server.started is not None:
+            gpu_since = max(gpu_since, server.started)
+        gpu_idle = max(0.0, now - gpu_since)
+        if gpu_idle >= gpu_timeout:
+            return Decision(
+                server,
+                CULL,
+                REASON_GPU_IDLE,
+                idle_seconds=idle,
+                timeout=gpu_timeout,
+                gpu_state=gpu_state,
+                detail=(
+                    f"GPUs idle {_duration(gpu_idle)}, over the {_duration(gpu_timeout)} "
+                    f"GPU timeout ({rule}), though Jupyter was active {_duration(idle)} ago"
+                ),
+            )
     if timeout is None:
         return Decision(
             server,

@@ -1,0 +1,35 @@
+# Settings of gpuspawner-culler, the GPU-aware idle culler (docs/culler.md lists
+# every setting). Mount it at /etc/gpuspawner/culler_config.py (the hub config's
+# service entry passes --config=$GPUSPAWNER_CULLER_CONFIG, default that path).
+c = get_config()  # noqa: F821 (provided by traitlets when it reads this file)
+
+c.GPUCuller.cull_every = 300  # seconds between passes
+
+# Idle timeouts, first matching rule wins; "idle" = no Jupyter activity AND GPUs
+# below the threshold. gpu_timeout also stops a server whose GPUs sat idle that
+# long while a browser tab kept Jupyter "active".
+c.GPUCuller.timeouts = [
+    {"min_gpus": 8, "timeout": 30 * 60, "gpu_timeout": 60 * 60},
+    {"min_gpus": 2, "timeout": 60 * 60, "gpu_timeout": 2 * 60 * 60},
+    {"min_gpus": 1, "timeout": 2 * 60 * 60, "gpu_timeout": 4 * 60 * 60},
+    {"gpu_type": "none", "timeout": 8 * 60 * 60},
+]
+c.GPUCuller.timeout = 8 * 60 * 60  # anything no rule matches
+c.GPUCuller.max_age = 7 * 24 * 60 * 60  # backstop: a week, active or not
+c.GPUCuller.min_running = 10 * 60
+c.GPUCuller.warning_period = 15 * 60  # warn one pass, cull 15 min later if still idle
+
+# GPU utilisation from the DCGM exporter, through Prometheus. Use
+# pod_label = "exported_pod" / namespace_label = "exported_namespace" when
+# Prometheus scrapes the exporter without honor_labels.
+c.GPUCuller.prometheus_url = "http://prometheus-server.monitoring.svc"
+c.GPUCuller.gpu_busy_threshold = 5.0  # percent
+
+# Pressure: while GPU pods wait for a type, its idle servers go sooner.
+c.GPUCuller.pressure_timeout = 15 * 60
+c.GPUCuller.pressure_timeouts = {"h100": 10 * 60}
+
+# c.GPUCuller.exempt_users = ["alice"]
+# c.GPUCuller.exempt_groups = ["long-jobs"]   # add read:users:groups to the role
+# c.GPUCuller.cull_admin_users = False
+# c.GPUCuller.dry_run = True                   # report only

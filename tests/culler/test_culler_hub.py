@@ -1,0 +1,363 @@
+"""The culler against a real JupyterHub (real jupyterhub-singleuser servers) and a real Prometheus.
+
+Servers are real processes on 127.0.0.1; their GPUs are series served in the
+DCGM exporter's format (tests/fixtures/dcgm) and scraped by Prometheus every
+second. The culler uses a token with exactly the scopes the shipped
+config/jupyterhub_config.py gives it, plus admin:server_state (these test
+servers' pod names live in spawner state; in a cluster they come from pods).
+Timeouts are seconds so that the tests run in real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from gpuspawner.culler import policy as P
+
+from ..conftest import FIXTURES
+from ..hub.hubprocess import free_port
+from .faultproxy import FaultProxy
+from .hubtools import (
+    NAMESPACE,
+    make_culler,
+    pod_name,
+    server_state,
+    spawn,
+    wait_ready,
+    wait_stopped,
+)
+
+pytestmark = pytest.mark.hub
+
+A100 = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
+H100 = {"profile": "pytorch", "gpu_type": "h100", "gpus": "1"}
+CPU = {"profile": "pytorch", "gpus": "0"}
+PODS = json.loads((FIXTURES / "culler-pods" / "podlist.json").read_text())["items"]
+
+
+def metric(app, name: str, **labels) -> float:
+    value = app.metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def by_name(decisions) -> dict[str, P.Decision]:
+    return {d.server.display: d for d in decisions}
+
+
+def start_servers(hub, servers: dict[str, dict]) -> None:
+    for user, options in servers.items():
+        spawn(hub, user, options)
+    for user in servers:
+        wait_ready(hub, user)
+
+
+def gpu_for(exporter, user: str, util: float) -> str:
+    """Give the user's pod a GPU (a copy of the sample's GPU 0) at ``util`` percent."""
+    device = exporter.add_gpu("0")
+    exporter.assign(device, NAMESPACE, pod_name(user), util)
+    return device
+
+
+def wait_scraped(prometheus, *users: str) -> None:
+    for user in users:
+        prometheus.wait_for(f'DCGM_FI_DEV_GPU_UTIL{{pod="{pod_name(user)}"}}', bool)
+
+
+def set_activity(hub, user: str) -> None:
+    """What jupyterhub-singleuser reports on activity: 'now' for the user's default server."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+    r = hub.api("POST", f"/users/{user}/activity", {"servers": {"": {"last_activity": now}}})
+    assert r.status == 200, r.body
+
+
+class OpenTab:
+    """A browser tab left open: polls the user's server through the proxy every half second."""
+
+    def __init__(self, hub, user: str):
+        r = hub.api("POST", f"/users/{user}/tokens", {"note": "open tab"})
+        assert r.status == 201, r.body
+        self.token = r.json()["token"]
+        self.url = f"{hub.public_url}/user/{user}/api/contents"
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self.stopped.is_set():
+            request = urllib.request.Request(
+                self.url, headers={"Authorization": f"token {self.token}"}
+            )
+            try:
+                urllib.request.urlopen(request, timeout=5).read()
+            except OSError:
+                pass
+            self.stopped.wait(0.5)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopped.set()
+        self.thread.join()
+
+
+async def test_per_profile_timeouts_and_pagination(hub, culler_token, exporter, prometheus):
+    """8-GPU servers go first, 1-GPU later, CPU-only last, each by its own rule; /users is paged."""
+    start_servers(
+        hub,
+        {
+            "big8": {"profile": "pytorch", "gpu_type": "a100", "gpus": "8"},
+            "one1": A100,
+            "cpu0": CPU,
+        },
+    )
+    gpu_for(exporter, "big8", 0)
+    gpu_for(exporter, "one1", 0)
+    wait_scraped(prometheus, "big8", "one1")
+    app = make_culler(
+        hub,
+        culler_token,
+        prometheus_url=prometheus.url,
+        page_size=2,
+        timeouts=[
+            {"min_gpus": 8, "timeout": 2},
+            {"min_gpus": 1, "timeout": 600},
+            {"gpu_type": "none", "timeout": 1200},
+        ],
+    )
+    await asyncio.sleep(2.5)
+    decisions = by_name(await app.cull_pass())
+    assert set(decisions) == {"big8", "one1", "cpu0"}  # all three pages read
+    assert app.hub.requests == 2 + 1  # two pages of users, one DELETE
+    assert app.prometheus.requests == 2  # constant: not one per server
+    assert decisions["big8"].action == P.CULL, decisions["big8"]
+    assert decisions["big8"].reason == P.REASON_IDLE
+    assert "8 GPUs" in decisions["big8"].detail
+    assert (decisions["one1"].action, decisions["one1"].timeout) == (P.KEEP, 600)
+    assert (decisions["cpu0"].action, decisions["cpu0"].timeout) == (P.KEEP, 1200)
+    wait_stopped(hub, "big8")
+    assert server_state(hub, "one1") == "running"
+    assert server_state(hub, "cpu0") == "running"
+    assert metric(app, "gpuspawner_culler_culls_total", reason="idle", profile="pytorch") == 1
+    assert metric(app, "gpuspawner_culler_gpus_reclaimed_total", gpu_type="a100") == 8
+
+
+async def test_gpu_signal_busy_idle_and_missing(hub, culler_token, exporter, prometheus):
+    """A silent training job is kept (GPU busy), an open tab on idle GPUs is culled,
+    a server without GPU metrics is kept, and nothing GPU is culled when Prometheus is down."""
+    start_servers(hub, {"trainer": A100, "tab": A100, "nometrics": A100, "idlecpu": CPU})
+    gpu_for(exporter, "trainer", 97)
+    gpu_for(exporter, "tab", 0)
+    wait_scraped(prometheus, "trainer", "tab")
+    rules = [{"min_gpus": 1, "timeout": 3, "gpu_timeout": 5}, {"gpus": 0, "timeout": 3}]
+
+    with OpenTab(hub, "tab"):
+        await asyncio.sleep(6)
+        # Prometheus down: every GPU server counts as busy, CPU servers are unaffected.
+        dead = make_culler(
+            hub,
+            culler_token,
+            prometheus_url=f"http://127.0.0.1:{free_port()}",
+            timeouts=rules,
+            dry_run=True,
+        )
+        d = by_name(await dead.cull_pass())
+        for user in ("trainer", "tab", "nometrics"):
+            assert (d[user].action, d[user].reason) == (P.KEEP, P.REASON_GPU_UNAVAILABLE), d[user]
+        assert d["idlecpu"].action == P.CULL
+        assert metric(dead, "gpuspawner_culler_errors_total", source="prometheus") == 1
+        assert metric(dead, "gpuspawner_culler_gpu_metrics_missing_servers") == 3
+
+        app = make_culler(hub, culler_token, prometheus_url=prometheus.url, timeouts=rules)
+        d = by_name(await app.cull_pass())
+
+    assert (d["trainer"].action, d["trainer"].reason) == (P.KEEP, P.REASON_ACTIVE), d["trainer"]
+    assert d["trainer"].idle_seconds < 3  # no Jupyter activity, but the GPU is busy
+    assert (d["tab"].action, d["tab"].reason) == (P.CULL, P.REASON_GPU_IDLE), d["tab"]
+    assert d["tab"].idle_seconds < 3  # Jupyter saw the tab, yet its GPU sat idle
+    assert (d["nometrics"].action, d["nometrics"].reason) == (P.KEEP, P.REASON_GPU_MISSING)
+    assert d["idlecpu"].action == P.CULL and d["idlecpu"].reason == P.REASON_IDLE
+    assert metric(app, "gpuspawner_culler_gpu_metrics_missing_servers") == 1
+    wait_stopped(hub, "tab")
+    wait_stopped(hub, "idlecpu")
+    assert server_state(hub, "trainer") == "running"
+    assert server_state(hub, "nometrics") == "running"
+
+
+class FixturePods:
+    """Stands in for the Kubernetes pod list: recorded-shape pods from the fixture."""
+
+    def __init__(self, pods):
+        self.pods = pods
+        self.requests = 0
+
+    async def list_pods(self):
+        self.requests += 1
+        return self.pods
+
+
+async def test_pressure_culls_longest_idle_of_the_waiting_type(
+    hub, culler_token, exporter, prometheus
+):
+    start_servers(hub, {"busyold": A100, "p1": A100, "p2": A100, "p3": A100, "h1": H100})
+    # busyold is the longest idle by Jupyter but its GPU is busy: never picked.
+    gpu_for(exporter, "busyold", 80)
+    for user in ("p1", "p2", "p3", "h1"):
+        gpu_for(exporter, user, 0)
+    wait_scraped(prometheus, "busyold", "p1", "p2", "p3", "h1")
+    # idle order, longest first: h1 (other type), p1, p2, p3
+    await asyncio.sleep(1.5)
+    set_activity(hub, "p2")
+    await asyncio.sleep(1.5)
+    set_activity(hub, "p3")
+    await asyncio.sleep(1.2)
+    settings = dict(
+        prometheus_url=prometheus.url,
+        timeout=3600,
+        pressure_timeout=1,
+    )
+    waiting_two = [
+        p for p in PODS if p["metadata"]["name"] in ("jupyter-wait1", "jupyter-wait2--exp")
+    ]
+
+    dry = make_culler(hub, culler_token, dry_run=True, **settings)
+    dry.pods = FixturePods(waiting_two)  # 2 a100 GPUs waiting
+    d = by_name(await dry.cull_pass())
+    assert {u for u, x in d.items() if x.action == P.CULL} == {"p1", "p2"}
+    assert all(d[u].reason == P.REASON_PRESSURE for u in ("p1", "p2"))
+    assert d["busyold"].action == P.KEEP and d["h1"].action == P.KEEP
+    assert (
+        metric(dry, "gpuspawner_culler_would_culls_total", reason="pressure", profile="pytorch")
+        == 2
+    )
+    assert metric(dry, "gpuspawner_culler_pressure_waiting_gpus", gpu_type="a100") == 2
+    for user in ("p1", "p2", "p3", "busyold", "h1"):
+        assert server_state(hub, user) == "running"  # dry run: nothing stopped
+
+    app = make_culler(hub, culler_token, **settings)
+    app.pods = FixturePods(waiting_two[:1])  # 1 a100 GPU waiting
+    d = by_name(await app.cull_pass())
+    assert [u for u, x in d.items() if x.action == P.CULL] == ["p1"]
+    wait_stopped(hub, "p1")
+    for user in ("p2", "p3", "busyold", "h1"):
+        assert server_state(hub, user) == "running"
+    assert metric(app, "gpuspawner_culler_gpus_reclaimed_total", gpu_type="a100") == 1
+
+
+async def test_dry_run_and_warning_period(hub, culler_token):
+    start_servers(hub, {"warnme": CPU})
+    await asyncio.sleep(1.2)
+
+    dry = make_culler(hub, culler_token, timeout=1, dry_run=True)
+    d = by_name(await dry.cull_pass())
+    assert d["warnme"].action == P.CULL
+    assert metric(dry, "gpuspawner_culler_would_culls_total", reason="idle", profile="pytorch") == 1
+    assert metric(dry, "gpuspawner_culler_culls_total", reason="idle", profile="pytorch") == 0
+    assert server_state(hub, "warnme") == "running"
+
+    port = free_port()
+    app = make_culler(
+        hub, culler_token, timeout=1, warning_period=3, metrics_url=f"http://127.0.0.1:{port}"
+    )
+    app._listen()
+    d = by_name(await app.cull_pass())
+    assert d["warnme"].action == P.WARN
+    warnings = json.loads(await fetch(f"http://127.0.0.1:{port}/warnings"))
+    assert [(w["user"], w["server"], w["reason"]) for w in warnings] == [("warnme", "", "idle")]
+    d = by_name(await app.cull_pass())
+    assert d["warnme"].action == P.WARN  # not yet: the period has not passed
+    assert server_state(hub, "warnme") == "running"
+    text = await fetch(f"http://127.0.0.1:{port}/metrics")
+    assert "gpuspawner_culler_warned_servers 1.0" in text
+    await asyncio.sleep(3)
+    d = by_name(await app.cull_pass())
+    assert d["warnme"].action == P.CULL
+    wait_stopped(hub, "warnme")
+    assert json.loads(await fetch(f"http://127.0.0.1:{port}/warnings")) == []
+
+
+async def fetch(url: str) -> str:
+    from tornado.httpclient import AsyncHTTPClient
+
+    return (await AsyncHTTPClient().fetch(url)).body.decode()
+
+
+async def test_hub_errors_are_retried_and_never_crash(hub, culler_token):
+    start_servers(hub, {"err1": CPU, "err2": CPU})
+    await asyncio.sleep(1.2)
+    proxy = FaultProxy(hub.public_url)
+    proxy.start()
+    try:
+        app = make_culler(hub, culler_token, timeout=1, hub_api_url=f"{proxy.url}/hub/api")
+        # DELETE of err1 fails for good (500), everything else works after two 503s
+        proxy.fail_first(2, 503)
+        first = proxy.fault
+
+        def fault(method, path):
+            if method == "DELETE" and "/users/err1/" in path:
+                return 500
+            return first(method, path)
+
+        proxy.fault = fault
+        d = by_name(await app.cull_pass())
+        assert d["err1"].action == P.CULL and d["err2"].action == P.CULL
+        wait_stopped(hub, "err2")
+        assert server_state(hub, "err1") == "running"
+        assert metric(app, "gpuspawner_culler_errors_total", source="hub") == 1
+        assert metric(app, "gpuspawner_culler_culls_total", reason="idle", profile="pytorch") == 1
+        assert proxy.counts["GET"] == 3  # two 503s, then the page
+
+        # A request that hangs is abandoned at hub_timeout and retried.
+        app.hub.timeout = 0.5
+        hangs = [1]
+
+        def hang_once(method, path):
+            if hangs[0]:
+                hangs[0] -= 1
+                return 0
+            return None
+
+        proxy.fault = hang_once
+        d = by_name(await app.cull_pass())
+        assert d["err1"].action == P.CULL
+        wait_stopped(hub, "err1")
+
+        # The hub gone entirely: the pass is abandoned, counted, and the service lives on.
+        proxy.stop()
+        before = metric(app, "gpuspawner_culler_errors_total", source="hub")
+        assert await app.cull_pass() is None
+        assert metric(app, "gpuspawner_culler_errors_total", source="hub") == before + 1
+        app.once = True
+        await app.run()  # a failing pass inside the service loop does not raise
+    finally:
+        proxy.stop()
+
+
+async def test_managed_service_serves_metrics_through_the_proxy(hub):
+    """The hub starts the culler as a service (python -m gpuspawner.culler); its /metrics answers."""
+    url = f"{hub.public_url}/services/gpuspawner-culler/metrics"
+    deadline = time.monotonic() + 30
+    text = ""
+    while time.monotonic() < deadline:
+        try:
+            text = await fetch(url)
+            if "gpuspawner_culler_last_success_timestamp_seconds" in text:
+                value = [
+                    line
+                    for line in text.splitlines()
+                    if line.startswith("gpuspawner_culler_last_success_timestamp_seconds ")
+                ]
+                if value and float(value[0].split()[1]) > 0:
+                    break
+        except OSError:
+            pass
+        await asyncio.sleep(0.5)
+    else:
+        pytest.fail(f"no successful pass reported at {url}:\n{text[-1000:]}\n{hub.log()[-2000:]}")
+    assert 'gpuspawner_culler_errors_total{source="hub"} 0.0' in text
