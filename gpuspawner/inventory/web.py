@@ -35,11 +35,17 @@ def _handler_class():
     class _AvailabilityHandler(BaseHandler):
         """GPU figures per catalog type, for the spawn form (any logged-in user)."""
 
+        # The form fetches it with the login cookie; scripts may use a user's token.
+        _accept_token_auth = True
+
         @web.authenticated
         async def get(self) -> None:
-            user = self.current_user
+            spawners = getattr(self.current_user, "spawners", None)
+            if spawners is None:
+                # A service's token: the figures follow a user's spawner configuration.
+                raise web.HTTPError(403, "GPU availability is shown to users only")
             server = self.get_argument("server", "")
-            spawner = user.spawners[server] if server in user.spawners else user.spawners[""]
+            spawner = spawners[server] if server in spawners else spawners[""]
             payload_for = getattr(spawner, "gpu_availability_payload", None)
             if payload_for is None:
                 payload = {"available": False, "problem": "GPUSpawner is not the spawner"}

@@ -61,6 +61,25 @@ def get(hub, path, token):
         return e.code, e.read().decode()
 
 
+def browser(hub, name):
+    """A cookie session logged in through the login form, as a browser is."""
+    import http.cookiejar
+    import re
+    import urllib.parse
+
+    from gpuspawner.sandbox.demo import DEMO_PASSWORD
+
+    opener = urllib.request.build_opener(
+        urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
+    )
+    with opener.open(f"{hub.public_url}/hub/login", timeout=30) as response:
+        xsrf = re.search(r'name="_xsrf" value="([^"]+)"', response.read().decode()).group(1)
+    body = urllib.parse.urlencode({"username": name, "password": DEMO_PASSWORD, "_xsrf": xsrf})
+    with opener.open(f"{hub.public_url}/hub/login", body.encode(), timeout=30) as response:
+        assert response.status == 200
+    return opener
+
+
 def availability(hub, token):
     status, body = get(hub, "/hub/gpuspawner/availability", token)
     assert status == 200, body
@@ -83,10 +102,15 @@ def test_form_and_endpoint_show_free_gpus_that_follow_servers(capacity_hub, kube
     assert a100["allocatable"] == 8 and a100["largest_node"] == 4  # 2 nodes with 4 A100
     assert before["types"]["h100"]["largest_node"] == 8
 
-    status, form = get(hub, "/hub/spawn/fiona", token)
-    assert status == 200
-    assert 'name="profile-option-pytorch--gpu_type"' in form
+    session = browser(hub, "fiona")
+    with session.open(f"{hub.public_url}/hub/spawn/fiona", timeout=30) as response:
+        form = response.read().decode()
+    assert 'name="profile-option-pytorch--gpu_type"' in form  # KubeSpawner's form
     assert f"{a100['free']} free of 8 (at most {a100['largest_free']} on one node)" in form
+    assert "gpuspawner/availability" in form  # the script that keeps it current
+    # ... which the browser may fetch with its login cookie
+    with session.open(f"{hub.public_url}/hub/gpuspawner/availability", timeout=30) as response:
+        assert json.loads(response.read())["types"]["a100"]["free"] == a100["free"]
 
     r = hub.api(
         "POST", "/users/fiona/server", {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
