@@ -72,6 +72,12 @@ c.JupyterHub.services.append(
             "--config="
             + os.environ.get("GPUSPAWNER_CULLER_CONFIG", "/etc/gpuspawner/culler_config.py"),
         ],
+        # the hub passes services only a few variables: hand on the API server's address
+        "environment": {
+            key: os.environ[key]
+            for key in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "POD_NAMESPACE")
+            if key in os.environ
+        },
     }
 )
 # The least the culler needs (never access:servers or admin):

@@ -25,7 +25,7 @@ from traitlets.config import Application, catch_config_error
 
 from . import policy as P
 from .hub import HubClient, HubError
-from .kube import KubeError, PodLister, kubernetes_available
+from .kube import KubeError, PodLister, kubernetes_available, service_account_namespace
 from .pods import pods_by_server, waiting_gpus, with_pods
 from .prometheus import GPUQueries, PrometheusClient, PrometheusError
 
@@ -233,12 +233,12 @@ class GPUCuller(Application):
         return proposal.value
 
     namespace = Unicode(
-        help="The namespace of the notebook pods. Default: $POD_NAMESPACE, else jupyterhub."
+        help="The namespace of the notebook pods. Default: $POD_NAMESPACE, else the namespace of the pod's service account (the hub's own), else jupyterhub."
     ).tag(config=True)
 
     @default("namespace")
     def _default_namespace(self):
-        return os.environ.get("POD_NAMESPACE", "jupyterhub")
+        return os.environ.get("POD_NAMESPACE") or service_account_namespace() or "jupyterhub"
 
     pressure_timeout = Integer(
         900,

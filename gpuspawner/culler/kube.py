@@ -8,14 +8,31 @@ from typing import Any
 
 from ..labels import LABEL_MANAGED
 
+SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
 
 class KubeError(Exception):
     """The Kubernetes API could not be read."""
 
 
+def in_cluster() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) or os.path.exists(
+        os.path.join(SERVICE_ACCOUNT, "token")
+    )
+
+
+def service_account_namespace() -> str | None:
+    """The pod's own namespace, from its service account (None outside a pod)."""
+    try:
+        with open(os.path.join(SERVICE_ACCOUNT, "namespace")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def kubernetes_available() -> bool:
     """True in a pod with a service account, or when KUBECONFIG or ~/.kube/config exists."""
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+    if in_cluster():
         return True
     path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
     return any(os.path.exists(p) for p in path.split(os.pathsep) if p)
@@ -34,7 +51,11 @@ class PodLister:
         if self._api is None:
             from kubernetes_asyncio import client, config
 
-            if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            if in_cluster():
+                # The hub passes managed services only a few environment variables,
+                # so the API server's address may be missing: use its cluster DNS name.
+                os.environ.setdefault("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc")
+                os.environ.setdefault("KUBERNETES_SERVICE_PORT", "443")
                 config.load_incluster_config()
                 api_client = client.ApiClient()
             else:

@@ -1,0 +1,30 @@
+#!/bin/sh
+# System packages the test suite needs that pip and npm cannot provide.
+# Idempotent: installs only what is missing. Needs root for apt-get; otherwise
+# it prints the exact command and exits non-zero.
+#
+#   prometheus  - the real Prometheus the culler's tests start on 127.0.0.1
+set -eu
+
+missing=""
+command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || missing="$missing prometheus"
+
+if [ -z "$missing" ]; then
+    exit 0
+fi
+
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "Missing:$missing. This machine has no apt-get: install Prometheus >= 2.42 so that 'prometheus' is on PATH." >&2
+    exit 1
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "Missing:$missing. Install with: sudo apt-get update && sudo apt-get install -y$missing" >&2
+    exit 1
+fi
+
+echo "Installing:$missing"
+apt-get update -qq
+# word splitting of the package list is wanted here
+# shellcheck disable=SC2086
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing

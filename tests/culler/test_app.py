@@ -1,0 +1,100 @@
+"""The service's configuration: file, flags, readable refusals, and the generated reference."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from traitlets.config import Config
+
+from gpuspawner.culler.app import GPUCuller
+from gpuspawner.culler.docs import MARKER, render
+
+from ..conftest import REPO
+
+
+def make(argv, **traits) -> GPUCuller:
+    config = Config()
+    config.GPUCuller.api_token = "t"
+    config.GPUCuller.kubernetes = "off"
+    for key, value in traits.items():
+        setattr(config.GPUCuller, key, value)
+    app = GPUCuller(config=config)
+    app.initialize(argv)
+    return app
+
+
+def test_config_file_and_flags(tmp_path):
+    path = tmp_path / "culler_config.py"
+    path.write_text(
+        "c.GPUCuller.cull_every = 5\n"
+        'c.GPUCuller.timeouts = [{"min_gpus": 8, "timeout": 1800}, {"gpu_type": "none", "timeout": 28800}]\n'
+        'c.GPUCuller.pressure_timeouts = {"h100": 600}\n'
+        'c.GPUCuller.prometheus_url = "http://127.0.0.1:9"\n'
+        'c.GPUCuller.pod_label = "exported_pod"\n'
+    )
+    app = make([f"--config={path}", "--dry-run", "--cull-every=7", "--GPUCuller.max_age=86400"])
+    assert app.cull_every == 7  # the command line wins over the file
+    assert app.dry_run is True
+    assert [r.timeout for r in app.policy.rules] == [1800, 28800]
+    assert app.policy.max_age == 86400
+    assert app.policy.pressure_timeout_for("h100") == 600
+    assert app.policy.pressure_timeout_for("a100") == 900  # pressure_timeout's default
+    # the GPU window covers the longest timeout, so "idle for the whole window" is enough
+    assert app.prometheus.queries.window == 28800
+    assert "exported_pod" in app.prometheus.queries.fresh_query()
+    assert app.pods is None  # kubernetes = off
+
+
+def test_a_malformed_rule_stops_the_service_with_one_line(capfd):
+    with pytest.raises(SystemExit) as e:
+        make([], timeouts=[{"gpu_type": "a100", "timeout": "2h"}])
+    assert e.value.code == 1
+    lines = [line for line in capfd.readouterr().err.splitlines() if "CRITICAL" in line]
+    assert len(lines) == 1 and "timeout must be seconds above 0" in lines[0], lines
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_no_token_is_refused(capfd, monkeypatch):
+    monkeypatch.delenv("JUPYTERHUB_API_TOKEN", raising=False)
+    with pytest.raises(SystemExit):
+        make([], api_token="")
+    assert "no API token" in capfd.readouterr().err
+
+
+def test_module_and_console_script_answer_help():
+    for command in (
+        [sys.executable, "-m", "gpuspawner.culler", "--help"],
+        [str(REPO / ".venv" / "bin" / "gpuspawner-culler"), "--help"]
+        if (REPO / ".venv" / "bin" / "gpuspawner-culler").exists()
+        else [sys.executable, "-m", "gpuspawner.culler", "--help-all"],
+    ):
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert "--dry-run" in result.stdout
+
+
+def test_docs_reference_is_generated_from_the_traits():
+    text = (REPO / "docs" / "culler.md").read_text()
+    assert MARKER in text
+    assert text.split(MARKER, 1)[1] == "\n" + render(), (
+        "docs/culler.md is out of date: run .venv/bin/python -m gpuspawner.culler.docs docs/culler.md"
+    )
+    for name in GPUCuller.class_own_traits(config=True):
+        assert f"### {name}" in text
+
+
+def test_z2jh_values_register_the_same_service_and_scopes():
+    import yaml
+
+    from .hubtools import shipped_culler_role
+
+    values = yaml.safe_load((REPO / "config" / "z2jh-values.yaml").read_text())
+    role = values["hub"]["loadRoles"]["gpuspawner-culler"]
+    assert sorted(role["scopes"]) == sorted(shipped_culler_role()["scopes"])
+    assert role["services"] == ["gpuspawner-culler"]
+    assert "gpuspawner-culler" in values["hub"]["services"]
+    for forbidden in ("access:servers", "admin", "admin:users", "admin:servers"):
+        assert forbidden not in role["scopes"]
+    assert values["cull"]["enabled"] is False  # one culler only
