@@ -33,6 +33,12 @@ test: lint
 	@$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
+# The local GPU cluster (real control plane built from Go, emulated GPU nodes)
+# and JupyterHub with GPUSpawner at http://127.0.0.1:8000/. Ctrl-C stops it all.
+demo: setup
+	@command -v go >/dev/null || { echo "Go 1.26 or newer is needed to build the local control plane: install it (e.g. from go.dev/dl or your distribution) and run make demo again"; exit 1; }
+	$(VENV)/bin/gpuspawner-sandbox demo
+
 bench: setup
 	$(PY) benchmarks/spawn_overhead.py
 

@@ -223,7 +223,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub.add_parser("down", help="stop everything `up` started")
     sub.add_parser("status", help="say what runs")
-    args = parser.parse_args(argv)
+    sub.add_parser(
+        "demo",
+        add_help=False,
+        help="the cluster plus JupyterHub with GPUSpawner in front of it (see `demo --help`)",
+    )
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "demo":
+        from .demo import main as demo_main
+
+        return demo_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     handlers = {"up": cmd_up, "down": cmd_down, "status": cmd_status}
     try:
         return handlers[args.command](args)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import sys
 import time
 from pathlib import Path
@@ -127,6 +128,10 @@ def _prerequisites() -> str | None:
     return None
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="gpuspawner-sandbox demo",
@@ -143,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
+    # Ctrl-C, and `kill` from another terminal, stop everything in order
+    # (also when started from a script that ignores SIGINT).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
     problem = _prerequisites()
     if problem:
         print(problem, file=sys.stderr)
