@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from jupyterhub.spawner import SpawnException
 
-from gpuspawner.sandbox.demo import HUB_NAMESPACE, HUB_SERVICE_ACCOUNT
+from gpuspawner.sandbox.demo import HUB_NAMESPACE
 
 from .conftest import ensure_user, stop_server, user_pods, wait_for, wait_ready
 
@@ -26,7 +26,7 @@ def test_ten_concurrent_requests_start_exactly_two_and_a_restart_changes_nothing
                 names,
             )
         )
-    started = [n for n, r in zip(names, answers) if r.status in (201, 202)]
+    started = [n for n, r in zip(names, answers, strict=True) if r.status in (201, 202)]
     refused = [r for r in answers if r.status == 403]
     assert len(started) == 2, [(r.status, r.body) for r in answers]
     assert len(refused) == 8
