@@ -19,7 +19,7 @@ CATALOGS = FIXTURES / "catalogs"
 
 def test_example_catalog_loads_with_every_section(example_catalog):
     assert list(example_catalog.images) == ["pytorch", "tensorflow"]
-    assert example_catalog.images["pytorch"].cuda == "13.0"
+    assert example_catalog.images["pytorch"].cuda == "13.2"
     assert example_catalog.images["tensorflow"].gpu_types == ("a100", "t4")
     a100 = example_catalog.gpu_types["a100"]
     assert a100.resource == DEFAULT_GPU_RESOURCE
@@ -226,3 +226,27 @@ def test_catalog_file_that_never_loaded_raises(tmp_path):
     source = CatalogFile(tmp_path / "missing.yaml")
     with pytest.raises(CatalogError, match="does not exist"):
         source.get()
+
+
+def test_shipped_catalogs_name_the_images_the_matrix_builds():
+    """config/ catalogs and the images' version matrix never disagree on tags or CUDA versions."""
+    from gpuspawner.images.matrix import load_matrix
+    from gpuspawner.images.plan import catalog_entries
+
+    built = {
+        e["image"].rsplit("/", 1)[1]: e["cuda"]
+        for e in catalog_entries(load_matrix(REPO / "images" / "matrix.yaml")).values()
+    }
+    for path in [
+        REPO / "config" / "catalog.yaml",
+        REPO / "config" / "sandbox" / "catalog.yaml",
+        CATALOGS / "e2e.yaml",
+    ]:
+        for key, image in load_catalog_file(path).images.items():
+            name = image.image.rsplit("/", 1)[1]
+            assert name in built, (
+                f"{path}: images.{key} names {image.image}, which images/matrix.yaml does not build"
+            )
+            assert image.cuda == built[name], (
+                f"{path}: images.{key}.cuda is {image.cuda}, the image has {built[name]}"
+            )

@@ -109,7 +109,7 @@ def test_driver_too_old_for_the_images_cuda_is_named(stack, hub, kube):
         wait_for(lambda: server_state(hub, "olga") is None, 60, what="the failed spawn to end")
         (line,) = [ln for ln in hub.log().splitlines() if "Not starting olga's server" in ln]
         assert "reason=gpu-check" in line
-        assert "535.161.08" in line and "13.0" in line
+        assert "535.161.08" in line and "13.2" in line
         wait_for(lambda: pod_of(kube, "olga") is None, 30, what="the pod to be deleted")
     finally:
         clear_faults(stack.kubelet_dir)
