@@ -8,6 +8,8 @@ culler matches DCGM metrics (labelled by pod) to the server.
 cost the hub only its database rows and proxy routes (the benchmark).
 """
 
+import os
+
 from jupyterhub.spawner import SimpleLocalProcessSpawner, Spawner
 
 NAMESPACE = "culler-test"
@@ -29,7 +31,9 @@ class NoProcessSpawner(Spawner):
     """A server that is "running" without a process: for load tests of the hub API only."""
 
     async def start(self):
-        return ("127.0.0.1", 9)  # the discard port: never contacted
+        # every server "is" one tiny HTTP server the benchmark runs, so that the
+        # hub's check that a new server answers passes at once
+        return ("127.0.0.1", int(os.environ["CULLER_BENCH_SERVER_PORT"]))
 
     async def poll(self):
         return None
