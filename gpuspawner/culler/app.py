@@ -408,9 +408,16 @@ class GPUCuller(Application):
             except KubeError as e:
                 self.metrics.errors.labels(source="kubernetes").inc()
                 self.log.warning("%s; no pressure mode this pass.", e)
-        if self.policy.exempt_groups and not self._groups_warned:
+        if (
+            self.policy.exempt_groups
+            and not self._groups_warned
+            and any(s.groups is None for s in servers)
+        ):
             self._groups_warned = True
-            self.log.info("exempt_groups is set: the service needs the read:users:groups scope.")
+            self.log.error(
+                "exempt_groups is set but the hub does not show users' groups: give the "
+                "service the read:users:groups scope; until then no server is culled."
+            )
         gpu = await self._gpu_view(now)
         decisions, self.warned = P.decide(
             servers, now, self.policy, gpu=gpu, waiting=waiting, warned=self.warned

@@ -51,7 +51,8 @@ def servers_from_user(user: Mapping[str, Any]) -> list[Server]:
     from ..options import OPTION_GPU_TYPE, OPTION_GPUS, OPTION_PROFILE, parse_count
 
     result = []
-    groups = frozenset(user.get("groups") or ())
+    # without read:users:groups the model has no "groups": unknown, not "none"
+    groups = frozenset(user["groups"]) if "groups" in user else None
     for name, model in (user.get("servers") or {}).items():
         options = model.get("user_options") or {}
         state = model.get("state") or {}

@@ -44,6 +44,7 @@ REASON_GPU_IDLE = "gpu-idle"
 REASON_PENDING = "pending"
 REASON_NOT_READY = "not-ready"
 REASON_EXEMPT = "exempt"
+REASON_GROUPS_UNKNOWN = "groups-unknown"
 REASON_ADMIN = "admin"
 REASON_TOO_YOUNG = "too-young"
 REASON_ACTIVE = "active"
@@ -66,7 +67,8 @@ class Server:
     user: str
     name: str = ""
     admin: bool = False
-    groups: frozenset[str] = frozenset()
+    #: None: the hub did not show the user's groups (no read:users:groups scope)
+    groups: frozenset[str] | None = frozenset()
     ready: bool = True
     pending: str | None = None
     started: float | None = None
@@ -284,8 +286,14 @@ def _skip_reason(server: Server, policy: Policy) -> str | None:
         return REASON_PENDING
     if not server.ready:
         return REASON_NOT_READY
-    if server.user in policy.exempt_users or server.groups & policy.exempt_groups:
+    if server.user in policy.exempt_users:
         return REASON_EXEMPT
+    if policy.exempt_groups:
+        if server.groups is None:
+            # the user might be in an exempt group: never cull on missing data
+            return REASON_GROUPS_UNKNOWN
+        if server.groups & policy.exempt_groups:
+            return REASON_EXEMPT
     if server.admin and not policy.cull_admin_users:
         return REASON_ADMIN
     return None

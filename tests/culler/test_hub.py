@@ -49,6 +49,8 @@ def test_servers_from_a_user_model():
     # a type without a count gets the type's smallest count: at least one GPU
     assert (exp.gpu_type, exp.gpus, exp.pending, exp.ready) == ("h100", 1, "spawn", False)
     assert (cpu.gpu_type, cpu.gpus, cpu.pod) == (None, 0, None)
+    del user["groups"]  # what a token without read:users:groups sees
+    assert all(s.groups is None for s in servers_from_user(user))
 
 
 def test_parse_time_accepts_the_hubs_formats():

@@ -141,6 +141,9 @@ def test_skips_exemptions_admins_and_young_servers():
     assert one(server("vip", idle=2 * H), policy).reason == P.REASON_EXEMPT
     grouped = server(idle=2 * H, groups=frozenset({"long-jobs", "x"}))
     assert one(grouped, policy).reason == P.REASON_EXEMPT
+    unknown = server(idle=2 * H, groups=None)  # the hub did not show groups
+    assert one(unknown, policy).reason == P.REASON_GROUPS_UNKNOWN
+    assert one(unknown, Policy(default_timeout=H)).action == P.CULL  # no exempt groups: fine
     young = server(idle=2 * H, age=300)
     assert one(young, policy).reason == P.REASON_TOO_YOUNG
     admin = server(idle=2 * H, admin=True)
