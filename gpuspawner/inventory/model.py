@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 #: Resource name prefixes counted as accelerators when no explicit set is given:
@@ -349,24 +350,24 @@ class Availability:
     excluded: tuple[NodeFigures, ...] = ()  # cordoned or NotReady nodes that would serve it
     pending: int = 0  # unbound pods waiting for this resource
 
-    @property
+    @cached_property
     def allocatable(self) -> int:
         return sum(n.allocatable for n in self.nodes)
 
-    @property
+    @cached_property
     def requested(self) -> int:
         return sum(min(n.requested, n.allocatable) for n in self.nodes)
 
-    @property
+    @cached_property
     def free(self) -> int:
         return sum(n.free for n in self.nodes)
 
-    @property
+    @cached_property
     def largest_free(self) -> int:
         """The most GPUs free on one node: the largest request that fits now."""
         return max((n.free for n in self.nodes), default=0)
 
-    @property
+    @cached_property
     def largest_node(self) -> int:
         """The most GPUs one node has: the largest request that can ever fit."""
         return max((n.allocatable for n in self.nodes), default=0)
@@ -411,6 +412,10 @@ class Inventory:
         self.generation = 0
         self._cache: dict[str, Availability] = {}
         self._cache_generation = -1
+        # Which nodes serve a demand changes only with the nodes, not with pods.
+        self._nodes_generation = 0
+        self._serving: dict[str, list[NodeRecord]] = {}
+        self._serving_generation = -1
 
     # -- updates --------------------------------------------------------
 
@@ -423,10 +428,12 @@ class Inventory:
         if self.nodes.get(record.name) != record:
             self.nodes[record.name] = record
             self.generation += 1
+            self._nodes_generation += 1
 
     def remove_node(self, name: str) -> None:
         if self.nodes.pop(name, None) is not None:
             self.generation += 1
+            self._nodes_generation += 1
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> None:
         """After a full list: exactly these nodes."""
@@ -436,6 +443,7 @@ class Inventory:
             if record.allocatable:
                 self.nodes[record.name] = record
         self.generation += 1
+        self._nodes_generation += 1
 
     def set_pod(self, pod: Mapping[str, Any]) -> None:
         meta = pod.get("metadata") or {}
@@ -499,15 +507,22 @@ class Inventory:
         cache_key = repr(demand)
         cached = self._cache.get(cache_key)
         if cached is None:
-            cached = self._cache[cache_key] = self._compute(demand)
+            cached = self._cache[cache_key] = self._compute(demand, cache_key)
         return cached
 
-    def _compute(self, demand: Demand) -> Availability:
+    def _serving_nodes(self, demand: Demand, cache_key: str) -> list[NodeRecord]:
+        if self._serving_generation != self._nodes_generation:
+            self._serving = {}
+            self._serving_generation = self._nodes_generation
+        found = self._serving.get(cache_key)
+        if found is None:
+            found = self._serving[cache_key] = [n for n in self.nodes.values() if serves(n, demand)]
+        return found
+
+    def _compute(self, demand: Demand, cache_key: str = "") -> Availability:
         usable: list[NodeFigures] = []
         excluded: list[NodeFigures] = []
-        for node in self.nodes.values():
-            if not serves(node, demand):
-                continue
+        for node in self._serving_nodes(demand, cache_key or repr(demand)):
             figures = NodeFigures(
                 node=node.name,
                 allocatable=node.allocatable[demand.resource],
