@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -144,6 +145,9 @@ async def run_ours(hub, token, proxy, prometheus_url: str | None) -> dict:
         "prom": app.prometheus.requests if app.prometheus else 0,
         "servers": len(decisions),
         "gpu_fresh": sum(1 for d in decisions if d.gpu_state == "fresh"),
+        "gpu_decisions": Counter(
+            f"{d.action}/{d.reason}/{d.gpu_state}" for d in decisions if d.server.gpus > 0
+        ),
     }
 
 
@@ -263,7 +267,8 @@ c.JupyterHub.log_level = "WARN"
     if ours:
         print(
             f"- gpuspawner-culler saw {ours[0]['servers']} servers, "
-            f"{ours[0]['gpu_fresh']} with fresh GPU data"
+            f"{ours[0]['gpu_fresh']} with fresh GPU data; GPU servers' decisions "
+            f"(action/reason/GPU data): {dict(ours[0]['gpu_decisions'])}"
         )
 
 
