@@ -44,6 +44,10 @@ def spawn_error(message: str, *, reason: str, status: int, log_message: str = ""
 class PodListError(Exception):
     """The API server refused or failed to list GPU pods."""
 
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
 
 class GPUCheckFailed(Exception):
     """The validation init container reported broken or missing GPUs."""
@@ -257,8 +261,28 @@ class GPUSpawner(KubeSpawner):
 
         Only this user's pods (by KubeSpawner's username label; the exact name
         is checked on the annotation) unless ``every_user``: group pools need
-        all of them.
+        all of them. Timeouts, connection errors and 5xx/429 answers are retried
+        with back-off for up to ``k8s_api_request_retry_timeout``, as KubeSpawner
+        does for its own calls; a refusal (403 and other 4xx) is not.
         """
+        deadline = time.monotonic() + self.k8s_api_request_retry_timeout
+        delay = 0.2
+        while True:
+            try:
+                return await self._list_gpu_pods_once(every_user)
+            except PodListError as e:
+                if e.status < 500 and e.status != 429:
+                    raise
+                error: Exception = e
+            except Exception as e:
+                error = e
+            if time.monotonic() + delay > deadline:
+                raise error
+            self.log.warning("Listing GPU pods failed, retrying in %.1fs: %s", delay, error)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def _list_gpu_pods_once(self, every_user: bool) -> list[dict]:
         selector = f"{labels.LABEL_MANAGED}=true"
         if not every_user:
             user_label = self._build_common_labels({})[labels.KUBESPAWNER_LABEL_USER]
@@ -281,7 +305,8 @@ class GPUSpawner(KubeSpawner):
             except ValueError:
                 detail = raw[:200].decode(errors="replace")
             raise PodListError(
-                f"listing pods ({selector}) failed with HTTP {response.status}: {detail}"
+                response.status,
+                f"listing pods ({selector}) failed with HTTP {response.status}: {detail}",
             )
         return json.loads(raw).get("items") or []
 

@@ -462,6 +462,27 @@ async def test_forbidden_pod_list_is_not_mistaken_for_no_usage():
     assert GPUSpawner._reservations == {}
 
 
+async def test_transient_api_errors_are_retried():
+    spawner = make_spawner()
+    answers = [
+        FakeListResponse([], status=503, body=b'{"message": "etcdserver: request timed out"}'),
+        asyncio.TimeoutError(),
+        FakeListResponse(pods_fixture()),
+    ]
+
+    async def flaky(namespace, **kwargs):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    spawner.api.list_namespaced_pod = flaky
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
+    await spawner.load_user_options()
+    assert answers == []  # two failures, then the real answer
+    assert spawner.extra_resource_limits == {"nvidia.com/gpu": "1"}
+
+
 async def test_cluster_unreachable_refuses_gpu_requests_but_not_cpu_ones():
     spawner = make_spawner()
 
@@ -469,6 +490,7 @@ async def test_cluster_unreachable_refuses_gpu_requests_but_not_cpu_ones():
         raise ConnectionRefusedError("connect call failed ('127.0.0.1', 9)")
 
     spawner.api.list_namespaced_pod = broken
+    spawner.k8s_api_request_retry_timeout = 1
     spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
     with pytest.raises(SpawnException) as info:
         await spawner.load_user_options()

@@ -1,0 +1,199 @@
+"""Spawn latency on the local GPU cluster: GPUSpawner vs KubeSpawner, 50 users at once, start-up.
+
+    .venv/bin/python benchmarks/sandbox_spawn.py [--rounds 8]
+
+One sandbox (real control plane + local kubelet), two hubs on it with the
+same service account: one with GPUSpawner (catalog, limits, the nvidia-smi
+init container), one with plain KubeSpawner configured by hand for the same
+pod (nvidia.com/gpu limit, node selector, toleration, same command). Spawns
+alternate between them; latency is request -> server ready (the REST call
+returns when the server answers, or the hub is polled when it takes longer).
+Then 50 users spawn on the GPUSpawner hub at once, 16 of them asking for a GPU
+and also, at the same moment, for a second GPU server beyond their limit of 1.
+Prints Markdown for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from gpuspawner.sandbox import build
+from gpuspawner.sandbox.demo import SANDBOX_HUB_CONFIG, SandboxStack
+from gpuspawner.sandbox.hubprocess import start_hub
+
+CATALOG = """
+images:
+  pytorch: {display_name: PyTorch, image: "ghcr.io/gpuspawner/cuda-pytorch:2.9.1-cuda13.0", cuda: "13.0"}
+gpu_types:
+  a100: {display_name: NVIDIA A100, node_selector: {nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB}}
+  h100: {display_name: NVIDIA H100, node_selector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}}
+limits: {default: 1}
+"""
+
+KUBESPAWNER_HUB = """
+c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
+c.KubeSpawner.image = "ghcr.io/gpuspawner/cuda-pytorch:2.9.1-cuda13.0"
+c.KubeSpawner.extra_resource_limits = {"nvidia.com/gpu": "1"}
+c.KubeSpawner.extra_resource_guarantees = {"nvidia.com/gpu": "1"}
+c.KubeSpawner.node_selector = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+c.KubeSpawner.tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+"""
+
+
+def spawn(hub, user, body, name="", timeout=180, poll=0.1):
+    """Seconds from the request to a ready server (or None if refused), and the HTTP status."""
+    hub.api("POST", f"/users/{user}")
+    path = f"/users/{user}/servers/{name}" if name else f"/users/{user}/server"
+    t0 = time.perf_counter()
+    r = hub.api("POST", path, body)
+    if r.status == 201:
+        return time.perf_counter() - t0, r.status
+    if r.status != 202:
+        return None, r.status
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        server = hub.api("GET", f"/users/{user}").json()["servers"].get(name)
+        if server and server["ready"]:
+            return time.perf_counter() - t0, r.status
+        if server is None:
+            return None, 500
+        time.sleep(poll)
+    return None, 504
+
+
+def stop(hub, user, name=""):
+    path = f"/users/{user}/servers/{name}" if name else f"/users/{user}/server"
+    hub.api("DELETE", path)
+    while hub.api("GET", f"/users/{user}").json()["servers"].get(name):
+        time.sleep(0.1)
+
+
+def pct(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=8)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="gpuspawner-bench-"))
+    (work / "catalog.yaml").write_text(CATALOG)
+    binary = build.build()
+
+    # 50 notebook servers starting at once on 2 cores take minutes to answer:
+    # give them longer than the default 60 s before the hub gives up on one.
+    stack = SandboxStack(
+        work / "sandbox",
+        catalog=work / "catalog.yaml",
+        binary=binary,
+        extra_hub_config="c.KubeSpawner.http_timeout = 300\nc.KubeSpawner.start_timeout = 600",
+    )
+    t0 = time.perf_counter()
+    stack.start_cluster()
+    cluster_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    gpu_hub = stack.start_hub()
+    hub_s = time.perf_counter() - t0
+    kube_hub = start_hub(
+        work / "kubespawner-hub",
+        extra_config=f"c.DummyAuthenticator.password = 'gpu'\nload_subconfig({str(SANDBOX_HUB_CONFIG)!r})\n{KUBESPAWNER_HUB}",
+        env={
+            "KUBECONFIG": str(stack.hub_kubeconfig),
+            "GPUSPAWNER_CATALOG": str(work / "catalog.yaml"),
+        },
+    )
+    try:
+        body = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
+        for warm in range(2):  # warm caches of both hubs and the kubelet
+            spawn(gpu_hub, f"warm-g{warm}", body)
+            stop(gpu_hub, f"warm-g{warm}")
+            spawn(kube_hub, f"warm-k{warm}", {})
+            stop(kube_hub, f"warm-k{warm}")
+        gpu_times, kube_times = [], []
+        for i in range(args.rounds):
+            seconds, status = spawn(gpu_hub, f"g{i}", body)
+            assert seconds is not None, status
+            gpu_times.append(seconds)
+            stop(gpu_hub, f"g{i}")
+            seconds, status = spawn(kube_hub, f"k{i}", {})
+            assert seconds is not None, status
+            kube_times.append(seconds)
+            stop(kube_hub, f"k{i}")
+
+        # 50 users at once: 8 x A100, 8 x H100, 34 CPU-only; each GPU user also asks
+        # for a second GPU server at the same moment, beyond the limit of 1
+        requests = []
+        for i in range(50):
+            if i < 8:
+                body_i = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
+            elif i < 16:
+                body_i = {"profile": "pytorch", "gpu_type": "h100", "gpus": "1"}
+            else:
+                body_i = {"profile": "pytorch", "gpus": "0"}
+            requests.append((f"u{i:02d}", "", body_i))
+            if i < 16:
+                requests.append((f"u{i:02d}", "extra", body_i))
+        for user, _, _ in requests:
+            gpu_hub.api("POST", f"/users/{user}")
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(len(requests)) as pool:
+            results = list(
+                pool.map(lambda r: spawn(gpu_hub, r[0], r[2], r[1], timeout=600), requests)
+            )
+        burst_s = time.perf_counter() - t0
+        ready = [s for s, _ in results if s is not None]
+        refused = [st for s, st in results if s is None and st == 403]
+        other = [st for s, st in results if s is None and st != 403]
+        api = stack.control_plane.admin_api()
+        pods = api.get(
+            "/api/v1/namespaces/jupyterhub/pods",
+            query={"labelSelector": "gpuspawner.io/managed=true"},
+        )["items"]
+        per_user: dict[str, int] = {}
+        for p in pods:
+            user = p["metadata"]["annotations"]["hub.jupyter.org/username"]
+            per_user[user] = per_user.get(user, 0) + int(
+                p["metadata"]["labels"]["gpuspawner.io/gpus"]
+            )
+    finally:
+        kube_hub.stop()
+        stack.stop()
+
+    ratio = statistics.median(gpu_times) / statistics.median(kube_times)
+    print(
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
+    print(f"\nControl plane + kubelet + hub RBAC ready: {cluster_s:.1f} s; hub up: {hub_s:.1f} s\n")
+    print("| spawn of 1 x A100, request -> ready | median s | p95 s | runs |")
+    print("|---|---|---|---|")
+    print(
+        f"| GPUSpawner (limits, nvidia-smi check) | {statistics.median(gpu_times):.2f} | {pct(gpu_times, 0.95):.2f} | {len(gpu_times)} |"
+    )
+    print(
+        f"| KubeSpawner (hand-written GPU settings) | {statistics.median(kube_times):.2f} | {pct(kube_times, 0.95):.2f} | {len(kube_times)} |"
+    )
+    print(f"\nRatio of medians GPUSpawner / KubeSpawner: {ratio:.2f} (target <= 1.15)\n")
+    print(
+        f"50 users at once ({len(requests)} requests, 16 of them a second GPU server beyond the limit):"
+    )
+    print(
+        f"- ready: {len(ready)}, refused by limit: {len(refused)}, other outcomes: {len(other)} {other}"
+    )
+    print(
+        f"- GPU pods: {sum(1 for p in pods if p['metadata']['labels']['gpuspawner.io/gpus'] != '0')}, most GPUs held by one user: {max(per_user.values())}"
+    )
+    print(
+        f"- request -> ready: p50 {pct(ready, 0.5):.1f} s, p95 {pct(ready, 0.95):.1f} s, all done in {burst_s:.1f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()
