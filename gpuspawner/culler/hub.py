@@ -200,9 +200,17 @@ class HubClient:
         return servers
 
     async def stop_server(self, user: str, server: str) -> int:
-        """Ask the hub to stop a server; 202 (stopping) and 204 (stopped) are both success."""
+        """Ask the hub to stop a server; 202 (stopping), 204 (stopped) and 400/404
+        (no longer running or gone) all leave it stopped."""
         path = f"/users/{quote(user, safe='')}/server"
         if server:
             path = f"/users/{quote(user, safe='')}/servers/{quote(server, safe='')}"
-        status, _ = await self.request("DELETE", path)
+        try:
+            status, _ = await self.request("DELETE", path)
+        except HubError as e:
+            if e.status in (400, 404):
+                # stopped or removed since it was listed: nothing left to do
+                self.log.info("%s/%s was already stopped", user, server)
+                return e.status
+            raise
         return status

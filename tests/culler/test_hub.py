@@ -86,3 +86,10 @@ async def test_refusals_are_not_retried(proxy):
     assert str(e.value) == (
         "The hub refused DELETE /users/alice/servers/exp%201 with 403: injected failure"
     )
+
+
+async def test_a_server_stopped_meanwhile_is_not_an_error(proxy):
+    proxy.fault = lambda method, path: 400  # the hub: "alice's server is not running"
+    client = HubClient(f"{proxy.url}/hub/api", "t", max_retries=3, backoff_base=0.01)
+    assert await client.stop_server("alice", "") == 400
+    assert proxy.counts["DELETE"] == 1
