@@ -272,8 +272,8 @@ def api_naive(nodes: list[dict], pods: list[dict], catalog, runs: int) -> tuple[
         load_s = time.perf_counter() - start
 
         def per_request() -> None:
-            node_body = api.request("GET", "/api/v1/nodes").body
-            pod_body = api.request("GET", "/api/v1/pods").body
+            node_body = api.request("GET", "/api/v1/nodes", raw=True).body
+            pod_body = api.request("GET", "/api/v1/pods", raw=True).body
             naive(node_body, pod_body, catalog)
 
         return measure(per_request, runs), load_s

@@ -78,17 +78,16 @@ def _handler_class_cached() -> Any:
 def form_script(payload: dict[str, Any], url: str) -> str:
     """HTML appended to KubeSpawner's form: the figures now, refreshed from ``url``.
 
-    The result is inside ``{% raw %}`` because JupyterHub renders the form as
-    a Jinja template once more.
+    JupyterHub inserts the form into its page as it is (no second template
+    pass), so the data only has to be kept from closing the ``<script>``.
     """
     data = json.dumps(payload).replace("</", "<\\/")
     return (
-        '{% raw %}\n<div id="gpuspawner-availability" class="help-block" '
-        'style="margin-top:1em"></div>\n'
+        '<p id="gpuspawner-availability" class="help-block"></p>\n'
         f"<script>\n(function () {{\n  var url = {json.dumps(url)};\n"
         f"  var every = {POLL_INTERVAL_MS};\n  var initial = {data};\n"
         + _FORM_JS
-        + "})();\n</script>\n{% endraw %}\n"
+        + "})();\n</script>\n"
     )
 
 
@@ -122,7 +121,7 @@ _FORM_JS = r"""
         option.disabled = mark === "no node has that many";
       });
     });
-    if (note) note.textContent = "GPU figures are live: free now of all that ready nodes have.";
+    if (note) note.textContent = "Free GPUs are counted live on the cluster's ready nodes.";
   }
   var current = initial;
   document.addEventListener("change", function (e) {
