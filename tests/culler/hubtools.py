@@ -43,6 +43,7 @@ def hub_config(
     extra_scopes: list[str],
     spawner: str = "SingleuserSpawner",
     managed_port: int | None = None,
+    home: Path | None = None,
 ) -> str:
     """Hub config: the test spawner on loopback, and the culler service with the shipped scopes.
 
@@ -80,7 +81,7 @@ c.Spawner.args = ["--allow-root", "--ServerApp.jpserver_extensions={{'jupyterlab
 c.Spawner.start_timeout = 90
 c.Spawner.http_timeout = 90
 c.Spawner.default_url = "/api"
-c.SimpleLocalProcessSpawner.home_dir_template = "/tmp/gpuspawner-culler-test-home/{{username}}"
+c.SimpleLocalProcessSpawner.home_dir_template = {str(home or "/tmp/gpuspawner-culler-test-home") + "/{username}"!r}
 c.JupyterHub.last_activity_interval = 2
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}
 c.JupyterHub.services.append({service!r})
@@ -91,7 +92,7 @@ c.JupyterHub.load_roles.append({{"name": "culler-test", "scopes": {scopes!r}, "s
 def start_culler_hub(workdir: Path, token: str, extra: str = "", **kw) -> Hub:
     hub = start_hub(
         workdir,
-        extra_config=hub_config(token, ["admin:server_state"], **kw) + extra,
+        extra_config=hub_config(token, ["admin:server_state"], home=workdir / "home", **kw) + extra,
         env={"PYTHONPATH": str(REPO)},
         timeout=90,
     )
