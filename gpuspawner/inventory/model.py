@@ -437,11 +437,11 @@ class Inventory:
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> None:
         """After a full list: exactly these nodes."""
-        self.nodes = {}
-        for node in nodes:
-            record = node_record(node, self.extra_resources)
-            if record.allocatable:
-                self.nodes[record.name] = record
+        self.replace_node_records(node_record(n, self.extra_resources) for n in nodes)
+
+    def replace_node_records(self, records: Iterable[NodeRecord]) -> None:
+        """After a full list read page by page into records: exactly these nodes."""
+        self.nodes = {r.name: r for r in records if r.allocatable}
         self.generation += 1
         self._nodes_generation += 1
 
@@ -469,11 +469,14 @@ class Inventory:
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """After a full list: exactly these pods."""
+        self.replace_pod_records(pod_record(p, self.extra_resources) for p in pods)
+
+    def replace_pod_records(self, records: Iterable[PodRecord | None]) -> None:
+        """After a full list read page by page into records: exactly these pods."""
         self.pods = {}
         self._requested = {}
         self._pending = {}
-        for pod in pods:
-            record = pod_record(pod, self.extra_resources)
+        for record in records:
             if record is not None:
                 self.pods[record.key] = record
                 self._account(record, +1)

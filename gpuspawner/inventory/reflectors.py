@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .model import Inventory
+from .model import Inventory, NodeRecord, PodRecord, node_record, pod_record
 
 #: Pods that finished hold nothing; the API server filters them out for us.
 ACTIVE_POD_FIELDS = "status.phase!=Succeeded,status.phase!=Failed"
@@ -71,7 +71,8 @@ class _Watch:
         self,
         kind: str,
         list_call: Callable[..., Any],
-        on_list: Callable[[list[dict]], None],
+        to_record: Callable[[dict], Any],
+        on_list: Callable[[list[Any]], None],
         on_event: Callable[[str, dict], None],
         log: logging.Logger,
         *,
@@ -82,6 +83,7 @@ class _Watch:
     ):
         self.kind = kind
         self.list_call = list_call
+        self.to_record = to_record
         self.on_list = on_list
         self.on_event = on_event
         self.log = log
@@ -106,8 +108,12 @@ class _Watch:
             response.release()
 
     async def list_all(self) -> str:
-        """List every object in pages; returns the list's resourceVersion."""
-        items: list[dict] = []
+        """List every object in pages; returns the list's resourceVersion.
+
+        Each page is reduced to compact records (``on_page``) and dropped before
+        the next is fetched, so a large cluster's full list is never in memory.
+        """
+        items: list[Any] = []
         token = None
         while True:
             kwargs: dict[str, Any] = {"limit": self.page_size}
@@ -116,7 +122,7 @@ class _Watch:
             if token:
                 kwargs["_continue"] = token
             body = await self._json(**kwargs)
-            items.extend(body.get("items") or [])
+            items.extend(self.to_record(raw) for raw in body.get("items") or [])
             meta = body.get("metadata") or {}
             token = meta.get("continue")
             if not token:
@@ -224,6 +230,7 @@ class InventoryReflector:
         self.nodes_watch = _Watch(
             "nodes",
             core_api.list_node,
+            lambda raw: node_record(raw, self.inventory.extra_resources),
             self._nodes_listed,
             self._node_event,
             self.log,
@@ -243,6 +250,7 @@ class InventoryReflector:
         return _Watch(
             "pods",
             call,
+            lambda raw: pod_record(raw, self.inventory.extra_resources),
             self._pods_listed,
             self._pod_event,
             self.log,
@@ -261,12 +269,12 @@ class InventoryReflector:
         task = asyncio.ensure_future(notify())
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
-    def _nodes_listed(self, items: list[dict]) -> None:
-        self.inventory.replace_nodes(items)
+    def _nodes_listed(self, records: list[NodeRecord]) -> None:
+        self.inventory.replace_node_records(records)
         self._notify()
 
-    def _pods_listed(self, items: list[dict]) -> None:
-        self.inventory.replace_pods(items)
+    def _pods_listed(self, records: list[PodRecord | None]) -> None:
+        self.inventory.replace_pod_records(records)
         self._notify()
 
     def _node_event(self, kind: str, node: dict) -> None:
