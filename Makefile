@@ -8,9 +8,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint demo bench clean
+.PHONY: setup system-packages test lint demo bench clean
 
 setup: $(VENV)/.installed node_modules/.installed
+
+# Debian packages the suite needs that pip and npm cannot give (Prometheus, Chromium).
+system-packages:
+	@sh scripts/install-system-packages.sh
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.10 or newer is needed: install python3 (e.g. apt-get install python3 python3-venv)"; exit 1; }
@@ -29,7 +33,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 
 # pytest exits 5 when it collected no test: that is a failure here, never a pass.
-test: lint
+test: lint system-packages
 	@$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 

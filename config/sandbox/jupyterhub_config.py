@@ -48,4 +48,26 @@ c.JupyterHub.cleanup_servers = False
 c.JupyterHub.load_groups = {"students": {"users": ["student"]}}
 c.JupyterHub.admin_users = {"admin"}
 
+# The GPU-aware idle culler, as in config/jupyterhub_config.py, with the
+# hub's service-account kubeconfig handed on (services get few variables).
+c.JupyterHub.services.append(
+    {
+        "name": "gpuspawner-culler",
+        "command": [
+            sys.executable,
+            "-m",
+            "gpuspawner.culler",
+            f"--config={here / 'culler_config.py'}",
+        ],
+        "environment": {k: os.environ[k] for k in ("KUBECONFIG",) if k in os.environ},
+    }
+)
+c.JupyterHub.load_roles.append(
+    {
+        "name": "gpuspawner-culler",
+        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        "services": ["gpuspawner-culler"],
+    }
+)
+
 check_catalog(c)
