@@ -26,7 +26,7 @@ from jupyterhub.spawner import SpawnException
 from kubespawner import KubeSpawner
 from traitlets import Bool, Dict, Float, List, Unicode, observe
 
-from . import admission, labels, limits, podspec, profiles
+from . import admission, labels, limits, metrics, podspec, profiles
 from .catalog import Catalog, CatalogError, CatalogFile, parse_catalog
 from .inventory import figures as inventory_figures
 from .inventory.model import Availability
@@ -195,6 +195,7 @@ class GPUSpawner(KubeSpawner):
     def __init__(self, *args: Any, **kwargs: Any):
         self._gpu_mock = bool(kwargs.get("_mock", False))
         super().__init__(*args, **kwargs)
+        metrics.track(self)
         if self.gpu_catalog_configured:
             if self.trait_has_value("profile_list") and self.profile_list not in ([], None):
                 self.log.warning(
@@ -564,6 +565,7 @@ class GPUSpawner(KubeSpawner):
 
     def _refusal(self, refusal: Refusal) -> SpawnException:
         self._refused_before_pod = True
+        metrics.count_refusal(refusal.reason)
         return spawn_error(refusal.message, reason=refusal.reason, status=refusal.status)
 
     async def load_user_options(self) -> None:
@@ -791,6 +793,7 @@ class GPUSpawner(KubeSpawner):
 
             reason = check_failure(pod)
             if reason:
+                metrics.count_validation_failure(pod)
                 raise GPUCheckFailed(reason)
             self._watch_scheduling(pod)
         return super().is_pod_running(pod)
@@ -826,9 +829,16 @@ class GPUSpawner(KubeSpawner):
         self._refused_before_pod = False
         self._unschedulable = None
         self._unschedulable_since = None
+        started = time.monotonic()
         try:
-            return await super()._start()
+            result = await super()._start()
+            if self._selection is not None and self._selection.is_gpu and self._selection.gpu_type:
+                metrics.observe_spawn_duration(
+                    self._selection.gpu_type.key, time.monotonic() - started
+                )
+            return result
         except GPUUnschedulable as e:
+            metrics.count_refusal(admission.REASON_UNSCHEDULABLE)
             waited = self.gpu_unschedulable_timeout
             self.log.warning(
                 "Giving up on %s after %.0f s without free GPUs: %s", self._log_name, waited, e
@@ -842,6 +852,7 @@ class GPUSpawner(KubeSpawner):
                 status=503,
             ) from None
         except GPUCheckFailed as e:
+            metrics.count_refusal("gpu-check")
             reason = str(e)
             self.log.warning("GPU check failed for %s: %s", self._log_name, reason)
             await self._delete_failed_pod("its GPU check failed")

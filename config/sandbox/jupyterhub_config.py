@@ -70,4 +70,47 @@ c.JupyterHub.load_roles.append(
     }
 )
 
+# --- gpuspawner-admin: the GPU page for admins (docs/admin.md) ----------------
+# A hub-managed service at /services/gpuspawner-admin/, on a free loopback port
+# (several sandbox hubs may run at once). Users need the custom scope
+# custom:gpuspawner:admin (granted to 'admin' below); others get 403.
+import socket  # noqa: E402
+
+with socket.socket() as _s:
+    _s.bind(("127.0.0.1", 0))
+    _admin_port = _s.getsockname()[1]
+c.JupyterHub.custom_scopes = {
+    "custom:gpuspawner:admin": {
+        "description": "See the GPU pool page and stop servers from it (gpuspawner-admin)."
+    }
+}
+c.JupyterHub.services.append(
+    {
+        "name": "gpuspawner-admin",
+        "url": f"http://127.0.0.1:{_admin_port}",
+        "command": [sys.executable, "-m", "gpuspawner.admin"],
+        "oauth_client_allowed_scopes": ["custom:gpuspawner:admin"],
+        "oauth_no_confirm": True,
+        # its cluster access is the hub's service account; limits come from the hub's catalog
+        "environment": {k: os.environ[k] for k in ("KUBECONFIG",) if k in os.environ}
+        | {"GPUSPAWNER_CATALOG": c.GPUSpawner.catalog_file},
+    }
+)
+c.JupyterHub.load_roles.append(
+    {
+        "name": "gpuspawner-admin-service",
+        "scopes": ["list:users", "read:users", "read:servers", "delete:servers"],
+        "services": ["gpuspawner-admin"],
+    }
+)
+c.JupyterHub.load_roles.append(
+    {
+        "name": "gpuspawner-admins",
+        "description": "See and steer the GPU pool",
+        "scopes": ["custom:gpuspawner:admin", "access:services!service=gpuspawner-admin"],
+        "users": sorted(c.JupyterHub.admin_users),
+    }
+)
+# --- end of gpuspawner-admin --------------------------------------------------
+
 check_catalog(c)

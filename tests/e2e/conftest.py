@@ -23,6 +23,8 @@ E2E_CATALOG = FIXTURES / "catalogs" / "e2e.yaml"
 EXTRA_HUB_CONFIG = """
 c.KubeSpawner.environment = {"NVIDIA_VISIBLE_DEVICES": "all"}
 c.KubeSpawner.start_timeout = 120
+# tests/e2e/test_admin_page.py reads the hub's /metrics without a token
+c.JupyterHub.authenticate_prometheus = False
 """
 
 

@@ -1,0 +1,8 @@
+"""The admin's window onto the GPU pool: the GPU page (a hub service) and ``gpuspawner status``.
+
+- :mod:`~gpuspawner.admin.report` (pure): hub users, pods, GPU figures, limits
+  and utilisation in, the tables out (HTML, text and JSON share them).
+- :mod:`~gpuspawner.admin.page` (pure): the page's HTML.
+- :mod:`~gpuspawner.admin.collect`: reads the hub, the cluster and Prometheus.
+- :mod:`~gpuspawner.admin.service`: the hub-managed service (``python -m gpuspawner.admin``).
+"""

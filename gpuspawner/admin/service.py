@@ -1,0 +1,236 @@
+"""``python -m gpuspawner.admin``: the GPU page, a hub-managed service for admins.
+
+Served under the service's prefix (``/services/gpuspawner-admin/``):
+
+- ``GET /`` — the page (HTML, refreshes itself);
+- ``GET /api/status[?user=NAME]`` — the same report as JSON (``gpuspawner status``);
+- ``POST /stop`` (``user``, ``server``) — stops a server through the hub's API
+  with the service's token (scope ``delete:servers``); the hub logs the DELETE
+  and this service logs which admin asked.
+
+Every handler is a JupyterHub ``HubOAuthenticated`` handler requiring the
+custom scope ``custom:gpuspawner:admin`` (:data:`ADMIN_SCOPE`): a user or
+token without it gets 403.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from urllib.parse import urlencode, urlparse
+
+from traitlets import Bool, Float, Integer, Unicode, default
+from traitlets.config import Application, catch_config_error
+
+from ..culler.hub import HubClient, HubError
+from ..culler.kube import kubernetes_available, service_account_namespace
+from ..culler.prometheus import GPUQueries, PrometheusClient
+from .collect import Collector, KubeReader
+from .page import render_page
+
+#: The custom scope that lets a user see the page and stop servers from it.
+ADMIN_SCOPE = "custom:gpuspawner:admin"
+#: The service's name in the hub config (its URL prefix is /services/<name>/).
+SERVICE_NAME = "gpuspawner-admin"
+
+
+class GPUAdmin(Application):
+    name = "gpuspawner-admin"
+    description = "The GPU pool page for JupyterHub admins (a hub-managed service)."
+
+    @default("log_level")
+    def _default_log_level(self):
+        # stop requests are audited at INFO
+        return logging.INFO
+
+    hub_api_url = Unicode(
+        help="The hub's API URL. Default: $JUPYTERHUB_API_URL (set by the hub for managed services)."
+    ).tag(config=True)
+
+    @default("hub_api_url")
+    def _default_api_url(self):
+        return os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
+
+    api_token = Unicode(
+        help="The service's API token. Default: $JUPYTERHUB_API_TOKEN (set by the hub for managed services)."
+    ).tag(config=True)
+
+    @default("api_token")
+    def _default_token(self):
+        return os.environ.get("JUPYTERHUB_API_TOKEN", "")
+
+    service_url = Unicode(
+        help="Where the service listens. Default: $JUPYTERHUB_SERVICE_URL (the service's 'url' in the hub config)."
+    ).tag(config=True)
+
+    @default("service_url")
+    def _default_service_url(self):
+        return os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10102")
+
+    catalog_file = Unicode(
+        help="The GPU catalog file the hub uses (for limits and GPU type names). Default: $GPUSPAWNER_CATALOG."
+    ).tag(config=True)
+
+    @default("catalog_file")
+    def _default_catalog(self):
+        return os.environ.get("GPUSPAWNER_CATALOG", "")
+
+    kubernetes = Unicode(
+        "auto",
+        help="Read nodes and pods from Kubernetes: 'on', 'off', or 'auto' (on in a pod with a service account or with a kubeconfig).",
+    ).tag(config=True)
+
+    namespace = Unicode(
+        help="The notebook pods' namespace. Default: $POD_NAMESPACE, else the service account's, else jupyterhub."
+    ).tag(config=True)
+
+    @default("namespace")
+    def _default_namespace(self):
+        return os.environ.get("POD_NAMESPACE") or service_account_namespace() or "jupyterhub"
+
+    all_namespaces = Bool(
+        True,
+        help="Count GPUs held by pods in every namespace in the figures per type (as GPUSpawner.gpu_inventory_all_namespaces).",
+    ).tag(config=True)
+
+    prometheus_url = Unicode(
+        "",
+        help="Prometheus's base URL for GPU utilisation per server (DCGM exporter metrics); empty: not shown.",
+    ).tag(config=True)
+    pod_label = Unicode("pod", help="The metric label holding the pod name.").tag(config=True)
+    namespace_label = Unicode("namespace", help="The metric label holding the namespace.").tag(
+        config=True
+    )
+
+    refresh_seconds = Integer(30, help="How often the page reloads itself, in seconds.").tag(
+        config=True
+    )
+    cache_seconds = Float(
+        10,
+        help="A report is reused for this many seconds, so several admins' pages cost one listing.",
+    ).tag(config=True)
+
+    aliases = {
+        "catalog": "GPUAdmin.catalog_file",
+        "prometheus-url": "GPUAdmin.prometheus_url",
+        "namespace": "GPUAdmin.namespace",
+        "kubernetes": "GPUAdmin.kubernetes",
+        "log-level": "Application.log_level",
+    }
+
+    @catch_config_error
+    def initialize(self, argv=None):
+        super().initialize(argv)
+        if not self.api_token:
+            self.log.critical(
+                "gpuspawner-admin cannot start: no API token ($JUPYTERHUB_API_TOKEN)."
+            )
+            self.exit(1)
+        self.hub = HubClient(self.hub_api_url, self.api_token, log=self.log)
+        use_kube = self.kubernetes == "on" or (self.kubernetes == "auto" and kubernetes_available())
+        kube = KubeReader(self.namespace, all_namespaces=self.all_namespaces) if use_kube else None
+        prometheus = None
+        if self.prometheus_url:
+            queries = GPUQueries(pod_label=self.pod_label, namespace_label=self.namespace_label)
+            prometheus = PrometheusClient(self.prometheus_url, queries)
+        self.collector = Collector(
+            self.hub,
+            kube,
+            self.catalog_file,
+            prometheus,
+            cache_seconds=self.cache_seconds,
+            log=self.log,
+        )
+
+    def web_app(self):
+        return make_app(self)
+
+    async def run(self) -> None:
+        url = urlparse(self.service_url)
+        self.web_app().listen(url.port or 80, address=url.hostname or "127.0.0.1")
+        self.log.info("gpuspawner-admin serving on %s", self.service_url)
+        await asyncio.Event().wait()
+
+    def start(self) -> None:
+        asyncio.run(self.run())
+
+
+def make_app(admin: GPUAdmin):
+    from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
+    from jupyterhub.utils import url_path_join
+    from tornado import web
+
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", f"/services/{SERVICE_NAME}/")
+
+    class Base(HubOAuthenticated, web.RequestHandler):
+        hub_scopes = {ADMIN_SCOPE}
+
+        def admin_name(self) -> str:
+            return self.current_user.get("name", "?")
+
+    class PageHandler(Base):
+        @web.authenticated
+        async def get(self):
+            report = await admin.collector.report()
+            self.set_header("Cache-Control", "no-store")
+            self.write(
+                render_page(
+                    report,
+                    admin=self.admin_name(),
+                    stop_url=url_path_join(prefix, "stop"),
+                    xsrf_token=self.xsrf_token.decode()
+                    if isinstance(self.xsrf_token, bytes)
+                    else self.xsrf_token,
+                    refresh_seconds=admin.refresh_seconds,
+                    notice=self.get_argument("notice", ""),
+                )
+            )
+
+    class StatusHandler(Base):
+        @web.authenticated
+        async def get(self):
+            user = self.get_argument("user", "")
+            report = await admin.collector.report((user,) if user else ())
+            self.set_header("Content-Type", "application/json")
+            self.set_header("Cache-Control", "no-store")
+            self.write(json.dumps(report.as_dict()))
+
+    class StopHandler(Base):
+        @web.authenticated
+        async def post(self):
+            user = self.get_argument("user")
+            server = self.get_argument("server", "")
+            label = f"{user}/{server or 'default'}"
+            admin.log.info("Admin %s asked to stop %s", self.admin_name(), label)
+            try:
+                status = await admin.hub.stop_server(user, server)
+                notice = (
+                    f"Stopping {label}."
+                    if status == 202
+                    else f"Stopped {label}."
+                    if status == 204
+                    else f"{label} was not running."
+                )
+            except HubError as e:
+                admin.log.error("Stopping %s for %s failed: %s", label, self.admin_name(), e)
+                notice = f"{label} could not be stopped: {e}"
+            admin.collector.invalidate()
+            self.redirect(f"{prefix}?{urlencode({'notice': notice})}")
+
+    return web.Application(
+        [
+            (prefix, PageHandler),
+            (url_path_join(prefix, "api/status"), StatusHandler),
+            (url_path_join(prefix, "stop"), StopHandler),
+            (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
+        ],
+        cookie_secret=os.urandom(32),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    app = GPUAdmin.instance()
+    app.initialize(argv)
+    app.start()

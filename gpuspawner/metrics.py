@@ -1,0 +1,235 @@
+"""The hub's GPU metrics, served on the hub's own ``/metrics`` (JupyterHub's default registry).
+
+Defined once, at import (the spawner imports this module, so they exist as
+soon as the hub loads GPUSpawner). Every label has a bounded set of values —
+GPU type (the catalog's keys), user group (the hub's groups), refusal or
+check-failure reason (fixed lists below) — and **never the user name**, so
+the number of series does not grow with the number of users.
+
+- ``gpuspawner_spawn_refusals_total{reason}``: spawns refused before any pod
+  was created (``limit``, ``group-pool``, ``never-schedulable``,
+  ``no-capacity``, ``invalid-request``, …) and spawns that failed later
+  (``unschedulable``, ``gpu-check``).
+- ``gpuspawner_validation_failures_total{reason}``: failed GPU checks by kind
+  (``gpu-count``, ``driver-too-old``, ``gpu-unhealthy``, …).
+- ``gpuspawner_gpu_spawn_duration_seconds{gpu_type}``: from the start of a GPU
+  server's spawn until its pod runs (GPU check passed).
+- ``gpuspawner_gpus_requested{gpu_type,group}`` / ``gpuspawner_gpus_allocated{…}``:
+  GPUs of the hub's servers (allocated: the pod is bound to a node), read at
+  scrape time from the pod reflector the hub keeps anyway: no API request per
+  scrape. A user in several groups is counted in each; ``group=""`` holds
+  users in no group.
+- ``gpuspawner_pool_gpus{gpu_type,figure}``: the cluster's figures per catalog
+  type from the hub's inventory (``allocatable``, ``in_use``, ``free``,
+  ``waiting_pods``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from . import labels
+from .validation import gpucheck
+
+#: The refusal reasons the spawner gives (other values are counted as "other").
+REFUSAL_REASONS = (
+    "invalid-request",
+    "limit",
+    "group-pool",
+    "never-schedulable",
+    "no-capacity",
+    "unschedulable",
+    "usage-unknown",
+    "catalog-invalid",
+    "gpu-check",
+)
+
+#: The GPU check's exit codes (and the container runtime's) as bounded reason labels.
+CHECK_EXIT_REASONS: dict[int, str] = {
+    gpucheck.EXIT_INTERNAL: "check-crashed",
+    gpucheck.EXIT_USAGE: "check-misconfigured",
+    gpucheck.EXIT_NO_NVIDIA_SMI: "no-nvidia-smi",
+    gpucheck.EXIT_NVIDIA_SMI_FAILED: "nvidia-smi-failed",
+    gpucheck.EXIT_GPU_COUNT: "gpu-count",
+    gpucheck.EXIT_DRIVER_TOO_OLD: "driver-too-old",
+    gpucheck.EXIT_GPU_UNHEALTHY: "gpu-unhealthy",
+    gpucheck.EXIT_UNREADABLE_OUTPUT: "unreadable-output",
+    126: "check-not-startable",
+    127: "check-not-startable",
+    137: "check-killed",
+}
+
+SPAWN_REFUSALS = Counter(
+    "gpuspawner_spawn_refusals",
+    "GPU spawns refused or failed, by reason (never by user)",
+    ["reason"],
+)
+VALIDATION_FAILURES = Counter(
+    "gpuspawner_validation_failures",
+    "Failed GPU checks (the nvidia-smi init container), by reason",
+    ["reason"],
+)
+GPU_SPAWN_DURATION = Histogram(
+    "gpuspawner_gpu_spawn_duration_seconds",
+    "Seconds from the start of a GPU server's spawn until its pod runs with checked GPUs",
+    ["gpu_type"],
+    buckets=(5, 10, 20, 30, 60, 120, 300, 600, float("inf")),
+)
+
+for _reason in REFUSAL_REASONS:
+    SPAWN_REFUSALS.labels(reason=_reason)
+for _reason in sorted(set(CHECK_EXIT_REASONS.values())):
+    VALIDATION_FAILURES.labels(reason=_reason)
+
+
+def refusal_reason(reason: str | None) -> str:
+    """The label for a refusal reason: one of REFUSAL_REASONS, else "other"."""
+    return reason if reason in REFUSAL_REASONS else "other"
+
+
+def count_refusal(reason: str | None) -> None:
+    SPAWN_REFUSALS.labels(reason=refusal_reason(reason)).inc()
+
+
+def check_failure_reason(pod: Mapping[str, Any]) -> str:
+    """The bounded reason label of a failed GPU check, from the check container's exit code."""
+    for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        if status.get("name") != labels.VALIDATION_CONTAINER_NAME:
+            continue
+        for key in ("state", "lastState"):
+            terminated = (status.get(key) or {}).get("terminated") or {}
+            code = int(terminated.get("exitCode", 0) or 0)
+            if code:
+                if terminated.get("reason") in ("StartError", "ContainerCannotRun"):
+                    return "check-not-startable"
+                return CHECK_EXIT_REASONS.get(code, "other")
+    return "other"
+
+
+def count_validation_failure(pod: Mapping[str, Any]) -> None:
+    VALIDATION_FAILURES.labels(reason=check_failure_reason(pod)).inc()
+
+
+def observe_spawn_duration(gpu_type: str, seconds: float) -> None:
+    GPU_SPAWN_DURATION.labels(gpu_type=gpu_type).observe(seconds)
+
+
+# ---------------------------------------------------------------------------
+# GPUs by type and group, read at scrape time
+# ---------------------------------------------------------------------------
+
+_spawners: weakref.WeakSet = weakref.WeakSet()
+
+
+def track(spawner: Any) -> None:
+    """Remember a spawner (weakly) so its server's GPUs are counted at scrape time."""
+    _spawners.add(spawner)
+
+
+def gpus_by_group(
+    servers: Iterable[tuple[Iterable[str], Mapping[str, Any]]],
+) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+    """(requested, allocated) GPUs per (gpu_type, group) from (user's groups, server pod) pairs.
+
+    A pod being deleted or finished holds nothing; a pod holds GPUs once bound
+    to a node (``spec.nodeName``).
+    """
+    from .inventory.model import pod_is_active
+
+    requested: dict[tuple[str, str], int] = {}
+    allocated: dict[tuple[str, str], int] = {}
+    for groups, pod in servers:
+        if not pod_is_active(pod):
+            continue
+        pod_labels = (pod.get("metadata") or {}).get("labels") or {}
+        gpu_type = pod_labels.get(labels.LABEL_GPU_TYPE) or labels.NO_GPU_TYPE
+        try:
+            gpus = int(pod_labels.get(labels.LABEL_GPUS, "0"))
+        except ValueError:
+            continue
+        if gpus <= 0 or gpu_type == labels.NO_GPU_TYPE:
+            continue
+        bound = bool((pod.get("spec") or {}).get("nodeName"))
+        for group in sorted(set(groups)) or [""]:
+            key = (gpu_type, group)
+            requested[key] = requested.get(key, 0) + gpus
+            if bound:
+                allocated[key] = allocated.get(key, 0) + gpus
+    return requested, allocated
+
+
+class GPUCollector:
+    """Scrape-time figures from the hub's memory: tracked spawners, their pod reflector, the inventory."""
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        requested = GaugeMetricFamily(
+            "gpuspawner_gpus_requested",
+            "GPUs requested by the hub's servers (pods not finished), by GPU type and user group",
+            labels=["gpu_type", "group"],
+        )
+        allocated = GaugeMetricFamily(
+            "gpuspawner_gpus_allocated",
+            "GPUs allocated to the hub's servers (pods bound to a node), by GPU type and user group",
+            labels=["gpu_type", "group"],
+        )
+        pool = GaugeMetricFamily(
+            "gpuspawner_pool_gpus",
+            "The cluster's GPUs per catalog type (allocatable, in_use, free, waiting_pods)",
+            labels=["gpu_type", "figure"],
+        )
+        spawners = list(_spawners)
+        req, alloc = gpus_by_group(_server_pods(spawners))
+        for (gpu_type, group), value in sorted(req.items()):
+            requested.add_metric([gpu_type, group], value)
+        for (gpu_type, group), value in sorted(alloc.items()):
+            allocated.add_metric([gpu_type, group], value)
+        for key, availability in sorted(_pool_figures(spawners).items()):
+            pool.add_metric([key, "allocatable"], availability.allocatable)
+            pool.add_metric([key, "in_use"], availability.requested)
+            pool.add_metric([key, "free"], availability.free)
+            pool.add_metric([key, "waiting_pods"], availability.pending)
+        yield requested
+        yield allocated
+        yield pool
+
+
+def _server_pods(spawners: list[Any]) -> list[tuple[list[str], Mapping[str, Any]]]:
+    out = []
+    seen = set()
+    for spawner in spawners:
+        try:
+            reflector = spawner.pod_reflector
+            if reflector is None:
+                continue
+            key = f"{spawner.namespace}/{spawner.pod_name}"
+            pod = reflector.pods.get(key)
+            if pod is None or key in seen:
+                continue
+            seen.add(key)
+            groups = [g.name for g in getattr(spawner.user, "groups", None) or []]
+            out.append((groups, pod))
+        except Exception:  # a half-built or deleted spawner: skip it, never fail a scrape
+            continue
+    return out
+
+
+def _pool_figures(spawners: list[Any]) -> dict:
+    for spawner in spawners:
+        try:
+            if not spawner.gpu_catalog_configured or spawner.gpu_inventory() is None:
+                continue
+            return spawner.gpu_availability(spawner.load_catalog()) or {}
+        except Exception:  # no running loop, invalid catalog, inventory off: no pool figures
+            continue
+    return {}
+
+
+REGISTRY.register(GPUCollector())
