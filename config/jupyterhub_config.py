@@ -97,5 +97,57 @@ c.JupyterHub.load_roles.append(
 )
 # --- end of gpuspawner-culler ---------------------------------------------------
 
+# --- gpuspawner-admin: the GPU page for admins (docs/admin.md) ----------------
+# A hub-managed service at /services/gpuspawner-admin/: GPUs per type, every
+# server with its GPUs, node, age, idle time and the owner's limit and rule, and
+# a stop button. Only users with the custom scope custom:gpuspawner:admin see it
+# (the role below: the hub's admin users and the group gpu-admins); `gpuspawner
+# status` reads the same figures with such a user's token.
+c.JupyterHub.custom_scopes = {
+    "custom:gpuspawner:admin": {
+        "description": "See the GPU pool page and stop servers from it (gpuspawner-admin)."
+    }
+}
+c.JupyterHub.services.append(
+    {
+        "name": "gpuspawner-admin",
+        "url": "http://127.0.0.1:10102",
+        "command": [sys.executable, "-m", "gpuspawner.admin"],
+        "oauth_client_allowed_scopes": ["custom:gpuspawner:admin"],
+        "oauth_no_confirm": True,
+        # the catalog for limits; the cluster through the hub pod's service account
+        "environment": {
+            "GPUSPAWNER_CATALOG": c.GPUSpawner.catalog_file,
+            **{
+                key: os.environ[key]
+                for key in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "POD_NAMESPACE")
+                if key in os.environ
+            },
+        },
+        # GPU utilisation per server (DCGM exporter metrics), as for the culler:
+        # "command": [..., "--prometheus-url=http://prometheus-server.monitoring.svc"],
+    }
+)
+# The service reads users (with groups) and servers, and stops servers; never admin.
+c.JupyterHub.load_roles.append(
+    {
+        "name": "gpuspawner-admin-service",
+        "description": "The GPU page: read users and servers, stop servers",
+        "scopes": ["list:users", "read:users", "read:servers", "delete:servers"],
+        "services": ["gpuspawner-admin"],
+    }
+)
+c.JupyterHub.load_roles.append(
+    {
+        "name": "gpuspawner-admins",
+        "description": "See and steer the GPU pool",
+        "scopes": ["custom:gpuspawner:admin", "access:services!service=gpuspawner-admin"],
+        "users": sorted(c.Authenticator.admin_users) if "admin_users" in c.Authenticator else [],
+        "groups": ["gpu-admins"],
+    }
+)
+c.JupyterHub.load_groups.setdefault("gpu-admins", {"users": []})
+# --- end of gpuspawner-admin --------------------------------------------------
+
 # Stop the hub at start with one readable line if the catalog is invalid.
 check_catalog(c)

@@ -4,17 +4,19 @@
 # it prints the exact command and exits non-zero.
 #
 #   prometheus  - the real Prometheus the culler's tests start on 127.0.0.1
+#   chromium    - the headless browser the admin page's tests drive (playwright, no download)
 set -eu
 
 missing=""
 command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || missing="$missing prometheus"
+command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || missing="$missing chromium"
 
 if [ -z "$missing" ]; then
     exit 0
 fi
 
 if ! command -v apt-get >/dev/null 2>&1; then
-    echo "Missing:$missing. This machine has no apt-get: install Prometheus >= 2.42 so that 'prometheus' is on PATH." >&2
+    echo "Missing:$missing. This machine has no apt-get: install them (Prometheus >= 2.42) so that each is on PATH." >&2
     exit 1
 fi
 

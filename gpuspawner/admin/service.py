@@ -69,6 +69,11 @@ class GPUAdmin(Application):
     def _default_service_url(self):
         return os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10102")
 
+    ip = Unicode(
+        "",
+        help="The address to listen on. Default: the host of service_url. Set 0.0.0.0 when the proxy runs in another pod (zero-to-jupyterhub).",
+    ).tag(config=True)
+
     catalog_file = Unicode(
         help="The GPU catalog file the hub uses (for limits and GPU type names). Default: $GPUSPAWNER_CATALOG."
     ).tag(config=True)
@@ -114,6 +119,7 @@ class GPUAdmin(Application):
 
     aliases = {
         "catalog": "GPUAdmin.catalog_file",
+        "ip": "GPUAdmin.ip",
         "prometheus-url": "GPUAdmin.prometheus_url",
         "namespace": "GPUAdmin.namespace",
         "kubernetes": "GPUAdmin.kubernetes",
@@ -149,7 +155,7 @@ class GPUAdmin(Application):
 
     async def run(self) -> None:
         url = urlparse(self.service_url)
-        self.web_app().listen(url.port or 80, address=url.hostname or "127.0.0.1")
+        self.web_app().listen(url.port or 80, address=self.ip or url.hostname or "127.0.0.1")
         self.log.info("gpuspawner-admin serving on %s", self.service_url)
         await asyncio.Event().wait()
 
