@@ -176,6 +176,10 @@ class Reflector:
 
 
 class NoPods:
+    """The user's (empty) GPU pod list, as kubernetes_asyncio returns it unparsed."""
+
+    status = 200
+
     async def read(self) -> bytes:
         return b'{"kind": "PodList", "items": []}'
 
@@ -302,6 +306,7 @@ def main() -> None:
         return inventory
 
     inventory, inventory_mb = traced(feed)
+    kept_nodes, kept_pods = len(inventory.nodes), len(inventory.pods)
     raw_cache, raw_mb = traced(
         lambda: {
             "nodes": json.loads(node_body)["items"],
@@ -324,7 +329,7 @@ def main() -> None:
     print(
         f"Cluster: {len(nodes)} GPU nodes, {len(pods)} pods ({holding} holding GPUs, "
         f"{waiting} waiting for GPUs, {len(pods) - holding - waiting} CPU-only); "
-        f"kept by the inventory: {len(inventory.nodes)} nodes, {len(inventory.pods)} pods. "
+        f"kept by the inventory: {kept_nodes} nodes, {kept_pods} pods. "
         f"API responses: nodes {len(node_body) / 1e6:.1f} MB, pods {len(pod_body) / 1e6:.1f} MB."
     )
     print()
