@@ -123,7 +123,7 @@ def render_page(
 <th>GPUs held / limit</th><th>limit from</th></tr></thead>
 <tbody>{"".join(user_rows)}</tbody></table>
 <p class="muted">"waiting": GPUs requested by this hub's pods that no node has taken yet.
-GPU utilisation is the mean over the last 5 minutes (DCGM exporter, via Prometheus).
+GPU utilisation: the busiest of the server's GPUs, averaged over the last 5 minutes (DCGM exporter, via Prometheus).
 Stopping a server goes through the hub's API and is logged by the hub and this service.</p>
 </body></html>
 """

@@ -1,0 +1,96 @@
+"""The collector: recorded hub and cluster data through stand-in clients, a real Prometheus."""
+
+from __future__ import annotations
+
+from gpuspawner.admin.collect import Collector
+from gpuspawner.culler.hub import HubError
+from gpuspawner.culler.prometheus import GPUQueries, PrometheusClient
+
+from ..culler.dcgm import DCGMExporter
+from ..culler.promserver import start_prometheus
+from .conftest import ADMIN, _load
+
+
+class Hub:
+    """The two hub calls the collector makes, answered from users.json."""
+
+    def __init__(self, users, fail=False):
+        self.users = users
+        self.fail = fail
+
+    async def iter_users(self, state="active"):
+        if self.fail:
+            raise HubError("The hub API did not answer GET /users after 5 attempts.")
+        for user in self.users:
+            yield user
+
+    async def request(self, method, path):
+        name = path.rsplit("/", 1)[-1]
+        if name == "quiet":
+            return 200, {"name": "quiet", "admin": False, "groups": ["students"], "servers": {}}
+        raise HubError(f"The hub refused GET {path} with 404.", status=404)
+
+
+class Kube:
+    def __init__(self, fail=False):
+        self.fail = fail
+
+    async def snapshot(self):
+        if self.fail:
+            raise RuntimeError("HTTP 403: nodes is forbidden")
+        return _load("pods.json"), _load("nodes.json"), _load("all-pods.json")
+
+
+async def test_report_from_the_sources(users):
+    collector = Collector(Hub(users), Kube(), str(ADMIN / "catalog.yaml"), cache_seconds=60)
+    report = await collector.report()
+    assert report.problems == ()
+    assert {t.key: (t.allocatable, t.in_use) for t in report.types} == {
+        "a100": (8, 3),
+        "h100": (8, 4),
+    }
+    assert report.user("student").rule == "group rule 'students'"
+    # cached for the next page view; a stop invalidates it
+    assert await collector.report() is report
+    collector.invalidate()
+    assert await collector.report() is not report
+    # a user without servers is looked up for --user
+    quiet = await collector.report(("quiet", "nobody"))
+    assert quiet.user("quiet").rule == "group rule 'students'" and quiet.user("nobody") is None
+
+
+async def test_each_failing_source_is_one_note(users):
+    collector = Collector(Hub(users, fail=True), Kube(fail=True), "/nonexistent/catalog.yaml")
+    report = await collector.report()
+    assert report.users == () and report.types == ()
+    assert len(report.problems) == 3
+    assert report.problems[0].startswith("The catalog could not be read, so limits are not shown")
+    assert report.problems[1] == (
+        "The hub's users could not be listed: The hub API did not answer GET /users after 5 attempts."
+    )
+    assert report.problems[2] == "The cluster could not be read: HTTP 403: nodes is forbidden"
+    without = await Collector(Hub(users), None).report()
+    assert "Kubernetes is not configured" in " ".join(without.problems)
+    assert without.user("ann").limit is None
+
+
+async def test_utilisation_from_a_real_prometheus(users, tmp_path):
+    exporter = DCGMExporter()
+    exporter.start()
+    devices = exporter.sample_devices()
+    exporter.assign(devices[0], "jupyterhub", "jupyter-ann", util=60)
+    exporter.assign(devices[1], "jupyterhub", "jupyter-ann", util=20)
+    prometheus = start_prometheus(tmp_path, f"127.0.0.1:{exporter._server.server_address[1]}")
+    try:
+        prometheus.wait_for('DCGM_FI_DEV_GPU_UTIL{pod="jupyter-ann"}', lambda r: len(r) == 2)
+        client = PrometheusClient(prometheus.url, GPUQueries())
+        collector = Collector(Hub(users), Kube(), str(ADMIN / "catalog.yaml"), client)
+        report = await collector.report()
+    finally:
+        prometheus.stop()
+        exporter.stop()
+    assert report.utilisation_source == "prometheus" and report.problems == ()
+    ann = report.user("ann").servers[0]
+    # the busiest of the pod's GPUs, averaged over the window
+    assert ann.utilisation == 0.6
+    assert report.user("student").servers[0].utilisation is None
