@@ -67,19 +67,23 @@ class SandboxStack:
         cp.wait_for_service_account(HUB_NAMESPACE, HUB_SERVICE_ACCOUNT)
         self.hub_kubeconfig = cp.service_account_kubeconfig(HUB_NAMESPACE, HUB_SERVICE_ACCOUNT)
 
-    def start_hub(self, timeout: float = 90) -> Hub:
-        """Start (or restart: same database, same token) the hub."""
+    def _hub_settings(self, extra: str) -> tuple[str, dict[str, str]]:
         assert self.hub_kubeconfig is not None, "start_cluster() first"
         env = {"KUBECONFIG": str(self.hub_kubeconfig)}
         if self.catalog is not None:
             env["GPUSPAWNER_CATALOG"] = str(self.catalog)
-        extra = (
+        config = (
             f"c.DummyAuthenticator.password = {DEMO_PASSWORD!r}\n"
-            f"load_subconfig({str(SANDBOX_HUB_CONFIG)!r})\n{self.extra_hub_config}"
+            f"load_subconfig({str(SANDBOX_HUB_CONFIG)!r})\n{self.extra_hub_config}\n{extra}"
         )
+        return config, env
+
+    def start_hub(self, timeout: float = 90) -> Hub:
+        """Start (or restart: same database, same token) the hub."""
+        config, env = self._hub_settings("")
         hub = start_hub(
             self.state_dir / "hub",
-            extra_config=extra,
+            extra_config=config,
             env=env,
             timeout=timeout,
             public_port=self.public_port,
@@ -92,6 +96,16 @@ class SandboxStack:
         self._token = hub.token
         self.public_port = int(hub.public_url.rsplit(":", 1)[1])
         self.hub = hub
+        return hub
+
+    def start_second_hub(self, name: str, extra_config: str, timeout: float = 90) -> Hub:
+        """Another hub on the same cluster and service account, with extra settings; the caller stops it."""
+        config, env = self._hub_settings(extra_config)
+        hub = start_hub(self.state_dir / name, extra_config=config, env=env, timeout=timeout)
+        if hub.process.poll() is not None:
+            raise ControlPlaneError(
+                f"JupyterHub exited during start; its log:\n{hub.log()[-3000:]}"
+            )
         return hub
 
     def stop_hub(self) -> None:

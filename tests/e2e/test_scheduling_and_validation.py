@@ -2,6 +2,8 @@
 
 import time
 
+import pytest
+
 from gpuspawner.sandbox.devices import Fault, clear_faults, inject_fault
 
 from .conftest import ensure_user, pod_of, server_state, stop_server, wait_for, wait_ready
@@ -30,14 +32,56 @@ def progress_messages(hub, user, seconds=8.0):
     return messages
 
 
-def test_exhausted_type_waits_pending_with_the_reason_and_starts_when_gpus_return(hub, kube):
+@pytest.fixture
+def hub_without_inventory(stack):
+    """A second hub on the same cluster that leaves scheduling to the scheduler alone."""
+    hub = stack.start_second_hub("hub-no-inventory", "c.GPUSpawner.gpu_inventory_enabled = False")
+    yield hub
+    hub.stop()
+
+
+def test_exhausted_type_is_refused_at_once_with_the_figures(hub, kube):
     ensure_user(hub, "hog")  # unlimited in the e2e catalog
-    ensure_user(hub, "wanda")
+    ensure_user(hub, "wally")
     r = hub.api(
         "POST", "/users/hog/server", {"profile": "pytorch", "gpu_type": "h100", "gpus": "8"}
     )
     assert r.status in (201, 202), r.body
     wait_ready(hub, "hog")
+    try:
+        r = hub.api(
+            "POST", "/users/wally/server", {"profile": "pytorch", "gpu_type": "h100", "gpus": "1"}
+        )
+        assert r.status == 503, r.body
+        assert r.json()["message"].startswith(
+            "No node has 1 NVIDIA H100 GPU free right now: all 8 are in use."
+        )
+        assert (
+            pod_of(kube, "wally") is None
+        )  # refused before any pod: nothing waits in the scheduler
+    finally:
+        stop_server(hub, "hog")
+
+
+def test_without_the_inventory_the_scheduler_keeps_it_pending_with_the_reason_until_gpus_return(
+    hub_without_inventory, kube
+):
+    hub = hub_without_inventory
+    hogs = [
+        "sched-hog1",
+        "sched-hog2",
+        "sched-hog3",
+        "sched-hog4",
+    ]  # 4 users x 2 (their limit) = all 8 H100
+    ensure_user(hub, "wanda")
+    for user in hogs:
+        ensure_user(hub, user)
+        r = hub.api(
+            "POST", f"/users/{user}/server", {"profile": "pytorch", "gpu_type": "h100", "gpus": "2"}
+        )
+        assert r.status in (201, 202), r.body
+    for user in hogs:
+        wait_ready(hub, user)
     try:
         r = hub.api(
             "POST", "/users/wanda/server", {"profile": "pytorch", "gpu_type": "h100", "gpus": "1"}
@@ -59,13 +103,15 @@ def test_exhausted_type_waits_pending_with_the_reason_and_starts_when_gpus_retur
         message = wait_for(unschedulable, 30, what="the scheduler to report the pod unschedulable")
         assert "Insufficient nvidia.com/gpu" in message
         assert server_state(hub, "wanda")["pending"] == "spawn"
-        assert any("Insufficient nvidia.com/gpu" in m for m in progress_messages(hub, "wanda"))
+        shown = progress_messages(hub, "wanda")
+        assert any("H100" in m or "nvidia.com/gpu" in m for m in shown), shown
     finally:
-        stop_server(hub, "hog")
-    # the 8 H100 are back: the waiting server is scheduled and starts
+        stop_server(hub, hogs[0])
+    # 2 H100 are back: the waiting server is scheduled and starts
     wait_ready(hub, "wanda", timeout=120)
     assert pod_of(kube, "wanda")["spec"]["nodeName"] == "gpu-h100-0"
-    stop_server(hub, "wanda")
+    for user in [*hogs[1:], "wanda"]:
+        stop_server(hub, user)
 
 
 def test_gpu_fault_the_device_plugin_missed_fails_the_spawn_fast_and_removes_the_pod(
