@@ -149,5 +149,13 @@ c.JupyterHub.load_roles.append(
 c.JupyterHub.load_groups.setdefault("gpu-admins", {"users": []})
 # --- end of gpuspawner-admin --------------------------------------------------
 
+# --- live GPU figures on the spawn form (docs/capacity.md) --------------------
+# The endpoint the form polls: GET /hub/gpuspawner/availability, served from the
+# hub's own watch of nodes and pods (config/rbac.yaml's ClusterRole).
+from gpuspawner.inventory.web import availability_handlers  # noqa: E402
+
+c.JupyterHub.extra_handlers.extend(availability_handlers())
+# --- end of live GPU figures ---------------------------------------------------
+
 # Stop the hub at start with one readable line if the catalog is invalid.
 check_catalog(c)

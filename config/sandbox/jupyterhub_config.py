@@ -113,4 +113,12 @@ c.JupyterHub.load_roles.append(
 )
 # --- end of gpuspawner-admin --------------------------------------------------
 
+# --- live GPU figures on the spawn form (docs/capacity.md) --------------------
+# The endpoint the form polls: GET /hub/gpuspawner/availability, served from the
+# hub's own watch of nodes and pods (config/rbac.yaml's ClusterRole).
+from gpuspawner.inventory.web import availability_handlers  # noqa: E402
+
+c.JupyterHub.extra_handlers.extend(availability_handlers())
+# --- end of live GPU figures ---------------------------------------------------
+
 check_catalog(c)
