@@ -129,9 +129,10 @@ class Collector:
                         raise
         return list(users.values())
 
-    async def report(self, extra_users: tuple[str, ...] = ()) -> PoolReport:
+    async def report(self, extra_users: tuple[str, ...] = (), fresh: bool = False) -> PoolReport:
+        """The report; the last one if younger than ``cache_seconds``, unless ``fresh``."""
         now = time.time()
-        if not extra_users and self._last and now - self._last[0] < self.cache_seconds:
+        if not (extra_users or fresh) and self._last and now - self._last[0] < self.cache_seconds:
             return self._last[1]
         problems: list[str] = []
         catalog, problem = self.catalog()

@@ -198,7 +198,8 @@ def make_app(admin: GPUAdmin):
         @web.authenticated
         async def get(self):
             user = self.get_argument("user", "")
-            report = await admin.collector.report((user,) if user else ())
+            # scripts act on what they read: always fresh
+            report = await admin.collector.report((user,) if user else (), fresh=True)
             self.set_header("Content-Type", "application/json")
             self.set_header("Cache-Control", "no-store")
             self.write(json.dumps(report.as_dict()))

@@ -52,6 +52,7 @@ async def test_report_from_the_sources(users):
     assert report.user("student").rule == "group rule 'students'"
     # cached for the next page view; a stop invalidates it
     assert await collector.report() is report
+    assert await collector.report(fresh=True) is not report
     collector.invalidate()
     assert await collector.report() is not report
     # a user without servers is looked up for --user
