@@ -27,6 +27,7 @@ from traitlets.config import Application, catch_config_error
 from ..culler.hub import HubClient, HubError
 from ..culler.kube import kubernetes_available, service_account_namespace
 from ..culler.prometheus import GPUQueries, PrometheusClient
+from ..hubservice import HubServiceSettings
 from .collect import Collector, KubeReader
 from .page import render_page
 
@@ -36,7 +37,7 @@ ADMIN_SCOPE = "custom:gpuspawner:admin"
 SERVICE_NAME = "gpuspawner-admin"
 
 
-class GPUAdmin(Application):
+class GPUAdmin(HubServiceSettings, Application):
     name = "gpuspawner-admin"
     description = "The GPU pool page for JupyterHub admins (a hub-managed service)."
 
@@ -44,22 +45,6 @@ class GPUAdmin(Application):
     def _default_log_level(self):
         # stop requests are audited at INFO
         return logging.INFO
-
-    hub_api_url = Unicode(
-        help="The hub's API URL. Default: $JUPYTERHUB_API_URL (set by the hub for managed services)."
-    ).tag(config=True)
-
-    @default("hub_api_url")
-    def _default_api_url(self):
-        return os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
-
-    api_token = Unicode(
-        help="The service's API token. Default: $JUPYTERHUB_API_TOKEN (set by the hub for managed services)."
-    ).tag(config=True)
-
-    @default("api_token")
-    def _default_token(self):
-        return os.environ.get("JUPYTERHUB_API_TOKEN", "")
 
     service_url = Unicode(
         help="Where the service listens. Default: $JUPYTERHUB_SERVICE_URL (the service's 'url' in the hub config)."

@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default, validate
 from traitlets.config import Application, catch_config_error
 
+from ..hubservice import HubServiceSettings
 from . import policy as P
 from .hub import HubClient, HubError
 from .kube import KubeError, PodLister, kubernetes_available, service_account_namespace
@@ -93,7 +94,7 @@ class CullerMetrics:
             self.errors.labels(source=source)
 
 
-class GPUCuller(Application):
+class GPUCuller(HubServiceSettings, Application):
     name = "gpuspawner-culler"
     description = "Stop idle JupyterHub servers, GPU-aware: per-profile timeouts, GPU utilisation from Prometheus and pool pressure."
 
@@ -103,21 +104,6 @@ class GPUCuller(Application):
     ).tag(config=True)
 
     # --- the hub ----------------------------------------------------------
-    hub_api_url = Unicode(
-        help="The hub's API URL. Default: $JUPYTERHUB_API_URL (set by the hub for managed services), else http://127.0.0.1:8081/hub/api."
-    ).tag(config=True)
-
-    @default("hub_api_url")
-    def _default_api_url(self):
-        return os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
-
-    api_token = Unicode(
-        help="The service's API token. Default: $JUPYTERHUB_API_TOKEN (set by the hub for managed services)."
-    ).tag(config=True)
-
-    @default("api_token")
-    def _default_token(self):
-        return os.environ.get("JUPYTERHUB_API_TOKEN", "")
 
     hub_timeout = Float(
         30, help="Seconds before one hub API request is abandoned (and retried)."
