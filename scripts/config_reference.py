@@ -12,6 +12,15 @@ import inspect
 from gpuspawner.spawner import GPUSpawner
 
 
+def own_trait(name: str) -> bool:
+    """Defined by GPUSpawner or one of gpuspawner's mixins (not inherited from KubeSpawner)."""
+    return any(
+        name in cls.__dict__
+        for cls in GPUSpawner.__mro__
+        if cls.__module__.startswith("gpuspawner.")
+    )
+
+
 def render() -> str:
     lines = [
         "# GPUSpawner configuration reference",
@@ -22,7 +31,7 @@ def render() -> str:
         "",
     ]
     for name, trait in sorted(GPUSpawner.class_traits(config=True).items()):
-        if name not in GPUSpawner.__dict__:
+        if not own_trait(name):
             continue
         default = trait.default_value_repr()
         lines += [
