@@ -201,6 +201,8 @@ def _write_pair(directory: Path, stem: str, key, cert: x509.Certificate) -> Cert
     return pair
 
 
+# service_ip is the first address of the API server's service CIDR, which Kubernetes
+# requires in the serving certificate; it is configuration only and never dialled.
 def generate(directory: Path, host: str = "127.0.0.1", service_ip: str = "10.0.0.1") -> Pki:
     """Create a fresh CA, serving and client certificates and the SA key pair.
 
