@@ -268,13 +268,8 @@ class GPUSpawner(CapacityMixin, KubeSpawner):
         pools = limits.pool_groups_for(catalog.limits, groups)
         # Locks are always taken in the same order (pools sorted, then the
         # user) so two users sharing a pool cannot deadlock.
-        held_locks = [self._lock(f"pool:{g}") for g in pools] + [
-            self._lock(f"user:{self.user.name}")
-        ]
-        for lock in held_locks:
-            await lock.acquire()
         # A request over the user's limit even with nothing held is refused
-        # without asking the cluster.
+        # without asking the cluster (and before taking any lock).
         limits.check_request(
             catalog=catalog,
             user=self.user.name,
@@ -283,6 +278,11 @@ class GPUSpawner(CapacityMixin, KubeSpawner):
             selection=selection,
             holdings=[],
         )
+        held_locks = [self._lock(f"pool:{g}") for g in pools] + [
+            self._lock(f"user:{self.user.name}")
+        ]
+        for lock in held_locks:
+            await lock.acquire()
         try:
             try:
                 holdings = await self.current_holdings(catalog, every_user=bool(pools))

@@ -405,6 +405,22 @@ async def test_limit_refusal_is_403_and_names_the_servers():
     assert GPUSpawner._reservations == {}
 
 
+async def test_a_refusal_leaves_no_lock_behind():
+    # a request over the limit even with nothing held, then a valid one from the same user:
+    # the second must be admitted, not wait forever for the first one's lock
+    spawner = make_spawner(user=User("zed"))
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "4"}
+    with pytest.raises(SpawnException) as refused:
+        await spawner.load_user_options()
+    assert refused.value.status_code == 403
+    other = make_spawner(user=User("zed"), name="second")
+    other.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
+    await asyncio.wait_for(other.load_user_options(), timeout=30)
+    assert other.extra_resource_limits == {"nvidia.com/gpu": "2"}
+    lock = GPUSpawner._admission_locks.get("user:zed")
+    assert lock is None or not lock.locked()
+
+
 async def test_ten_concurrent_requests_against_a_limit_of_two_admit_exactly_two():
     user = User("zoe")
     spawners = [make_spawner(user=user, name=f"s{i}") for i in range(10)]

@@ -7,6 +7,7 @@ service account of config/rbac.yaml. When the control plane cannot be built
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import pytest
@@ -105,3 +106,33 @@ def user_pods(kube, user):
         query={"labelSelector": f"hub.jupyter.org/username={user}"},
     )["items"]
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's headless Chromium driven by playwright (which never downloads a browser here)."""
+    from playwright.sync_api import sync_playwright
+
+    if not shutil.which(CHROMIUM):
+        pytest.fail("Chromium is not installed: run scripts/install-system-packages.sh")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def browser_log_in(browser, hub, name, path="/hub/home"):
+    """A browser page logged into the hub as ``name`` (dummy authenticator), opened at ``path``."""
+    from gpuspawner.sandbox.demo import DEMO_PASSWORD
+
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.goto(hub.public_url + path)
+    page.fill("#username_input", name)
+    page.fill("#password_input", DEMO_PASSWORD)
+    page.click("#login_submit")
+    page.wait_for_load_state()
+    return page

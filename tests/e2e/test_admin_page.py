@@ -8,7 +8,6 @@ OAuth, reading the cluster with the hub's service account.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import urllib.request
@@ -16,37 +15,22 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuspawner.sandbox.demo import DEMO_PASSWORD
-
-from .conftest import ensure_user, pod_of, server_state, stop_server, wait_for, wait_ready
+from .conftest import (
+    browser_log_in,
+    ensure_user,
+    pod_of,
+    server_state,
+    stop_server,
+    wait_for,
+    wait_ready,
+)
 
 PAGE = "/services/gpuspawner-admin/"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    # playwright is in the test extra; it drives Debian's Chromium and never downloads one
-    from playwright.sync_api import sync_playwright
-
-    if not shutil.which(CHROMIUM):
-        pytest.fail("Chromium is not installed: run scripts/install-system-packages.sh")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 def log_in(browser, hub, name):
-    """A browser page logged into the hub as ``name`` (dummy authenticator), opened at the GPU page."""
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    page = context.new_page()
-    page.goto(hub.public_url + PAGE)
-    page.fill("#username_input", name)
-    page.fill("#password_input", DEMO_PASSWORD)
-    page.click("#login_submit")
-    page.wait_for_load_state()
-    return page
+    """A browser page logged into the hub as ``name``, opened at the GPU page."""
+    return browser_log_in(browser, hub, name, PAGE)
 
 
 def user_token(hub, name, scopes=None):
