@@ -111,9 +111,13 @@ def user_pods(kube, user):
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """Debian's headless Chromium driven by playwright (which never downloads a browser here)."""
+    """Debian's headless Chromium driven by playwright (which never downloads a browser here).
+
+    Module-scoped: playwright's sync API keeps an event loop running in this
+    thread while it is open, which the asyncio tests of later modules cannot share.
+    """
     from playwright.sync_api import sync_playwright
 
     if not shutil.which(CHROMIUM):
