@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 PROG = "gpuspawner-check-gpus"
 
 # Exit codes of this check. The spawner's pod watcher turns them into a reason when the
-# termination message is missing (see ``EXIT_REASONS``), so they are part of the interface.
+# termination message is missing, and the hub's metrics into a kind (see ``EXIT_CODES``), so
+# they are part of the interface.
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2  # what argparse uses for bad arguments
@@ -43,23 +44,48 @@ EXIT_UNREADABLE_OUTPUT = 8
 
 ASK_ADMIN_NODE = "ask an admin to check the node"
 
-#: One-line reasons by exit code, for when the check could not write its own message.
-EXIT_REASONS: dict[int, str] = {
-    EXIT_INTERNAL: "The GPU check crashed; ask an admin to look at the gpu-check container's log.",
-    EXIT_USAGE: "The GPU check was started with invalid arguments; ask an admin to check the "
-    "spawner's GPU check command.",
-    EXIT_NO_NVIDIA_SMI: "nvidia-smi was not found in the container: the node's NVIDIA container "
-    f"runtime did not mount the driver tools into it; {ASK_ADMIN_NODE}.",
-    EXIT_NVIDIA_SMI_FAILED: "nvidia-smi failed in the container, so the GPUs cannot be used; "
-    f"{ASK_ADMIN_NODE}.",
-    EXIT_GPU_COUNT: "The container does not see the number of GPUs it requested; "
-    f"{ASK_ADMIN_NODE}.",
-    EXIT_DRIVER_TOO_OLD: "The node's NVIDIA driver is too old for this image's CUDA version; pick "
-    "an image built for an older CUDA, or ask an admin to upgrade the node's driver.",
-    EXIT_GPU_UNHEALTHY: "A GPU given to this container reports memory errors and needs a reset; "
-    "ask an admin to drain the node.",
-    EXIT_UNREADABLE_OUTPUT: "nvidia-smi printed output the GPU check does not understand; ask an "
-    "admin to look at the gpu-check container's log.",
+#: The one table of the check's failure exit codes: code -> (kind, reason). The kind is a short
+#: fixed name (the hub's metrics label); the reason is the one line shown when the check could
+#: not write its own message. The hub side (``podstatus``) imports it and adds the container
+#: runtime's codes; it lives here because this file must stay importable on its own.
+EXIT_CODES: dict[int, tuple[str, str]] = {
+    EXIT_INTERNAL: (
+        "check-crashed",
+        "The GPU check crashed; ask an admin to look at the gpu-check container's log.",
+    ),
+    EXIT_USAGE: (
+        "check-misconfigured",
+        "The GPU check was started with invalid arguments; ask an admin to check the "
+        "spawner's GPU check command.",
+    ),
+    EXIT_NO_NVIDIA_SMI: (
+        "no-nvidia-smi",
+        "nvidia-smi was not found in the container: the node's NVIDIA container runtime did "
+        f"not mount the driver tools into it; {ASK_ADMIN_NODE}.",
+    ),
+    EXIT_NVIDIA_SMI_FAILED: (
+        "nvidia-smi-failed",
+        f"nvidia-smi failed in the container, so the GPUs cannot be used; {ASK_ADMIN_NODE}.",
+    ),
+    EXIT_GPU_COUNT: (
+        "gpu-count",
+        f"The container does not see the number of GPUs it requested; {ASK_ADMIN_NODE}.",
+    ),
+    EXIT_DRIVER_TOO_OLD: (
+        "driver-too-old",
+        "The node's NVIDIA driver is too old for this image's CUDA version; pick an image "
+        "built for an older CUDA, or ask an admin to upgrade the node's driver.",
+    ),
+    EXIT_GPU_UNHEALTHY: (
+        "gpu-unhealthy",
+        "A GPU given to this container reports memory errors and needs a reset; ask an admin "
+        "to drain the node.",
+    ),
+    EXIT_UNREADABLE_OUTPUT: (
+        "unreadable-output",
+        "nvidia-smi printed output the GPU check does not understand; ask an admin to look at "
+        "the gpu-check container's log.",
+    ),
 }
 
 # nvidia-smi's exit codes: the man page's RETURN VALUE table (tests/fixtures/nvidia-smi/
@@ -897,7 +923,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result.ok:
         print("GPU check passed.")
         return EXIT_OK
-    reason = result.reason or EXIT_REASONS.get(result.exit_code, "The GPU check failed.")
+    reason = result.reason or EXIT_CODES.get(result.exit_code, ("", "The GPU check failed."))[1]
     print(reason, file=sys.stderr)
     sys.stderr.flush()
     write_termination_message(args.termination_log, reason)
