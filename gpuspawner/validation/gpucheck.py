@@ -190,6 +190,10 @@ _NOT_AVAILABLE = {
 }
 
 
+# Bare words that mean the value could not be read, as opposed to not existing.
+_UNKNOWN = {"unknown", "unknown error"}
+
+
 def _bare(value: str) -> str:
     """``"[Unknown Error]"`` -> ``"unknown error"``: the text inside nvidia-smi's brackets."""
     if value.startswith("[") and value.endswith("]"):
@@ -225,7 +229,7 @@ def is_error_value(value: str | None) -> bool:
         return False
     value = value.strip()
     bracketed = value.startswith("[") and value.endswith("]")
-    return (bracketed and _bare(value) not in _NOT_AVAILABLE) or _bare(value) == "unknown error"
+    return (bracketed and _bare(value) not in _NOT_AVAILABLE) or _bare(value) in _UNKNOWN
 
 
 def parse_int(raw: str | None) -> int | None:

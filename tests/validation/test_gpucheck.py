@@ -193,7 +193,14 @@ def test_unavailable_values_are_not_reported(raw):
 
 
 @pytest.mark.parametrize(
-    "raw", ["[Unknown Error]", " [Unknown Error]", "[GPU is lost]", "[Insufficient Permissions]"]
+    "raw",
+    [
+        "[Unknown Error]",
+        " [Unknown Error]",
+        "[GPU is lost]",
+        "[Insufficient Permissions]",
+        "Unknown",
+    ],
 )
 def test_nvml_errors_are_kept_apart_from_not_reported(raw):
     assert gpucheck.clean_value(raw) == raw.strip()
