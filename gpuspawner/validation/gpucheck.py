@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 PROG = "gpuspawner-check-gpus"
 
 # Exit codes of this check. The spawner's pod watcher turns them into a reason when the
-# termination message is missing (see ``EXIT_REASONS``), so they are part of the interface.
+# termination message is missing, and the hub's metrics into a kind (see ``EXIT_CODES``), so
+# they are part of the interface.
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2  # what argparse uses for bad arguments
@@ -43,23 +44,48 @@ EXIT_UNREADABLE_OUTPUT = 8
 
 ASK_ADMIN_NODE = "ask an admin to check the node"
 
-#: One-line reasons by exit code, for when the check could not write its own message.
-EXIT_REASONS: dict[int, str] = {
-    EXIT_INTERNAL: "The GPU check crashed; ask an admin to look at the gpu-check container's log.",
-    EXIT_USAGE: "The GPU check was started with invalid arguments; ask an admin to check the "
-    "spawner's GPU check command.",
-    EXIT_NO_NVIDIA_SMI: "nvidia-smi was not found in the container: the node's NVIDIA container "
-    f"runtime did not mount the driver tools into it; {ASK_ADMIN_NODE}.",
-    EXIT_NVIDIA_SMI_FAILED: "nvidia-smi failed in the container, so the GPUs cannot be used; "
-    f"{ASK_ADMIN_NODE}.",
-    EXIT_GPU_COUNT: "The container does not see the number of GPUs it requested; "
-    f"{ASK_ADMIN_NODE}.",
-    EXIT_DRIVER_TOO_OLD: "The node's NVIDIA driver is too old for this image's CUDA version; pick "
-    "an image built for an older CUDA, or ask an admin to upgrade the node's driver.",
-    EXIT_GPU_UNHEALTHY: "A GPU given to this container reports memory errors and needs a reset; "
-    "ask an admin to drain the node.",
-    EXIT_UNREADABLE_OUTPUT: "nvidia-smi printed output the GPU check does not understand; ask an "
-    "admin to look at the gpu-check container's log.",
+#: The one table of the check's failure exit codes: code -> (kind, reason). The kind is a short
+#: fixed name (the hub's metrics label); the reason is the one line shown when the check could
+#: not write its own message. The hub side (``podstatus``) imports it and adds the container
+#: runtime's codes; it lives here because this file must stay importable on its own.
+EXIT_CODES: dict[int, tuple[str, str]] = {
+    EXIT_INTERNAL: (
+        "check-crashed",
+        "The GPU check crashed; ask an admin to look at the gpu-check container's log.",
+    ),
+    EXIT_USAGE: (
+        "check-misconfigured",
+        "The GPU check was started with invalid arguments; ask an admin to check the "
+        "spawner's GPU check command.",
+    ),
+    EXIT_NO_NVIDIA_SMI: (
+        "no-nvidia-smi",
+        "nvidia-smi was not found in the container: the node's NVIDIA container runtime did "
+        f"not mount the driver tools into it; {ASK_ADMIN_NODE}.",
+    ),
+    EXIT_NVIDIA_SMI_FAILED: (
+        "nvidia-smi-failed",
+        f"nvidia-smi failed in the container, so the GPUs cannot be used; {ASK_ADMIN_NODE}.",
+    ),
+    EXIT_GPU_COUNT: (
+        "gpu-count",
+        f"The container does not see the number of GPUs it requested; {ASK_ADMIN_NODE}.",
+    ),
+    EXIT_DRIVER_TOO_OLD: (
+        "driver-too-old",
+        "The node's NVIDIA driver is too old for this image's CUDA version; pick an image "
+        "built for an older CUDA, or ask an admin to upgrade the node's driver.",
+    ),
+    EXIT_GPU_UNHEALTHY: (
+        "gpu-unhealthy",
+        "A GPU given to this container reports memory errors, or its health cannot be read; "
+        "ask an admin to drain the node.",
+    ),
+    EXIT_UNREADABLE_OUTPUT: (
+        "unreadable-output",
+        "nvidia-smi printed output the GPU check does not understand; ask an admin to look at "
+        "the gpu-check container's log.",
+    ),
 }
 
 # nvidia-smi's exit codes: the man page's RETURN VALUE table (tests/fixtures/nvidia-smi/
@@ -150,23 +176,60 @@ DRIVER_FLOOR_BY_MINOR: dict[tuple[int, int], tuple[int, ...]] = {
     (10, 0): (410, 48),
 }
 
-_NOT_REPORTED = {"", "n/a", "na", "not supported", "unknown", "unknown error", "none"}
+# How nvidia-smi prints a value the GPU or driver does not have: ``[N/A]``, ``N/A``,
+# ``[Not Supported]``, ``[Requested functionality has been deprecated]``, ``[Function Not
+# Found]`` (NVML_ERROR_FUNCTION_NOT_FOUND: this NVML lacks the call) and empty cells.
+_NOT_AVAILABLE = {
+    "",
+    "n/a",
+    "na",
+    "none",
+    "not supported",
+    "requested functionality has been deprecated",
+    "function not found",
+}
+
+
+# Bare words that mean the value could not be read, as opposed to not existing.
+_UNKNOWN = {"unknown", "unknown error"}
+
+
+def _bare(value: str) -> str:
+    """``"[Unknown Error]"`` -> ``"unknown error"``: the text inside nvidia-smi's brackets."""
+    if value.startswith("[") and value.endswith("]"):
+        value = value[1:-1]
+    return value.strip().lower()
 
 
 def clean_value(raw: str | None) -> str | None:
-    """Return a CSV cell's text, or None when nvidia-smi says it has no value.
+    """Return a CSV cell's text, or None when nvidia-smi says the value does not exist.
 
     ``[N/A]``, ``N/A``, ``[Not Supported]``, ``[Requested functionality has been deprecated]``
-    and empty cells all mean "not reported", never a failure.
+    and empty cells all mean "not reported", never a failure. Any other bracketed text, e.g.
+    ``[Unknown Error]`` or ``[GPU is lost]``, is an NVML error nvidia-smi printed in place of the
+    value; it is kept as is so that ``is_error_value`` can tell it apart.
     """
     if raw is None:
         return None
     value = raw.strip()
-    if value.startswith("[") and value.endswith("]"):
-        return None
-    if value.lower() in _NOT_REPORTED:
+    if _bare(value) in _NOT_AVAILABLE:
         return None
     return value
+
+
+def is_error_value(value: str | None) -> bool:
+    """True for a cell where nvidia-smi printed an NVML error instead of the value.
+
+    nvidia-smi prints a failed NVML call as the bracketed ``nvmlErrorString``: ``[Unknown
+    Error]`` (NVML_ERROR_UNKNOWN), ``[GPU is lost]``, ``[GPU requires reset]``, ``[Insufficient
+    Permissions]``. Real CSV output with ``[Unknown Error]`` is recorded for ``fan.speed``
+    (enkore/i3pystatus#850).
+    """
+    if value is None:
+        return False
+    value = value.strip()
+    bracketed = value.startswith("[") and value.endswith("]")
+    return (bracketed and _bare(value) not in _NOT_AVAILABLE) or _bare(value) in _UNKNOWN
 
 
 def parse_int(raw: str | None) -> int | None:
@@ -314,9 +377,24 @@ def parse_list(text: str) -> list[ListedGpu]:
     return gpus
 
 
+# The CSV fields each GpuRecord attribute comes from.
+_RECORD_FIELDS = {
+    "uuid": "uuid",
+    "name": "name",
+    "driver_version": "driver_version",
+    "pci_bus_id": "pci.bus_id",
+    "ecc_mode": "ecc.mode.current",
+    "mig_mode": "mig.mode.current",
+}
+
+
 @dataclass
 class GpuRecord:
-    """What the CSV queries report for one physical GPU; None means not reported."""
+    """What the CSV queries report for one physical GPU; None means not reported.
+
+    ``unreadable`` maps each field nvidia-smi printed an NVML error for (``[Unknown Error]``)
+    to that text: such a field is unknown, not "not reported".
+    """
 
     index: int | None = None
     uuid: str | None = None
@@ -330,24 +408,33 @@ class GpuRecord:
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
     mig_mode: str | None = None
+    unreadable: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_row(cls, row: dict[str, str | None]) -> GpuRecord:
         """Build a record from ``parse_query_csv`` rows (any subset of the known fields)."""
+        unreadable = {name: value for name, value in row.items() if value and is_error_value(value)}
+        texts = {
+            attribute: None if name in unreadable else row.get(name)
+            for attribute, name in _RECORD_FIELDS.items()
+        }
         return cls(
             index=parse_int(row.get("index")),
-            uuid=row.get("uuid"),
-            name=row.get("name"),
-            driver_version=row.get("driver_version"),
-            pci_bus_id=row.get("pci.bus_id"),
             memory_total_mib=parse_int(row.get("memory.total")),
-            ecc_mode=row.get("ecc.mode.current"),
             ecc_uncorrected_volatile=parse_int(row.get("ecc.errors.uncorrected.volatile.total")),
             retired_pages_pending=parse_yes_no(row.get("retired_pages.pending")),
             remapped_rows_pending=parse_yes_no(row.get("remapped_rows.pending")),
             remapped_rows_failure=parse_yes_no(row.get("remapped_rows.failure")),
-            mig_mode=row.get("mig.mode.current"),
+            unreadable=unreadable,
+            **texts,
         )
+
+    @property
+    def mig_enabled(self) -> bool | None:
+        """MIG mode from ``mig.mode.current``: True/False, None when not reported."""
+        if self.mig_mode is None:
+            return None
+        return self.mig_mode.strip().lower() == "enabled"
 
     @property
     def label(self) -> str:
@@ -397,6 +484,16 @@ def mig_profile_of(resource: str) -> str | None:
     return name[len("mig-") :] if name.startswith("mig-") else None
 
 
+def resource_profile(listed_profile: str) -> str:
+    """The profile as a MIG resource name spells it: ``1g.10gb+me`` -> ``1g.10gb.me``.
+
+    Kubernetes resource names cannot hold ``+``, so the device plugin advertises the
+    media-extension profile ``1g.10gb+me`` (as ``nvidia-smi -L`` prints it) as
+    ``nvidia.com/mig-1g.10gb.me``.
+    """
+    return listed_profile.replace("+", ".")
+
+
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}" + ("" if count == 1 else "s")
 
@@ -429,11 +526,26 @@ def _describe(record: GpuRecord) -> str:
         parts.append(ecc)
     if record.mig_mode is not None:
         parts.append("MIG " + record.mig_mode.lower())
+    parts.extend(f"{name} {value}" for name, value in sorted(record.unreadable.items()))
     return ": ".join([parts[0], ", ".join(parts[1:])]) if len(parts) > 1 else parts[0]
 
 
 def _health_problems(record: GpuRecord) -> list[str]:
     problems = []
+    # An NVML error in a health field fails the check. NVML documents NVML_ERROR_UNKNOWN
+    # ("[Unknown Error]") as "an internal driver error occurred", the same words the nvidia-smi
+    # man page uses for exit code 255, which fails the whole check; the others mean the GPU is
+    # lost, needs a reset, or cannot be read by this container. In every case the driver could
+    # not say whether the memory is healthy, and passing would print "no uncorrectable ECC
+    # errors" for a count nobody read.
+    for name in HEALTH_FIELDS:
+        if name in record.unreadable:
+            problems.append(
+                f"{record.label} could not report {name}: nvidia-smi printed "
+                f"{record.unreadable[name]} (an NVML error from the driver), so this GPU's health "
+                "is unknown; ask an admin to check the node's kernel log for Xid errors and to "
+                "reset the GPU or drain the node."
+            )
     if record.ecc_uncorrected_volatile:
         errors = _plural(record.ecc_uncorrected_volatile, "uncorrectable ECC error")
         problems.append(
@@ -458,69 +570,146 @@ def _health_problems(record: GpuRecord) -> list[str]:
     return problems
 
 
+@dataclass
+class UnitCount:
+    """What the container sees of the requested resource.
+
+    ``seen``: units of the requested kind. ``empty_mig``: GPUs in MIG mode without MIG devices
+    (CUDA cannot use them). ``others``: units visible but not of the requested kind (MIG
+    devices of another profile, or whole GPUs, for a MIG request). ``uncounted``: GPUs in MIG
+    mode whose MIG devices could not be counted because ``nvidia-smi -L`` was unreadable.
+    """
+
+    seen: int = 0
+    empty_mig: list[str] = field(default_factory=list)
+    others: list[str] = field(default_factory=list)
+    uncounted: list[str] = field(default_factory=list)
+
+
+def _record_for(gpu: ListedGpu, records: Sequence[GpuRecord]) -> GpuRecord | None:
+    for record in records:
+        if record.uuid and record.uuid == gpu.uuid:
+            return record
+    for record in records:
+        if record.uuid is None and record.index == gpu.index:
+            return record
+    return None
+
+
 def count_units(
     resource: str, listing: list[ListedGpu] | None, records: list[GpuRecord]
-) -> tuple[int, list[str]]:
-    """How many of the requested units the container sees, and MIG-enabled GPUs left empty.
+) -> UnitCount:
+    """Count what the container sees of ``resource``, from ``-L`` and the CSV's MIG mode.
 
-    For a MIG resource (``nvidia.com/mig-<profile>``) only MIG devices count. For a whole-GPU
-    resource a GPU counts as itself, or as its MIG devices when it has some (the device
-    plugin's "single" MIG strategy hands out MIG devices as ``nvidia.com/gpu``). A GPU in MIG
-    mode without MIG devices counts as nothing: CUDA cannot use it.
+    For a MIG resource (``nvidia.com/mig-<profile>``) only MIG devices of that profile count.
+    For a whole-GPU resource a GPU counts as itself, or as its MIG devices when it has some
+    (the device plugin's "single" MIG strategy hands out MIG devices as ``nvidia.com/gpu``).
+    A GPU in MIG mode without MIG devices counts as nothing: CUDA cannot use it. MIG mode is
+    read from the CSV's ``mig.mode.current``, so it is known even when ``-L`` was unreadable
+    (``listing`` None); then MIG devices cannot be counted at all.
     """
-    if listing is None:
-        return len(records), []
     profile = mig_profile_of(resource)
-    mig_mode = {r.uuid: (r.mig_mode or "").lower() for r in records if r.uuid}
-    seen = 0
-    empty_mig: list[str] = []
+    count = UnitCount()
+    if listing is None:
+        for record in records:
+            if record.mig_enabled or (profile is not None and record.mig_enabled is None):
+                count.uncounted.append(record.label)
+            elif profile is None:
+                count.seen += 1
+            else:
+                count.others.append(f"{record.label} as a whole GPU")
+        return count
     for gpu in listing:
+        record = _record_for(gpu, records)
+        label = f"GPU {gpu.index} ({gpu.name})"
         if gpu.mig_devices:
-            seen += len(gpu.mig_devices)
-        elif mig_mode.get(gpu.uuid) == "enabled":
-            empty_mig.append(f"GPU {gpu.index} ({gpu.name})")
+            for device in gpu.mig_devices:
+                if profile is None or resource_profile(device.profile) == profile:
+                    count.seen += 1
+                else:
+                    count.others.append(f"a {device.profile} MIG device")
+        elif record is not None and record.mig_enabled:
+            count.empty_mig.append(label)
         elif profile is None:
-            seen += 1
-    return seen, empty_mig
+            count.seen += 1
+        else:
+            count.others.append(f"{label} as a whole GPU")
+    return count
 
 
 def _count_problem(
-    expected: int, resource: str, listing: list[ListedGpu] | None, records: list[GpuRecord]
-) -> tuple[str | None, str]:
-    """(reason or None, report line) for the number of GPUs or MIG devices visible."""
-    seen, empty_mig = count_units(resource, listing, records)
-    unit = "MIG device" if mig_profile_of(resource) is not None else "GPU"
-    if seen == expected:
-        return None, f"OK: {_plural(seen, unit)} visible, as requested ({resource})."
-    if resource.endswith(SHARED_SUFFIX) and 0 < seen < expected:
+    expected: int,
+    resource: str,
+    listing: list[ListedGpu] | None,
+    records: list[GpuRecord],
+    no_devices: str | None = None,
+) -> tuple[tuple[int, str] | None, str]:
+    """((exit code, reason) or None, report line) for the number of units visible."""
+    count = count_units(resource, listing, records)
+    profile = mig_profile_of(resource)
+    unit = "GPU" if profile is None else "MIG device"
+    kind = "" if profile is None else f" ({profile})"
+
+    def units(number: int, prefix: str = "") -> str:
+        return _plural(number, prefix + unit) + kind
+
+    seen = count.seen
+    line = f"{units(seen)} visible, {expected} requested ({resource})."
+    if count.uncounted:
+        return (
+            EXIT_UNREADABLE_OUTPUT,
+            f"{count.uncounted[0]} has MIG mode enabled or not reported, but nvidia-smi -L "
+            "printed output the GPU check does not understand, so the MIG devices this "
+            "container was given cannot be counted; ask an admin to look at the gpu-check "
+            "container's log.",
+        ), line
+    shown = ", ".join(count.others[:3]) + (", …" if len(count.others) > 3 else "")
+    instead = f" (it sees {shown} instead)" if count.others else ""
+    shared_ok = resource.endswith(SHARED_SUFFIX) and 0 < seen < expected
+    if not count.others and seen == expected:
+        return None, f"OK: {units(seen)} visible, as requested ({resource})."
+    if not count.others and shared_ok:
         # Time-sliced replicas: several may land on the same physical GPU.
         return None, (
-            f"OK: {_plural(seen, unit)} visible for {expected} time-sliced replicas ({resource})."
+            f"OK: {units(seen)} visible for {expected} time-sliced replicas ({resource})."
         )
-    line = f"{_plural(seen, unit)} visible, {expected} requested ({resource})."
     were = "was" if expected == 1 else "were"
-    if empty_mig and seen < expected:
-        return (
-            f"{empty_mig[0]} has MIG mode enabled but no MIG devices, so CUDA cannot use it; "
-            "ask an admin to check the node's MIG configuration."
-        ), line
-    if seen == 0:
-        return (
-            f"No {unit} is visible in this container, although {expected} {were} requested: "
-            f"the node's device plugin or container runtime did not give it any; {ASK_ADMIN_NODE}."
-        ), line
-    if seen < expected:
-        return (
-            f"Only {seen} of the {_plural(expected, 'requested ' + unit)} is visible: the node's "
-            f"device plugin gave this container fewer {unit}s than it asked for; {ASK_ADMIN_NODE}."
-        ), line
-    are = "is" if seen == 1 else "are"
-    return (
-        f"{_plural(seen, unit)} {are} visible but only {expected} {were} requested: this "
-        f"container can use {unit}s it was not given (the image may set "
-        "NVIDIA_VISIBLE_DEVICES=all, or the node's runtime ignores the device plugin); ask an "
-        "admin to check the image and the node."
-    ), line
+    if count.empty_mig and seen < expected:
+        reason = (
+            f"{count.empty_mig[0]} has MIG mode enabled but no MIG devices, so CUDA cannot use "
+            "it; ask an admin to check the node's MIG configuration."
+        )
+    elif seen == 0 and no_devices:
+        reason = (
+            f'nvidia-smi finds no GPU in this container ("{no_devices}"), although '
+            f"{units(expected)} {were} requested: the node's device plugin or container runtime "
+            f"did not give it any, or the driver cannot use them; {ASK_ADMIN_NODE}."
+        )
+    elif seen == 0:
+        reason = (
+            f"No {unit}{kind} is visible in this container{instead}, although {expected} "
+            f"{were} requested: the node's device plugin or container runtime did not give it "
+            f"any; {ASK_ADMIN_NODE}."
+        )
+    elif seen < expected:
+        reason = (
+            f"Only {seen} of the {units(expected, 'requested ')} is visible{instead}: the "
+            f"node's device plugin gave this container fewer {unit}s than it asked for; "
+            f"{ASK_ADMIN_NODE}."
+        )
+    else:
+        are = "is" if seen == 1 else "are"
+        if seen > expected:
+            what = f"{units(seen)} {are} visible but only {expected} {were} requested"
+        else:
+            also = "is" if len(count.others) == 1 else "are"
+            what = f"The {units(expected, 'requested ')} {are} visible, but so {also} {shown}"
+        reason = (
+            f"{what}: this container can use devices it was not given (the image may set "
+            "NVIDIA_VISIBLE_DEVICES=all, or the node's runtime ignores the device plugin); ask "
+            "an admin to check the image and the node."
+        )
+    return (EXIT_GPU_COUNT, reason), line
 
 
 def _driver_problem(
@@ -563,12 +752,14 @@ def evaluate(
     records: list[GpuRecord],
     cuda: str | None = None,
     warnings: Sequence[str] = (),
+    no_devices: str | None = None,
 ) -> CheckResult:
     """Decide whether the GPUs are usable. Pure: takes parsed nvidia-smi data, returns a result.
 
-    ``listing`` is ``parse_list`` output (None when ``-L`` was not available): with it, GPUs
+    ``listing`` is ``parse_list`` output (None when ``-L`` was unreadable): with it, GPUs
     are counted as the container sees them, MIG devices in place of MIG-enabled GPUs.
-    ``records`` come from the CSV queries (``merge_rows``).
+    ``records`` come from the CSV queries (``merge_rows``). ``no_devices`` is the line
+    nvidia-smi printed when it found no GPU at all, quoted in the reason.
     """
     report: list[str] = []
     notes = list(warnings)
@@ -576,26 +767,24 @@ def evaluate(
     gpu_count = len(listing) if listing is not None else len(records)
     driver_note = f" (driver {', '.join(drivers)})" if drivers else ""
     report.append(f"nvidia-smi sees {_plural(gpu_count, 'GPU')}{driver_note}.")
-    by_uuid = {r.uuid: r for r in records if r.uuid}
-    by_index = {r.index: r for r in records if r.index is not None}
-    profile = mig_profile_of(resource)
+    if no_devices:
+        report.append(f"nvidia-smi said: {no_devices}")
     if listing is not None:
         for gpu in listing:
-            record = by_uuid.get(gpu.uuid) or by_index.get(gpu.index) or GpuRecord(gpu.index)
+            record = _record_for(gpu, records) or GpuRecord(gpu.index)
             # -L names every GPU even when the CSV query could not.
             shown = replace(record, name=record.name or gpu.name, uuid=record.uuid or gpu.uuid)
             report.append(_describe(shown))
             for device in gpu.mig_devices:
                 report.append(f"  MIG {device.profile} device {device.index}: {device.uuid}")
-                if profile is not None and device.profile != profile:
-                    notes.append(
-                        f"MIG device {device.uuid} is a {device.profile}, "
-                        f"not the requested {profile}."
-                    )
     else:
         report.extend(_describe(r) for r in records)
+    for record in records:
+        for name, value in sorted(record.unreadable.items()):
+            if name not in HEALTH_FIELDS:
+                notes.append(f"{record.label}: nvidia-smi printed {value} for {name}.")
 
-    count_reason, count_line = _count_problem(expected, resource, listing, records)
+    count_failure, count_line = _count_problem(expected, resource, listing, records, no_devices)
     report.append(count_line)
     driver_reason = _driver_problem(records, cuda, report, notes)
     health = [problem for record in records for problem in _health_problems(record)]
@@ -605,8 +794,8 @@ def evaluate(
         )
 
     failures: list[tuple[int, str]] = []
-    if count_reason:
-        failures.append((EXIT_GPU_COUNT, count_reason))
+    if count_failure:
+        failures.append(count_failure)
     if driver_reason:
         failures.append((EXIT_DRIVER_TOO_OLD, driver_reason))
     failures.extend((EXIT_GPU_UNHEALTHY, problem) for problem in health)
@@ -622,11 +811,35 @@ def evaluate(
 
 
 def first_message(output: str) -> str:
-    """nvidia-smi's first non-empty output line, for quoting in a reason."""
+    """The first non-empty line of ``output``, for quoting in a reason."""
     for line in output.splitlines():
         if line.strip():
             return line.strip()[:300]
     return ""
+
+
+@dataclass
+class CommandResult:
+    """One nvidia-smi run: its exit code, stdout (the data) and stderr (kept for the report)."""
+
+    returncode: int
+    stdout: str
+    stderr: str = ""
+
+    @property
+    def messages(self) -> str:
+        """Both streams, for recognising failure messages: nvidia-smi prints some on stdout,
+        some on stderr, and some on both (tests/fixtures/nvidia-smi/INDEX.md)."""
+        return self.stdout + "\n" + self.stderr
+
+    def said(self) -> str:
+        """What to quote from a failed run: stdout's first line, else stderr's last (a loader
+        warning may come before the error there)."""
+        quoted = first_message(self.stdout)
+        if quoted:
+            return quoted
+        lines = [line.strip() for line in self.stderr.splitlines() if line.strip()]
+        return lines[-1][:300] if lines else ""
 
 
 def classify_exit(returncode: int, output: str) -> int:
@@ -637,28 +850,20 @@ def classify_exit(returncode: int, output: str) -> int:
     return returncode
 
 
-def nvidia_smi_failure(returncode: int, output: str) -> str:
+def nvidia_smi_failure(result: CommandResult) -> str:
     """A one-line reason for a failed nvidia-smi run."""
-    code = classify_exit(returncode, output)
+    code = classify_exit(result.returncode, result.messages)
     what, action = NVIDIA_SMI_EXIT_CODES.get(
         code, ("nvidia-smi failed with an undocumented exit code", ASK_ADMIN_NODE)
     )
     reason = (
-        f"nvidia-smi failed with exit code {returncode} ({what}), so the GPUs cannot be used; "
-        f"{action}."
+        f"nvidia-smi failed with exit code {result.returncode} ({what}), so the GPUs cannot be "
+        f"used; {action}."
     )
-    said = first_message(output)
+    said = result.said()
     if said:
         reason += " nvidia-smi said: " + said
     return reason
-
-
-@dataclass
-class CommandResult:
-    """One nvidia-smi run: exit code and stdout+stderr together."""
-
-    returncode: int
-    output: str
 
 
 class CheckFailed(Exception):
@@ -675,6 +880,19 @@ if TYPE_CHECKING:
     Runner = Callable[[list[str]], CommandResult]
 
 
+def note_stderr(result: CommandResult, warnings: list[str]) -> None:
+    """Keep what a run wrote on stderr for the report, once per distinct line.
+
+    stderr is never parsed: a dynamic-loader warning there (``nvidia-smi: ...libnvidia-ml.so.1:
+    no version information available``) says nothing about the GPUs.
+    """
+    for line in result.stderr.splitlines():
+        if line.strip():
+            note = "nvidia-smi wrote on stderr: " + line.strip()[:300]
+            if note not in warnings:
+                warnings.append(note)
+
+
 def accept(result: CommandResult, warnings: list[str]) -> CommandResult:
     """Pass a successful run through; exit code 14 (infoROM corrupted) only adds a warning.
 
@@ -682,13 +900,11 @@ def accept(result: CommandResult, warnings: list[str]) -> CommandResult:
     works (pytorch/pytorch#87464, NVIDIA/gpu-operator#285). Any other failure raises.
     """
     if result.returncode not in (0, NVIDIA_SMI_INFOROM_CORRUPTED):
-        raise CheckFailed(
-            EXIT_NVIDIA_SMI_FAILED, nvidia_smi_failure(result.returncode, result.output)
-        )
+        raise CheckFailed(EXIT_NVIDIA_SMI_FAILED, nvidia_smi_failure(result))
     # Whatever the exit code, a GPU nvidia-smi cannot open is unusable.
-    for line in result.output.splitlines():
+    for line in result.messages.splitlines():
         if line.startswith(_NO_HANDLE):
-            code = classify_exit(255, result.output)
+            code = classify_exit(255, result.messages)
             action = NVIDIA_SMI_EXIT_CODES[code][1]
             raise CheckFailed(
                 EXIT_NVIDIA_SMI_FAILED,
@@ -696,10 +912,11 @@ def accept(result: CommandResult, warnings: list[str]) -> CommandResult:
                 f"{action}. nvidia-smi said: {line.strip()[:300]}",
             )
     if result.returncode == NVIDIA_SMI_INFOROM_CORRUPTED:
-        _, lines = split_warnings(result.output)
+        _, lines = split_warnings(result.messages)
         for line in lines or ["nvidia-smi reports a corrupted infoROM (exit code 14)."]:
             if line not in warnings:
                 warnings.append(line)
+    note_stderr(result, warnings)
     return result
 
 
@@ -714,10 +931,10 @@ def unreadable(error: OutputError) -> CheckFailed:
 def read_query(
     result: CommandResult, fields: Sequence[str], warnings: list[str]
 ) -> list[dict[str, str | None]]:
-    """Accept a ``--query-gpu`` run and parse it, raising CheckFailed when that fails."""
+    """Accept a ``--query-gpu`` run and parse its stdout, raising CheckFailed when that fails."""
     accept(result, warnings)
     try:
-        return parse_query_csv(result.output, fields)
+        return parse_query_csv(result.stdout, fields)
     except OutputError as error:
         raise unreadable(error) from None
 
@@ -747,19 +964,36 @@ def query_health(run: Runner, warnings: list[str]) -> list[dict[str, str | None]
     return rows
 
 
-def collect(run: Runner) -> tuple[list[ListedGpu] | None, list[GpuRecord], list[str]]:
-    """Run the nvidia-smi commands and parse them: (listing, records, warnings).
+@dataclass
+class Collected:
+    """The parsed answers of the nvidia-smi runs, for ``evaluate``.
+
+    ``listing`` is None when ``-L`` printed something unreadable; ``no_devices`` is the line
+    nvidia-smi printed when it found no GPU at all (then nothing else was run).
+    """
+
+    listing: list[ListedGpu] | None
+    records: list[GpuRecord]
+    warnings: list[str]
+    no_devices: str | None = None
+
+
+def collect(run: Runner) -> Collected:
+    """Run the nvidia-smi commands and parse them.
 
     ``-L`` goes first: it is the cheapest proof that nvidia-smi works at all.
     """
     warnings: list[str] = []
     listed = run(["-L"])
-    if listed.returncode in (0, NVIDIA_SMI_NOT_FOUND) and _NO_DEVICES in listed.output:
-        return [], [], warnings
+    if listed.returncode in (0, NVIDIA_SMI_NOT_FOUND):
+        for line in listed.messages.splitlines():
+            if line.strip() == _NO_DEVICES:
+                note_stderr(listed, warnings)
+                return Collected([], [], warnings, no_devices=line.strip())
     accept(listed, warnings)
     listing: list[ListedGpu] | None
     try:
-        listing = parse_list(listed.output)
+        listing = parse_list(listed.stdout)
     except OutputError as error:
         warnings.append(f"{error}; GPUs counted from the CSV query instead.")
         listing = None
@@ -771,18 +1005,17 @@ def collect(run: Runner) -> tuple[list[ListedGpu] | None, list[GpuRecord], list[
     else:
         core = read_query(core_result, CORE_FIELDS, warnings)
     health = query_health(run, warnings)
-    return listing, merge_rows(core, health), warnings
+    return Collected(listing, merge_rows(core, health), warnings)
 
 
 def run_nvidia_smi(binary: str, timeout: float) -> Runner:
-    """A Runner that executes ``binary`` with stdout and stderr merged."""
+    """A Runner that executes ``binary``, keeping stdout and stderr apart."""
 
     def run(args: list[str]) -> CommandResult:
         try:
             completed = subprocess.run(
                 [binary, *args],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+                capture_output=True,
                 timeout=timeout,
                 check=False,
             )
@@ -795,57 +1028,130 @@ def run_nvidia_smi(binary: str, timeout: float) -> Runner:
         except OSError as error:
             raise CheckFailed(
                 EXIT_NO_NVIDIA_SMI,
-                f"nvidia-smi could not be started in the container ({error.strerror or error}): "
-                "the node's NVIDIA container runtime did not mount the driver tools properly; "
-                f"{ASK_ADMIN_NODE}.",
+                f"nvidia-smi ({binary}) could not be started in the container "
+                f"({error.strerror or error}): the node's NVIDIA container runtime did not mount "
+                f"the driver tools properly; {ASK_ADMIN_NODE}.",
             ) from None
-        output = completed.stdout.decode("utf-8", errors="replace")
-        return CommandResult(completed.returncode, output)
+        return CommandResult(
+            completed.returncode,
+            completed.stdout.decode("utf-8", errors="replace"),
+            completed.stderr.decode("utf-8", errors="replace"),
+        )
 
     return run
 
 
-def find_nvidia_smi(name: str) -> str | None:
-    """The path to run for ``--nvidia-smi``: a path as given, or a name looked up on PATH."""
+# Where nvidia-smi is when it is not on PATH, tried in this order: managed Kubernetes and the
+# docker-stacks CUDA images have the driver tools under /usr/local/nvidia/bin, and the GPU
+# Operator's driver container installs the driver under /run/nvidia/driver.
+DRIVER_BIN_DIRS: tuple[str, ...] = ("/usr/local/nvidia/bin", "/run/nvidia/driver/usr/bin")
+
+
+def find_nvidia_smi(
+    name: str, path: str | None = None, known_dirs: Sequence[str] = DRIVER_BIN_DIRS
+) -> tuple[str, str] | None:
+    """(the binary to run, where it was found), or None when there is none.
+
+    ``name`` with a slash is used as given. A bare name is looked up on ``path`` (default:
+    ``$PATH``), then in ``known_dirs``.
+    """
     if os.sep in name:
-        return name if os.path.exists(name) else None
-    return shutil.which(name)
+        return (name, "as given") if os.path.exists(name) else None
+    found = shutil.which(name, path=path)
+    if found:
+        return found, "on PATH"
+    for directory in known_dirs:
+        candidate = os.path.join(directory, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate, f"not on PATH; found in {directory}"
+    return None
 
 
 def check(args: argparse.Namespace) -> CheckResult:
     """Run the whole check with the parsed command line."""
-    binary = find_nvidia_smi(args.nvidia_smi)
-    if binary is None:
+    found = find_nvidia_smi(args.nvidia_smi, known_dirs=DRIVER_BIN_DIRS)
+    if found is None:
+        where = (
+            repr(args.nvidia_smi)
+            if os.sep in args.nvidia_smi
+            else f"{args.nvidia_smi!r} not on PATH nor in " + " or ".join(DRIVER_BIN_DIRS)
+        )
         return CheckResult(
             ok=False,
             exit_code=EXIT_NO_NVIDIA_SMI,
             reason="nvidia-smi was not found in the container: the node's NVIDIA container "
-            f"runtime did not mount the driver tools into it (no {args.nvidia_smi!r} on PATH); "
-            f"{ASK_ADMIN_NODE}.",
+            f"runtime did not mount the driver tools into it ({where}); {ASK_ADMIN_NODE}.",
         )
+    binary, where = found
+    used = f"Using nvidia-smi at {binary} ({where})."
     try:
-        listing, records, warnings = collect(run_nvidia_smi(binary, args.timeout))
+        collected = collect(run_nvidia_smi(binary, args.timeout))
     except CheckFailed as failure:
-        return CheckResult(ok=False, exit_code=failure.exit_code, reason=failure.reason)
-    return evaluate(args.expect, args.resource, listing, records, args.cuda, warnings)
+        return CheckResult(
+            ok=False, exit_code=failure.exit_code, reason=failure.reason, report=[used]
+        )
+    result = evaluate(
+        args.expect,
+        args.resource,
+        collected.listing,
+        collected.records,
+        args.cuda,
+        collected.warnings,
+        collected.no_devices,
+    )
+    result.report.insert(0, used)
+    return result
 
 
-def write_termination_message(path: str, reason: str) -> None:
-    """Write the reason where Kubernetes reads the termination message; skip if impossible."""
-    if not path:
+def write_termination_message(path: str, message: str) -> None:
+    """Write ``message`` where Kubernetes reads the termination message; skip if impossible.
+
+    The kubelet creates the default file in every container; outside one (a run by hand) the
+    check does not create it in /dev.
+    """
+    if not path or (path == DEFAULT_TERMINATION_LOG and not os.path.exists(path)):
         return
     try:
         with open(path, "w", encoding="utf-8") as stream:
             # Kubernetes keeps at most 4096 bytes of a termination message.
-            stream.write(reason.encode("utf-8")[:4000].decode("utf-8", errors="ignore") + "\n")
+            stream.write(message.encode("utf-8")[:4000].decode("utf-8", errors="ignore") + "\n")
     except OSError:
         pass
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+_TERMINATION_LOG_OPTION = "--termination-log"
+
+
+class UsageError(Exception):
+    """A bad command line (argparse's message)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # argparse would print usage and exit(2) here, before the termination log is written.
+        raise UsageError(message)
+
+
+def termination_log_of(argv: Sequence[str]) -> str:
+    """The termination log named on a command line, read without argparse so that it is known
+    even when the rest of the command line is bad."""
+    path = DEFAULT_TERMINATION_LOG
+    for position, arg in enumerate(argv):
+        if arg == _TERMINATION_LOG_OPTION and position + 1 < len(argv):
+            path = argv[position + 1]
+        elif arg.startswith(_TERMINATION_LOG_OPTION + "="):
+            path = arg.split("=", 1)[1]
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
     """The command line; see ``--help``."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
+        # Abbreviations would let "--termination" name the log without termination_log_of
+        # seeing it.
+        allow_abbrev=False,
         description="Check with nvidia-smi that this container sees the GPUs it requested, that "
         "they are healthy and that the driver suits the image's CUDA version.",
     )
@@ -855,17 +1161,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--resource",
         default="nvidia.com/gpu",
-        help="Kubernetes resource name requested, e.g. nvidia.com/mig-1g.10gb (MIG devices are "
-        "counted then); default: %(default)s",
+        help="Kubernetes resource name requested, e.g. nvidia.com/mig-1g.10gb (MIG devices of "
+        "that profile are counted then); default: %(default)s",
     )
     parser.add_argument("--cuda", default=None, help="the image's CUDA version X.Y (optional)")
     parser.add_argument(
-        "--termination-log",
-        default="/dev/termination-log",
-        help="file to write the failure reason to; default: %(default)s",
+        _TERMINATION_LOG_OPTION,
+        default=DEFAULT_TERMINATION_LOG,
+        help="file to write the outcome to, a one-line reason on failure; default: %(default)s",
     )
     parser.add_argument(
-        "--nvidia-smi", default="nvidia-smi", help="nvidia-smi to run; default: %(default)s"
+        "--nvidia-smi",
+        default="nvidia-smi",
+        help="nvidia-smi to run: a path, or a name looked up on PATH and then in "
+        + ", ".join(DRIVER_BIN_DIRS)
+        + "; default: %(default)s",
     )
     parser.add_argument(
         "--timeout",
@@ -873,17 +1183,50 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=120.0,
         help="seconds to wait for each nvidia-smi run; default: %(default)s",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse the command line; raises UsageError (``--help`` still exits 0 via argparse)."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
     if args.expect < 1:
         parser.error("--expect must be at least 1")
     return args
 
 
+def finish(result: CheckResult, termination_log: str) -> int:
+    """Print the report and the outcome, write the termination log, return the exit code."""
+    for line in result.report:
+        print(line)
+    sys.stdout.flush()
+    if result.ok:
+        print("GPU check passed.")
+        sys.stdout.flush()
+        write_termination_message(termination_log, "GPU check passed.")
+        return EXIT_OK
+    reason = result.reason or EXIT_CODES.get(result.exit_code, ("", "The GPU check failed."))[1]
+    print(reason, file=sys.stderr)
+    sys.stderr.flush()
+    write_termination_message(termination_log, reason)
+    return result.exit_code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the check, print the report, and return the exit code."""
-    args = parse_args(argv)
+    """Run the check, print the report, write the termination log, and return the exit code."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    termination_log = termination_log_of(arguments)
     try:
+        args = parse_args(arguments)
         result = check(args)
+    except UsageError as error:
+        print(build_parser().format_usage().rstrip(), file=sys.stderr)
+        result = CheckResult(
+            ok=False,
+            exit_code=EXIT_USAGE,
+            reason=f"The GPU check was started with invalid arguments ({PROG}: error: {error}); "
+            "ask an admin to check the spawner's GPU check command.",
+        )
     except Exception as error:  # the user must get one line, never a traceback
         result = CheckResult(
             ok=False,
@@ -891,17 +1234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             reason=f"The GPU check crashed ({type(error).__name__}: {error}); ask an admin to "
             "look at the gpu-check container's log.",
         )
-    for line in result.report:
-        print(line)
-    sys.stdout.flush()
-    if result.ok:
-        print("GPU check passed.")
-        return EXIT_OK
-    reason = result.reason or EXIT_REASONS.get(result.exit_code, "The GPU check failed.")
-    print(reason, file=sys.stderr)
-    sys.stderr.flush()
-    write_termination_message(args.termination_log, reason)
-    return result.exit_code
+    return finish(result, termination_log)
 
 
 if __name__ == "__main__":

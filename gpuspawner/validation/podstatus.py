@@ -9,17 +9,40 @@ from __future__ import annotations
 from typing import Any
 
 from ..labels import ANNOTATION_GPU_RESOURCE, LABEL_GPUS, VALIDATION_CONTAINER_NAME
-from .gpucheck import EXIT_REASONS
+from .gpucheck import EXIT_CODES
 
-# Exit codes that come from the container runtime rather than from the check itself.
-_RUNTIME_EXIT_REASONS = {
-    126: "The GPU check could not start: python3 in the notebook image is not executable; "
-    "ask an admin to check the image.",
-    127: "The GPU check could not start because the notebook image has no python3; ask an "
-    "admin to check the image or to override the GPU check command.",
-    137: "The GPU check was killed (out of memory or stopped) before it finished; ask an admin "
-    "to check the gpu-check container's resources.",
+_NOT_STARTABLE = 127
+_KILLED = 137
+
+#: Every exit code of the GPU check container: the check's own (``gpucheck.EXIT_CODES``) and
+#: the container runtime's. Code -> (kind, reason): the kind is the bounded label the hub's
+#: metrics count failures by, the reason what the user sees when the check wrote no message.
+CHECK_EXIT_CODES: dict[int, tuple[str, str]] = {
+    **EXIT_CODES,
+    126: (
+        "check-not-startable",
+        "The GPU check could not start: python3 in the notebook image is not executable; "
+        "ask an admin to check the image.",
+    ),
+    _NOT_STARTABLE: (
+        "check-not-startable",
+        "The GPU check could not start because the notebook image has no python3; ask an "
+        "admin to check the image or to override the GPU check command.",
+    ),
+    _KILLED: (
+        "check-killed",
+        "The GPU check was killed (out of memory or stopped) before it finished; ask an admin "
+        "to check the gpu-check container's resources.",
+    ),
 }
+#: The kind of an exit code the table does not know.
+OTHER_KIND = "other"
+#: Every kind a failed check can be counted as, for metrics that pre-create their labels.
+CHECK_FAILURE_KINDS: tuple[str, ...] = (
+    *sorted({kind for kind, _ in CHECK_EXIT_CODES.values()}),
+    OTHER_KIND,
+)
+
 # What the container runtime says when the command cannot be started at all; the raw text is
 # long and technical, so it is replaced by the 127 reason above.
 _NOT_FOUND_MARKERS = ("executable file not found", "no such file or directory")
@@ -56,14 +79,33 @@ def _last_line(message: str | None) -> str | None:
 
 def reason_for_exit_code(exit_code: int) -> str:
     """A user-facing reason for a check that exited ``exit_code`` without leaving a message."""
-    if exit_code in _RUNTIME_EXIT_REASONS:
-        return _RUNTIME_EXIT_REASONS[exit_code]
-    if exit_code in EXIT_REASONS:
-        return EXIT_REASONS[exit_code]
+    if exit_code in CHECK_EXIT_CODES:
+        return CHECK_EXIT_CODES[exit_code][1]
     return (
         f"The GPU check failed with exit code {exit_code}; ask an admin to look at the "
         "gpu-check container's log."
     )
+
+
+def kind_of_exit_code(exit_code: int) -> str:
+    """The bounded kind of a check failure (``gpu-count``, ``check-killed``, … or ``other``)."""
+    return CHECK_EXIT_CODES.get(exit_code, (OTHER_KIND, ""))[0]
+
+
+def check_failure_kind(
+    pod: dict[str, Any], container_name: str = VALIDATION_CONTAINER_NAME
+) -> str | None:
+    """The kind of the GPU check's failure in ``pod``, or None while it runs or after it passed.
+
+    A command the runtime could not start counts as ``check-not-startable`` whatever its code.
+    """
+    status = _container_status(pod, container_name)
+    terminated = _failed_termination(status) if status is not None else None
+    if terminated is None:
+        return None
+    if terminated.get("reason") in _START_FAILURES:
+        return CHECK_EXIT_CODES[_NOT_STARTABLE][0]
+    return kind_of_exit_code(int(terminated.get("exitCode", 1)))
 
 
 def check_failure(
@@ -85,7 +127,7 @@ def check_failure(
     if terminated.get("reason") in _START_FAILURES:
         # The runtime's own message, not the check's: the command never ran.
         if message and any(marker in message.lower() for marker in _NOT_FOUND_MARKERS):
-            return _RUNTIME_EXIT_REASONS[127]
+            return CHECK_EXIT_CODES[_NOT_STARTABLE][1]
         return (
             "The GPU check container could not start; ask an admin to look at the pod's "
             f"events. The container runtime said: {message or terminated.get('reason')}"

@@ -118,6 +118,26 @@ CHANGES = (
         "an older driver for the CUDA check; 535.161.08 is a real H100 driver (see "
         "q-ecc-excerpt__8x-h100-80gb-hbm3_535.161.08.txt in the shared fixture set)",
     ),
+    Change(
+        "ecc-uncorrected-volatile-unknown-error",
+        "h100-80gb-hbm3_590.48.01",
+        "health",
+        "ecc.errors.uncorrected.volatile.total",
+        "0",
+        "[Unknown Error]",
+        "nvidia-smi prints a field whose NVML call failed as the bracketed nvmlErrorString; "
+        "'[Unknown Error]' (NVML_ERROR_UNKNOWN) is recorded in real --query-gpu CSV output for "
+        "fan.speed (enkore/i3pystatus#850, MindMiner #627 in INDEX.md), but no capture shows "
+        "it in a health field",
+    ),
+)
+
+# An -L output the check cannot read: a real capture with the (derived) loader warning
+# appended, as nvidia-smi's output reads when a wrapper merges stderr into stdout.
+MERGED_LIST = "changed__list-L__h200_590.48.01__stderr-merged.txt"
+MERGED_LIST_SOURCES = (
+    "list-L__h200_590.48.01.txt",
+    "stderr-loader-warning__libnvidia-ml-no-version-information.txt",
 )
 
 
@@ -226,6 +246,26 @@ def apply_change(change: Change) -> str:
     )
 
 
+def merged_list() -> str:
+    """The full text of ``MERGED_LIST``: the real -L capture, then the loader warning line."""
+    listing, warning = MERGED_LIST_SOURCES
+    head, text = read_fixture(FIXTURES / listing)
+    kept = [line for line in head if not line.startswith(("# kind:", "# notes:", "# provenance:"))]
+    return "\n".join(
+        [
+            *kept,
+            "# kind: CHANGED for a test: an -L output with a line the check does not know",
+            "# provenance: CHANGED, not a recorded run: the verbatim output of "
+            f"{listing} followed by the one line of {warning} (itself DERIVED from glibc's "
+            "loader format), as a wrapper that merges stderr into stdout would print them",
+            "# notes: pairs with derived__query-gpu-*__h200-MIG_590.48.01.txt (same board in MIG "
+            "mode, same masked UUID). Made by tests/validation/nvsmi_fixtures.py.",
+            DELIMITER,
+            text + body(warning),
+        ]
+    )
+
+
 def expected_files() -> dict[str, str]:
     """Every generated fixture file name -> its content."""
     files = {
@@ -242,6 +282,7 @@ def write_all() -> None:
         (FIXTURES / name).write_text(text, encoding="utf-8")
     for change in CHANGES:
         (FIXTURES / changed_name(change)).write_text(apply_change(change), encoding="utf-8")
+    (FIXTURES / MERGED_LIST).write_text(merged_list(), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from gpuspawner.validation.gpucheck import (
     EXIT_DRIVER_TOO_OLD,
     EXIT_GPU_COUNT,
     EXIT_GPU_UNHEALTHY,
+    EXIT_UNREADABLE_OUTPUT,
     CheckFailed,
     CommandResult,
     OutputError,
@@ -23,14 +24,20 @@ from tests.validation.nvsmi_fixtures import (
     CORE_FIELDS,
     FIXTURES,
     HEALTH_FIELDS,
+    MERGED_LIST,
+    MERGED_LIST_SOURCES,
     apply_change,
     body,
     changed_name,
     derive,
     derived_name,
+    merged_list,
     project,
     read_fixture,
 )
+
+NO_DEVICES = "error-no-devices__gh200_570.86.15__open-gpu-kernel-modules-774.txt"
+LOADER_WARNING = "stderr-loader-warning__libnvidia-ml-no-version-information.txt"
 
 
 def records_for(capture: str, core: str | None = None, health: str | None = None):
@@ -77,6 +84,12 @@ def test_changed_fixtures_differ_from_their_source_in_one_cell_only(change):
     original = body(derived_name(change.capture, change.query)).split(", ")
     modified = body(changed_name(change)).split(", ")
     assert sum(a != b for a, b in zip(original, modified, strict=True)) == 1
+
+
+def test_the_merged_list_fixture_is_its_two_sources_one_after_the_other():
+    assert (FIXTURES / MERGED_LIST).read_text(encoding="utf-8") == merged_list()
+    listing, warning = MERGED_LIST_SOURCES
+    assert body(MERGED_LIST) == body(listing) + body(warning)
 
 
 # --- nvidia-smi -L ------------------------------------------------------------------------
@@ -162,12 +175,43 @@ def test_parse_query_csv_refuses_a_row_of_the_wrong_width():
 
 @pytest.mark.parametrize(
     "raw",
-    ["[N/A]", "N/A", "[Not Supported]", "[Requested functionality has been deprecated]", " ", ""],
+    [
+        "[N/A]",
+        "N/A",
+        "[Not Supported]",
+        "[Requested functionality has been deprecated]",
+        "[Function Not Found]",
+        " ",
+        "",
+    ],
 )
 def test_unavailable_values_are_not_reported(raw):
     assert gpucheck.clean_value(raw) is None
     assert gpucheck.parse_int(raw) is None
     assert gpucheck.parse_yes_no(raw) is None
+    assert not gpucheck.is_error_value(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "[Unknown Error]",
+        " [Unknown Error]",
+        "[GPU is lost]",
+        "[Insufficient Permissions]",
+        "Unknown",
+    ],
+)
+def test_nvml_errors_are_kept_apart_from_not_reported(raw):
+    assert gpucheck.clean_value(raw) == raw.strip()
+    assert gpucheck.is_error_value(raw)
+    assert gpucheck.parse_int(raw) is None
+    assert gpucheck.parse_yes_no(raw) is None
+
+
+@pytest.mark.parametrize("raw", ["0", "Enabled", "No", "NVIDIA H100 80GB HBM3", None])
+def test_values_are_not_errors(raw):
+    assert not gpucheck.is_error_value(raw)
 
 
 def test_geforce_health_fields_are_all_not_reported():
@@ -271,6 +315,11 @@ def test_no_gpu_visible_fails():
         ("retired-pages-pending-yes", "has a memory page retirement pending"),
         ("remapped-rows-pending-yes", "has a memory row remapping pending"),
         ("remapped-rows-failure-yes", "failed to remap a faulty memory row"),
+        (
+            "ecc-uncorrected-volatile-unknown-error",
+            "could not report ecc.errors.uncorrected.volatile.total: nvidia-smi printed "
+            "[Unknown Error]",
+        ),
     ],
 )
 def test_health_problems_fail(change_name, phrase):
@@ -283,6 +332,41 @@ def test_health_problems_fail(change_name, phrase):
     assert result.reason.startswith("GPU 0 (NVIDIA H100 80GB HBM3, GPU-00000000-")
     assert phrase in result.reason
     assert "ask an admin" in result.reason
+
+
+def test_an_unknown_error_in_a_health_field_is_never_reported_as_ok():
+    (change,) = [c for c in CHANGES if c.name == "ecc-uncorrected-volatile-unknown-error"]
+    records = records_for(change.capture, health=changed_name(change))
+    (record,) = records
+    assert record.unreadable == {"ecc.errors.uncorrected.volatile.total": "[Unknown Error]"}
+    assert record.ecc_uncorrected_volatile is None
+    assert record.ecc_mode == "Enabled"  # the other fields of the row still read
+    listing = parse_list(body(LISTS[change.capture]))
+    result = evaluate(1, "nvidia.com/gpu", listing, records, cuda="12.4")
+    assert result.exit_code == EXIT_GPU_UNHEALTHY
+    text = "\n".join(result.report)
+    assert "OK: no uncorrectable ECC errors" not in text
+    assert "ecc.errors.uncorrected.volatile.total [Unknown Error]" in text
+    assert "this GPU's health is unknown" in result.reason
+
+
+def test_an_unknown_error_in_a_detail_field_is_only_a_warning():
+    # The H100 core row with memory.total replaced by the error text, as in the health fixture.
+    core_text = body(derived_name("h100-80gb-hbm3_590.48.01", "core")).replace(
+        ", 81559", ", [Unknown Error]"
+    )
+    core = parse_query_csv(core_text, CORE_FIELDS)
+    health = parse_query_csv(
+        body(derived_name("h100-80gb-hbm3_590.48.01", "health")), HEALTH_FIELDS
+    )
+    records = merge_rows(core, health)
+    listing = parse_list(body(LISTS["h100-80gb-hbm3_590.48.01"]))
+    result = evaluate(1, "nvidia.com/gpu", listing, records)
+    assert result.ok
+    assert result.warnings == [
+        "GPU 0 (NVIDIA H100 80GB HBM3, GPU-00000000-0000-0000-0000-000000000000): nvidia-smi "
+        "printed [Unknown Error] for memory.total."
+    ]
 
 
 def test_old_driver_fails_for_a_newer_cuda_major():
@@ -368,13 +452,36 @@ def test_not_reported_fields_pass_and_say_so():
 # --- MIG ----------------------------------------------------------------------------------
 
 
-def test_mig_resource_counts_mig_devices_not_gpus():
+def test_mig_resource_counts_only_devices_of_its_profile():
+    # One H100 with a 3g.40gb, a 2g.20gb and two 1g.10gb devices.
     listing = parse_list(body(LISTS["h100-80gb-hbm3-MIG_590.48.01"]))
     records = records_for("h100-80gb-hbm3-MIG_590.48.01")
-    result = evaluate(1, "nvidia.com/mig-1g.10gb", listing, records)
-    assert not result.ok
-    assert result.reason.startswith("4 MIG devices are visible but only 1 was requested")
+    short = evaluate(3, "nvidia.com/mig-1g.10gb", listing, records)
+    assert short.exit_code == EXIT_GPU_COUNT
+    assert short.reason.startswith(
+        "Only 2 of the 3 requested MIG devices (1g.10gb) is visible (it sees a 3g.40gb MIG "
+        "device, a 2g.20gb MIG device instead)"
+    )
+    extra = evaluate(2, "nvidia.com/mig-1g.10gb", listing, records)
+    assert extra.exit_code == EXIT_GPU_COUNT
+    assert extra.reason.startswith(
+        "The 2 requested MIG devices (1g.10gb) are visible, but so are a 3g.40gb MIG device, a "
+        "2g.20gb MIG device: this container can use devices it was not given"
+    )
+    assert "2 MIG devices (1g.10gb) visible, 2 requested" in "\n".join(extra.report)
+    # The device plugin's "single" strategy hands out all four as nvidia.com/gpu.
     assert evaluate(4, "nvidia.com/gpu", listing, records).ok
+
+
+def test_devices_of_another_profile_do_not_satisfy_a_mig_request():
+    listing = parse_list(body("list-L__h100-MIG-single__cloud-native-docs.txt"))
+    assert {d.profile for d in listing[0].mig_devices} == {"1g.10gb"}
+    result = evaluate(7, "nvidia.com/mig-3g.40gb", listing, [])
+    assert result.exit_code == EXIT_GPU_COUNT
+    assert result.reason.startswith(
+        "No MIG device (3g.40gb) is visible in this container (it sees a 1g.10gb MIG device, "
+        "a 1g.10gb MIG device, a 1g.10gb MIG device, … instead), although 7 were requested"
+    )
 
 
 def test_mig_single_strategy_counts_seven_devices():
@@ -382,22 +489,66 @@ def test_mig_single_strategy_counts_seven_devices():
     result = evaluate(7, "nvidia.com/mig-1g.10gb", listing, [])
     assert result.ok
     assert not result.warnings
-    assert "OK: 7 MIG devices visible" in "\n".join(result.report)
+    assert "OK: 7 MIG devices (1g.10gb) visible" in "\n".join(result.report)
     short = evaluate(8, "nvidia.com/mig-1g.10gb", listing, [])
-    assert short.reason.startswith("Only 7 of the 8 requested MIG devices is visible")
+    assert short.reason.startswith("Only 7 of the 8 requested MIG devices (1g.10gb) is visible:")
 
 
-def test_mig_profile_mismatch_is_a_warning():
+def test_a_mixed_listing_fails_a_request_for_one_of_its_profiles():
     listing = parse_list(body("list-L__h100-MIG-mixed__cloud-native-docs.txt"))
-    result = evaluate(4, "nvidia.com/mig-1g.10gb", listing, [])
-    assert result.ok
-    assert len(result.warnings) == 2
-    assert "is a 3g.40gb, not the requested 1g.10gb" in result.warnings[0]
+    result = evaluate(1, "nvidia.com/mig-3g.40gb", listing, [])
+    assert result.exit_code == EXIT_GPU_COUNT
+    assert result.reason.startswith(
+        "The 1 requested MIG device (3g.40gb) is visible, but so are a 2g.20gb MIG device, a "
+        "1g.10gb MIG device, a 1g.10gb MIG device:"
+    )
+
+
+def test_media_extension_profiles_match_their_resource_name():
+    # nvidia-smi -L prints "1g.10gb+me"; the device plugin advertises nvidia.com/mig-1g.10gb.me.
+    assert gpucheck.resource_profile("1g.10gb+me") == "1g.10gb.me"
+    gpu = gpucheck.ListedGpu(
+        0,
+        "NVIDIA H100 80GB HBM3",
+        "GPU-00000000-0000-0000-0000-000000000000",
+        [gpucheck.MigDevice("1g.10gb+me", 0, "MIG-00000000-0000-0000-0000-000000000000")],
+    )
+    assert evaluate(1, "nvidia.com/mig-1g.10gb.me", [gpu], []).ok
+    assert evaluate(1, "nvidia.com/mig-1g.10gb", [gpu], []).exit_code == EXIT_GPU_COUNT
 
 
 def test_legacy_mig_devices_count():
     listing = parse_list(body("list-L__a100-sxm4-40gb-MIG-legacyUUID_450.80.02.txt"))
     assert evaluate(7, "nvidia.com/mig-1g.5gb", listing, []).ok
+
+
+def test_mig_mode_is_read_from_the_csv_when_the_list_is_unreadable():
+    with pytest.raises(OutputError):
+        parse_list(body(MERGED_LIST))
+    records = records_for("h200-MIG_590.48.01")
+    assert records[0].mig_enabled is True
+    result = evaluate(1, "nvidia.com/gpu", None, records)
+    assert result.exit_code == EXIT_UNREADABLE_OUTPUT
+    assert result.reason.startswith(
+        "GPU 0 (NVIDIA H200, GPU-00000000-0000-0000-0000-000000000000) has MIG mode enabled or "
+        "not reported, but nvidia-smi -L printed output the GPU check does not understand"
+    )
+    # The same board with MIG disabled is counted from the CSV as one whole GPU.
+    assert evaluate(1, "nvidia.com/gpu", None, records_for("h200_590.48.01")).ok
+    no_mig = evaluate(1, "nvidia.com/mig-1g.18gb", None, records_for("h200_590.48.01"))
+    assert no_mig.exit_code == EXIT_GPU_COUNT
+    assert no_mig.reason.startswith("No MIG device (1g.18gb) is visible in this container")
+
+
+def test_mig_devices_cannot_be_counted_without_the_list_when_mig_mode_is_unknown():
+    fields = ("index", "uuid", "name", "temperature.gpu", "utilization.gpu", "memory.used",
+              "memory.total")  # fmt: skip
+    rows = parse_query_csv(body("query-gpu-csv-noheader-nounits__8x-titanx__gpustat-5.txt"), fields)
+    records = merge_rows(rows)
+    assert records[0].mig_enabled is None
+    assert evaluate(8, "nvidia.com/gpu", None, records).ok
+    result = evaluate(1, "nvidia.com/mig-1g.10gb", None, records)
+    assert result.exit_code == EXIT_UNREADABLE_OUTPUT
 
 
 def test_mig_enabled_gpu_without_mig_devices_cannot_run_cuda():
@@ -434,7 +585,7 @@ def test_mig_enabled_gpu_without_mig_devices_cannot_run_cuda():
 )  # fmt: skip
 def test_nvidia_smi_failures_get_readable_reasons(fixture, returncode, phrase):
     output = body(fixture)
-    reason = gpucheck.nvidia_smi_failure(returncode, output)
+    reason = gpucheck.nvidia_smi_failure(CommandResult(returncode, output))
     assert phrase in reason
     assert f"exit code {returncode}" in reason
     assert "ask an admin" in reason
@@ -453,8 +604,32 @@ def test_exit_code_14_is_a_warning_and_the_output_is_used():
     warnings: list[str] = []
     output = body("error-inforom-corrupted__p100_470.82.01__rc14.txt")
     result = gpucheck.accept(CommandResult(14, output), warnings)
-    assert result.output == output
+    assert result.stdout == output
     assert warnings == ["WARNING: infoROM is corrupted at gpu 0000:0B:00.0"]
+
+
+def test_a_failure_printed_only_on_stderr_is_still_recognised_and_quoted():
+    message = body("error-driver-not-loaded__rc9__nvidia_gpu_exporter-65.txt")
+    # exit code 1 says nothing; the message on stderr says the driver is not loaded
+    reason = gpucheck.nvidia_smi_failure(CommandResult(1, "", message))
+    assert "exit code 1 (the NVIDIA driver is not loaded on the node)" in reason
+    assert reason.endswith("nvidia-smi said: " + gpucheck.first_message(message))
+    # stdout is quoted first; after a loader warning on stderr, stderr's last line is.
+    both = CommandResult(255, "", body(LOADER_WARNING) + "Failed to initialize NVML: Unknown Error")
+    assert gpucheck.nvidia_smi_failure(both).endswith(
+        "nvidia-smi said: Failed to initialize NVML: Unknown Error"
+    )
+
+
+def test_a_loader_warning_on_stderr_is_reported_not_parsed():
+    warnings: list[str] = []
+    output = body(LISTS["l40s_595.80"])
+    result = gpucheck.accept(CommandResult(0, output, body(LOADER_WARNING)), warnings)
+    assert result.stdout == output
+    assert warnings == [
+        "nvidia-smi wrote on stderr: nvidia-smi: /lib/x86_64-linux-gnu/libnvidia-ml.so.1: no "
+        "version information available (required by nvidia-smi)"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -486,11 +661,17 @@ def test_other_exit_codes_stop_the_check(returncode):
 # --- collect: the command sequence, with a runner that answers from the captures ----------
 
 
-def capture_runner(capture: str, unknown_fields: tuple[str, ...] = ()):
+def capture_runner(
+    capture: str,
+    unknown_fields: tuple[str, ...] = (),
+    stderr: str = "",
+    listing: str | None = None,
+):
     """Answer nvidia-smi arguments from a capture, like a driver that lacks ``unknown_fields``.
 
     Queries are projected from the ALLFIELDS capture with the fixtures' own projection; a
-    query naming an unknown field gets the recorded rc-2 "not a valid field" output.
+    query naming an unknown field gets the recorded rc-2 "not a valid field" output. Every run
+    writes ``stderr`` (a fixture body) on stderr; ``listing`` replaces the capture's -L output.
     """
     calls: list[list[str]] = []
     csv_text = read_fixture(FIXTURES / CAPTURES[capture])[1]
@@ -498,28 +679,29 @@ def capture_runner(capture: str, unknown_fields: tuple[str, ...] = ()):
     def run(args: list[str]) -> CommandResult:
         calls.append(args)
         if args == ["-L"]:
-            return CommandResult(0, body(LISTS[capture]))
+            return CommandResult(0, body(listing or LISTS[capture]), stderr)
         assert args[1] == "--format=csv,noheader,nounits"
-        fields = tuple(args[0].removeprefix("--query-gpu=").split(","))
+        fields = tuple(args[0][len("--query-gpu=") :].split(","))
         if set(fields) & set(unknown_fields):
-            return CommandResult(2, body("error-invalid-field__rc2__cohdi-37.txt"))
-        return CommandResult(0, project(csv_text, fields))
+            return CommandResult(2, body("error-invalid-field__rc2__cohdi-37.txt"), stderr)
+        return CommandResult(0, project(csv_text, fields), stderr)
 
     return run, calls
 
 
 def test_collect_runs_list_then_two_queries():
     run, calls = capture_runner("l40s_595.80")
-    listing, records, warnings = gpucheck.collect(run)
+    collected = gpucheck.collect(run)
     assert [c[0] for c in calls] == [
         "-L",
         "--query-gpu=" + ",".join(CORE_FIELDS),
         "--query-gpu=" + ",".join(HEALTH_FIELDS),
     ]
-    assert len(listing) == 1
-    assert records[0].name == "NVIDIA L40S"
-    assert records[0].remapped_rows_pending is False
-    assert not warnings
+    assert len(collected.listing) == 1
+    assert collected.records[0].name == "NVIDIA L40S"
+    assert collected.records[0].remapped_rows_pending is False
+    assert not collected.warnings
+    assert collected.no_devices is None
 
 
 def test_collect_falls_back_to_single_fields_on_an_older_driver():
@@ -527,18 +709,113 @@ def test_collect_falls_back_to_single_fields_on_an_older_driver():
         "h100-80gb-hbm3_590.48.01",
         unknown_fields=("remapped_rows.pending", "remapped_rows.failure"),
     )
-    listing, records, warnings = gpucheck.collect(run)
+    collected = gpucheck.collect(run)
     assert len(calls) == 3 + len(gpucheck.HEALTH_FIELDS)
-    (record,) = records
+    (record,) = collected.records
     assert record.ecc_uncorrected_volatile == 0
     assert record.mig_mode == "Disabled"
     assert record.remapped_rows_pending is None
-    assert warnings == [
+    assert collected.warnings == [
         "This nvidia-smi does not know remapped_rows.pending, remapped_rows.failure; not checked."
     ]
-    assert evaluate(1, "nvidia.com/gpu", listing, records, warnings=warnings).ok
+    assert evaluate(
+        1, "nvidia.com/gpu", collected.listing, collected.records, warnings=collected.warnings
+    ).ok
 
 
-def test_collect_reports_no_devices_as_an_empty_listing():
-    listing, records, _ = gpucheck.collect(lambda args: CommandResult(6, "No devices were found\n"))
-    assert listing == [] and records == []
+def test_a_loader_warning_on_every_run_does_not_fail_a_healthy_gpu():
+    run, _ = capture_runner("h100-80gb-hbm3_590.48.01", stderr=body(LOADER_WARNING))
+    collected = gpucheck.collect(run)
+    assert [gpu.name for gpu in collected.listing] == ["NVIDIA H100 80GB HBM3"]
+    assert len(collected.warnings) == 1
+    assert collected.warnings[0].startswith("nvidia-smi wrote on stderr: nvidia-smi: /lib/")
+    result = evaluate(
+        1, "nvidia.com/gpu", collected.listing, collected.records, warnings=collected.warnings
+    )
+    assert result.ok, result.reason
+    assert "warning: " + collected.warnings[0] in result.report
+
+
+def test_collect_keeps_mig_mode_when_the_list_is_unreadable():
+    run, _ = capture_runner("h200-MIG_590.48.01", listing=MERGED_LIST)
+    collected = gpucheck.collect(run)
+    assert collected.listing is None
+    assert collected.warnings[0].startswith("unexpected line in nvidia-smi -L output")
+    assert collected.records[0].mig_enabled is True
+    result = evaluate(1, "nvidia.com/gpu", None, collected.records)
+    assert result.exit_code == EXIT_UNREADABLE_OUTPUT
+
+
+@pytest.mark.parametrize("returncode", [0, 6])
+def test_no_devices_is_quoted_in_the_reason(returncode):
+    output = body(NO_DEVICES)
+    calls: list[list[str]] = []
+
+    def run(args: list[str]) -> CommandResult:
+        calls.append(args)
+        return CommandResult(returncode, output)
+
+    collected = gpucheck.collect(run)
+    assert calls == [["-L"]]
+    assert collected.listing == [] and collected.records == []
+    assert collected.no_devices == "No devices were found"
+    result = evaluate(2, "nvidia.com/gpu", [], [], no_devices=collected.no_devices)
+    assert result.exit_code == EXIT_GPU_COUNT
+    assert result.reason.startswith(
+        'nvidia-smi finds no GPU in this container ("No devices were found"), although 2 GPUs '
+        "were requested"
+    )
+
+
+# --- finding nvidia-smi -------------------------------------------------------------------
+
+
+def _executable(directory, name="nvidia-smi"):
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text("#!/bin/sh\n", encoding="utf-8")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_nvidia_smi_is_found_on_path_first(tmp_path):
+    on_path = _executable(tmp_path / "bin")
+    _executable(tmp_path / "usr-local-nvidia-bin")  # also there, but PATH wins
+    found = gpucheck.find_nvidia_smi(
+        "nvidia-smi",
+        path=str(tmp_path / "bin"),
+        known_dirs=(str(tmp_path / "usr-local-nvidia-bin"),),
+    )
+    assert found == (on_path, "on PATH")
+
+
+def test_nvidia_smi_is_found_in_the_known_driver_locations_in_order(tmp_path):
+    first, second = tmp_path / "usr-local-nvidia-bin", tmp_path / "run-nvidia-driver-usr-bin"
+    in_second = _executable(second)
+    dirs = (str(first), str(second))
+    assert gpucheck.find_nvidia_smi(
+        "nvidia-smi", path=str(tmp_path / "empty"), known_dirs=dirs
+    ) == (
+        in_second,
+        f"not on PATH; found in {second}",
+    )
+    in_first = _executable(first)
+    found = gpucheck.find_nvidia_smi("nvidia-smi", path="", known_dirs=dirs)
+    assert found == (in_first, f"not on PATH; found in {first}")
+
+
+def test_a_non_executable_file_in_a_known_location_is_not_used(tmp_path):
+    directory = tmp_path / "usr-local-nvidia-bin"
+    directory.mkdir()
+    (directory / "nvidia-smi").write_text("", encoding="utf-8")
+    assert gpucheck.find_nvidia_smi("nvidia-smi", path="", known_dirs=(str(directory),)) is None
+
+
+def test_the_known_driver_locations():
+    assert gpucheck.DRIVER_BIN_DIRS == ("/usr/local/nvidia/bin", "/run/nvidia/driver/usr/bin")
+
+
+def test_a_path_is_used_as_given(tmp_path):
+    binary = _executable(tmp_path / "opt")
+    assert gpucheck.find_nvidia_smi(binary) == (binary, "as given")
+    assert gpucheck.find_nvidia_smi(str(tmp_path / "missing" / "nvidia-smi")) is None

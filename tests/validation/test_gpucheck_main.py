@@ -1,8 +1,8 @@
 """The GPU check end to end: ``python3 -c <source> ARGS`` as the init container runs it.
 
-A fake ``nvidia-smi`` on PATH replays recorded output (verbatim fixture bodies) and exit
-codes chosen by its arguments, and logs every call; so the real command line, exit codes,
-stdout/stderr split and termination-log file are all exercised.
+A fake ``nvidia-smi`` on PATH replays recorded output (verbatim fixture bodies, on stdout and
+optionally on stderr) and exit codes chosen by its arguments, and logs every call; so the real
+command line, exit codes, stdout/stderr split and termination-log file are all exercised.
 """
 
 from __future__ import annotations
@@ -25,9 +25,14 @@ from tests.validation.nvsmi_fixtures import (
     CORE_FIELDS,
     FIXTURES,
     HEALTH_FIELDS,
+    MERGED_LIST,
+    body,
     changed_name,
     derived_name,
 )
+
+NO_DEVICES = "error-no-devices__gh200_570.86.15__open-gpu-kernel-modules-774.txt"
+LOADER_WARNING = "stderr-loader-warning__libnvidia-ml-no-version-information.txt"
 
 CORE_ARGS = f"--query-gpu={','.join(CORE_FIELDS)} --format=csv,noheader,nounits"
 HEALTH_ARGS = f"--query-gpu={','.join(HEALTH_FIELDS)} --format=csv,noheader,nounits"
@@ -45,8 +50,12 @@ if args not in scenario:
     sys.stdout.write("fake nvidia-smi: no fixture for: " + args + "\\n")
     sys.exit(97)
 answer = scenario[args]
-text = Path(answer["fixture"]).read_text()
-sys.stdout.write(text.split("# ----- verbatim output below this line -----\\n", 1)[1])
+def verbatim(name):
+    text = Path(name).read_text()
+    return text.split("# ----- verbatim output below this line -----\\n", 1)[1]
+sys.stdout.write(verbatim(answer["fixture"]))
+if answer.get("stderr"):
+    sys.stderr.write(verbatim(answer["stderr"]))
 sys.exit(answer["rc"])
 """
 
@@ -79,15 +88,24 @@ class Pod:
         fake.write_text(f"#!{sys.executable}\n{FAKE_NVIDIA_SMI}", encoding="utf-8")
         fake.chmod(0o755)
 
-    def answer(self, answers: dict[str, tuple[str, int]]) -> None:
+    def answer(self, answers: dict[str, tuple[str, int]], stderr: str | None = None) -> None:
+        """Each run answers with its fixture on stdout, and ``stderr``'s on stderr if given."""
         scenario = {
-            args: {"fixture": str(FIXTURES / name), "rc": rc}
+            args: {
+                "fixture": str(FIXTURES / name),
+                "rc": rc,
+                "stderr": str(FIXTURES / stderr) if stderr else "",
+            }
             for args, (name, rc) in answers.items()
         }
         (self.bin / "scenario.json").write_text(json.dumps(scenario), encoding="utf-8")
 
     def healthy(
-        self, capture: str, listing: str, overrides: dict[str, tuple[str, int]] | None = None
+        self,
+        capture: str,
+        listing: str,
+        overrides: dict[str, tuple[str, int]] | None = None,
+        stderr: str | None = None,
     ) -> None:
         answers = {
             "-L": (listing, 0),
@@ -95,7 +113,7 @@ class Pod:
             HEALTH_ARGS: (derived_name(capture, "health"), 0),
         }
         answers.update(overrides or {})
-        self.answer(answers)
+        self.answer(answers, stderr)
 
     def calls(self) -> list[str]:
         log = self.bin / "calls.log"
@@ -158,7 +176,20 @@ def test_healthy_gpu_passes(pod, python):
     assert "NVIDIA H100 80GB HBM3" in result.stdout
     assert "bus 00000000:00:09.0, driver 590.48.01, 81559 MiB" in result.stdout
     assert pod.calls() == ["-L", CORE_ARGS, HEALTH_ARGS]
-    assert pod.message() is None
+    assert result.stdout.splitlines()[0] == f"Using nvidia-smi at {pod.bin}/nvidia-smi (on PATH)."
+    assert pod.message() == "GPU check passed.\n"
+
+
+def test_a_loader_warning_on_stderr_does_not_fail_a_healthy_gpu(pod, python):
+    pod.healthy(
+        "h100-80gb-hbm3_590.48.01", "list-L__h100-80gb-hbm3_590.48.01.txt", stderr=LOADER_WARNING
+    )
+    result = pod.run(1, cuda="12.4", python=python)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "GPU check passed."
+    assert result.stdout.count("warning: nvidia-smi wrote on stderr: ") == 1
+    assert "libnvidia-ml.so.1: no version information available" in result.stdout
+    assert pod.message() == "GPU check passed.\n"
 
 
 def test_count_mismatch_fails_with_one_line_in_stderr_and_the_termination_log(pod, python):
@@ -222,12 +253,50 @@ def test_old_driver_fails_for_cuda_13(pod):
     assert "needs driver 580 or newer" in pod.message()
 
 
-def test_mig_devices_are_counted(pod, python):
+def test_mig_devices_are_counted_by_profile(pod, python):
     pod.healthy("h100-80gb-hbm3-MIG_590.48.01", "list-L__h100-80gb-hbm3-MIG_590.48.01.txt")
     assert pod.run(4, python=python).returncode == 0
-    result = pod.run(1, resource="nvidia.com/mig-1g.10gb", python=python)
+    result = pod.run(3, resource="nvidia.com/mig-1g.10gb", python=python)
     assert result.returncode == gpucheck.EXIT_GPU_COUNT
-    assert pod.message().startswith("4 MIG devices are visible but only 1 was requested")
+    assert pod.message().startswith(
+        "Only 2 of the 3 requested MIG devices (1g.10gb) is visible (it sees a 3g.40gb MIG "
+        "device, a 2g.20gb MIG device instead)"
+    )
+
+
+def test_a_mig_gpu_is_not_passed_as_a_whole_gpu_when_the_list_is_unreadable(pod, python):
+    pod.healthy("h200-MIG_590.48.01", MERGED_LIST)
+    result = pod.run(1, python=python)
+    assert result.returncode == gpucheck.EXIT_UNREADABLE_OUTPUT
+    assert pod.message().startswith("GPU 0 (NVIDIA H200, GPU-00000000-0000-0000-0000-000000000000)")
+    assert "has MIG mode enabled or not reported" in pod.message()
+    assert "warning: unexpected line in nvidia-smi -L output" in result.stdout
+
+
+def test_an_unknown_error_in_a_health_field_fails(pod, python):
+    pod.healthy(
+        "h100-80gb-hbm3_590.48.01",
+        "list-L__h100-80gb-hbm3_590.48.01.txt",
+        {HEALTH_ARGS: (changed_name_for("ecc-uncorrected-volatile-unknown-error"), 0)},
+    )
+    result = pod.run(1, cuda="12.4", python=python)
+    assert result.returncode == gpucheck.EXIT_GPU_UNHEALTHY
+    assert "could not report ecc.errors.uncorrected.volatile.total" in pod.message()
+    assert "[Unknown Error]" in pod.message()
+    assert "OK: no uncorrectable ECC errors" not in result.stdout
+
+
+@pytest.mark.parametrize("returncode", [0, 6])
+def test_no_devices_quotes_nvidia_smi(pod, returncode):
+    pod.answer({"-L": (NO_DEVICES, returncode)})
+    result = pod.run(1)
+    assert result.returncode == gpucheck.EXIT_GPU_COUNT
+    assert pod.message().startswith(
+        'nvidia-smi finds no GPU in this container ("No devices were found"), although 1 GPU '
+        "was requested"
+    )
+    assert pod.calls() == ["-L"]
+    assert body(NO_DEVICES).strip() in result.stdout
 
 
 def test_a_driver_without_the_health_fields_falls_back_to_single_queries(pod):
@@ -267,12 +336,43 @@ def test_an_unwritable_termination_log_is_skipped(pod):
     assert "Traceback" not in result.stderr
 
 
-def test_bad_arguments_exit_with_the_usage_code():
-    command = check_command(1, "nvidia.com/gpu", None)
-    command[command.index("--expect") + 1] = "two"
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (("--expect", "two"), "argument --expect: invalid int value: 'two'"),
+        (("--expect", "0"), "--expect must be at least 1"),
+        (("--timeout", "soon"), "argument --timeout: invalid float value: 'soon'"),
+    ],
+)
+def test_bad_arguments_exit_with_the_usage_code_and_write_the_termination_log(
+    pod, python, change, error
+):
+    option, value = change
+    command = check_command(1, "nvidia.com/gpu", None, termination_log=str(pod.termination_log))
+    if option in command:
+        command[command.index(option) + 1] = value
+    else:
+        command += [option, value]
+    if python:
+        command[0] = python
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == gpucheck.EXIT_USAGE
-    assert "gpuspawner-check-gpus: error: argument --expect" in result.stderr
+    assert result.stderr.startswith("usage: gpuspawner-check-gpus")
+    reason = last_stderr_line(result)
+    assert reason == (
+        f"The GPU check was started with invalid arguments (gpuspawner-check-gpus: error: "
+        f"{error}); ask an admin to check the spawner's GPU check command."
+    )
+    assert pod.message() == reason + "\n"
+    assert "Traceback" not in result.stderr
+
+
+def test_a_missing_argument_is_written_to_the_termination_log_given_with_equals(pod):
+    log = pod.bin.parent / "custom-log"
+    command = [sys.executable, "-c", check_source(), f"--termination-log={log}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == gpucheck.EXIT_USAGE
+    assert "the following arguments are required: --expect" in log.read_text(encoding="utf-8")
 
 
 def test_source_parses_as_python_38_and_imports_only_the_standard_library():
@@ -304,4 +404,36 @@ def test_the_console_script_runs_the_same_main(pod, monkeypatch, capsys):
     assert capsys.readouterr().out.splitlines()[-1] == "GPU check passed."
     code = main(["--expect", "2", "--termination-log", str(pod.termination_log)])
     assert code == gpucheck.EXIT_GPU_COUNT
+    assert capsys.readouterr().err.strip() == pod.message().strip()
+
+
+def test_nvidia_smi_in_a_known_driver_location_is_used_and_named(pod, monkeypatch, capsys):
+    # Not on PATH, but where managed clusters put it: the check finds it and says so.
+    pod.healthy("h200_590.48.01", "list-L__h200_590.48.01.txt")
+    empty = pod.bin.parent / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.setattr(gpucheck, "DRIVER_BIN_DIRS", (str(empty / "none"), str(pod.bin)))
+    log = str(pod.termination_log)
+    assert gpucheck.main(["--expect", "1", "--termination-log", log]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"Using nvidia-smi at {pod.bin}/nvidia-smi (not on PATH; found in {pod.bin})."
+    assert out[-1] == "GPU check passed."
+    assert pod.calls() == ["-L", CORE_ARGS, HEALTH_ARGS]
+
+
+def test_nvidia_smi_missing_everywhere_names_the_places_looked_in(pod, monkeypatch, capsys):
+    empty = pod.bin.parent / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    # stand-ins for the real locations, which a GPU test machine may well have
+    dirs = (str(empty / "usr-local-nvidia-bin"), str(empty / "run-nvidia-driver-usr-bin"))
+    monkeypatch.setattr(gpucheck, "DRIVER_BIN_DIRS", dirs)
+    code = gpucheck.main(["--expect", "1", "--termination-log", str(pod.termination_log)])
+    assert code == gpucheck.EXIT_NO_NVIDIA_SMI
+    assert pod.message().strip() == (
+        "nvidia-smi was not found in the container: the node's NVIDIA container runtime did not "
+        f"mount the driver tools into it ('nvidia-smi' not on PATH nor in {dirs[0]} or "
+        f"{dirs[1]}); ask an admin to check the node."
+    )
     assert capsys.readouterr().err.strip() == pod.message().strip()

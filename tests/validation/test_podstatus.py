@@ -10,7 +10,15 @@ import pytest
 
 from gpuspawner.labels import VALIDATION_CONTAINER_NAME
 from gpuspawner.validation import gpucheck
-from gpuspawner.validation.podstatus import check_failure, describe_waiting, reason_for_exit_code
+from gpuspawner.validation.podstatus import (
+    CHECK_EXIT_CODES,
+    CHECK_FAILURE_KINDS,
+    check_failure,
+    check_failure_kind,
+    describe_waiting,
+    kind_of_exit_code,
+    reason_for_exit_code,
+)
 
 PODS = Path(__file__).resolve().parent.parent / "fixtures" / "pods"
 
@@ -55,7 +63,7 @@ def test_the_last_non_empty_line_of_a_message_is_used():
 
 def test_without_a_message_the_exit_code_explains():
     reason = check_failure(pod("gpu-check-restarted-no-message"))
-    assert reason == gpucheck.EXIT_REASONS[gpucheck.EXIT_GPU_COUNT]
+    assert reason == gpucheck.EXIT_CODES[gpucheck.EXIT_GPU_COUNT][1]
 
 
 def test_a_missing_python3_is_named():
@@ -132,3 +140,48 @@ def test_count_falls_back_to_the_label():
 )
 def test_no_progress_message_after_success_or_failure(name):
     assert describe_waiting(pod(name)) is None
+
+
+def test_the_exit_code_table_holds_every_check_code_and_the_runtime_codes():
+    check_codes = {
+        value
+        for name, value in vars(gpucheck).items()
+        if name.startswith("EXIT_") and isinstance(value, int) and value != gpucheck.EXIT_OK
+    }
+    assert set(gpucheck.EXIT_CODES) == check_codes
+    assert set(CHECK_EXIT_CODES) == check_codes | {126, 127, 137}
+    # the check's own entries are the check's, not copies that could drift
+    for code in check_codes:
+        assert CHECK_EXIT_CODES[code] is gpucheck.EXIT_CODES[code]
+    kinds = [kind for kind, _ in gpucheck.EXIT_CODES.values()]
+    assert len(kinds) == len(set(kinds)), "each check exit code has its own kind"
+    assert CHECK_FAILURE_KINDS[-1] == "other"
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "kind"),
+    [
+        (gpucheck.EXIT_GPU_COUNT, "gpu-count"),
+        (gpucheck.EXIT_USAGE, "check-misconfigured"),
+        (126, "check-not-startable"),
+        (127, "check-not-startable"),
+        (137, "check-killed"),
+        (42, "other"),
+    ],
+)
+def test_kinds_of_exit_codes(exit_code, kind):
+    assert kind_of_exit_code(exit_code) == kind
+    assert kind in CHECK_FAILURE_KINDS
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("gpu-check-running", None),
+        ("gpu-check-succeeded", None),
+        ("gpu-check-restarted-no-message", "gpu-count"),
+        ("gpu-check-start-error", "check-not-startable"),
+    ],
+)
+def test_the_kind_of_a_pods_check_failure(name, kind):
+    assert check_failure_kind(pod(name)) == kind
