@@ -256,7 +256,8 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             selection,
             requester,
             holdings=holdings,
-            inventory=self.gpu_inventory(),
+            # A CPU server neither needs nor starts the GPU inventory's watches.
+            inventory=self.gpu_inventory() if selection.is_gpu else None,
             placement=self._placement(),
             settings=self.capacity_settings(),
             who=self._log_name,
