@@ -98,22 +98,17 @@ class CapacityConfig(Configurable):
         """,
     ).tag(config=True)
 
-    def capacity_settings(self) -> CapacitySettings:
-        """The settings :class:`Capacity` needs, as they are now."""
-        return CapacitySettings(
-            queue_enabled=self.gpu_queue_enabled,
-            queue_timeout=self.gpu_queue_timeout,
-            unschedulable_timeout=self.gpu_unschedulable_timeout,
-        )
+    def queue_settings(self) -> QueueSettings:
+        """The queue's settings as they are now, for :meth:`Capacity.admit`."""
+        return QueueSettings(enabled=self.gpu_queue_enabled, timeout=self.gpu_queue_timeout)
 
 
 @dataclass(frozen=True)
-class CapacitySettings:
-    """The admin's queue and fail-fast settings (see :class:`CapacityConfig`)."""
+class QueueSettings:
+    """The admin's queue settings (``gpu_queue_enabled``, ``gpu_queue_timeout``)."""
 
-    queue_enabled: bool = False
-    queue_timeout: float = 300
-    unschedulable_timeout: float = 60
+    enabled: bool = False
+    timeout: float = 300
 
 
 @dataclass(frozen=True)
@@ -200,7 +195,7 @@ class Capacity:
         holdings: Callable[[bool], Awaitable[list[limits.Holding]]],
         inventory: InventoryReflector | None,
         placement: Placement,
-        settings: CapacitySettings,
+        queue: QueueSettings,
         who: str,
     ) -> None:
         """Admit a request or raise :class:`Refusal`; an admitted GPU request is reserved.
@@ -250,7 +245,7 @@ class Capacity:
                 holdings=held,
             )
             verdict = await self.check(
-                inventory, catalog, selection, placement, queueing=settings.queue_enabled
+                inventory, catalog, selection, placement, queueing=queue.enabled
             )
             self.state.reserve(limits.holding_for(user, server, selection, pools))
         finally:
@@ -263,7 +258,7 @@ class Capacity:
                     catalog,
                     selection,
                     placement,
-                    timeout=settings.queue_timeout,
+                    timeout=queue.timeout,
                     who=who,
                 )
             except BaseException:

@@ -109,7 +109,7 @@ class HubState:
     # -- lifecycle ---------------------------------------------------------
 
     def _forget(self) -> InventoryReflector | None:
-        reflector, self._inventory = self._inventory, None
+        reflector, self._inventory, self._inventory_loop = self._inventory, None, None
         self._locks = weakref.WeakValueDictionary()
         self._reservations.clear()
         self.wait_queue = WaitQueue()

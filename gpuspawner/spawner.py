@@ -259,7 +259,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             # A CPU server neither needs nor starts the GPU inventory's watches.
             inventory=self.gpu_inventory() if selection.is_gpu else None,
             placement=self._placement(),
-            settings=self.capacity_settings(),
+            queue=self.queue_settings(),
             who=self._log_name,
         )
 

@@ -18,9 +18,9 @@ import yaml
 from gpuspawner import hubstate
 from gpuspawner.capacity import (
     Capacity,
-    CapacitySettings,
     GPUUnschedulable,
     Placement,
+    QueueSettings,
     Requester,
     figures,
     payload,
@@ -152,7 +152,7 @@ async def admit(
         holdings=holdings or held(),
         inventory=inventory,
         placement=NO_PLACEMENT,
-        settings=CapacitySettings(queue_enabled=queue, queue_timeout=queue_timeout),
+        queue=QueueSettings(enabled=queue, timeout=queue_timeout),
         who=f"{user}'s server",
     )
 
