@@ -38,6 +38,7 @@ kube_config.KUBE_CONFIG_DEFAULT_LOCATION = os.environ["KUBECONFIG"]
 
 from kubespawner import KubeSpawner  # noqa: E402
 
+from gpuspawner import hubstate  # noqa: E402
 from gpuspawner.catalog import parse_catalog  # noqa: E402
 from gpuspawner.limits import check_request, holdings_from_pods  # noqa: E402
 from gpuspawner.options import resolve_selection  # noqa: E402
@@ -213,7 +214,7 @@ async def main() -> None:
     kube = make(KubeSpawner, kube_config_)
 
     async def spawn(spawner, opts):
-        GPUSpawner._reservations.clear()
+        hubstate.current().release(spawner.user.name, spawner.name)
         spawner.user_options = dict(opts)
         await spawner.load_user_options()
         await spawner.get_pod_manifest()

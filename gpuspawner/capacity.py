@@ -1,32 +1,46 @@
-"""GPUSpawner's use of the live GPU inventory: figures, admission before spawning, the queue, stuck pods.
+"""GPUSpawner's use of the hub's GPU capacity: admission, live figures, the queue, stuck pods.
 
-A mixin of :class:`~gpuspawner.spawner.GPUSpawner`, kept apart so the
-spawner's module stays glue of one concern each. The decisions themselves live
-in the pure modules :mod:`gpuspawner.admission` and
+:class:`Capacity` is a collaborator of :class:`~gpuspawner.spawner.GPUSpawner`
+with explicit inputs: the hub's :class:`~gpuspawner.hubstate.HubState` (locks,
+reservations, the queue) when it is made, and per call the inventory, the
+catalog, the request and the admin's settings. It reads nothing of the
+spawner. The decisions themselves live in the pure modules
+:mod:`gpuspawner.limits`, :mod:`gpuspawner.admission` and
 :mod:`gpuspawner.inventory.figures`; this is the wiring to the hub's shared
 watch of nodes and pods.
+
+:class:`CapacityConfig` holds the admin's settings; GPUSpawner inherits it, so
+they are configured as ``c.GPUSpawner.gpu_queue_enabled`` and so on.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from traitlets import Bool, Float
 from traitlets.config import Configurable
 
-from . import admission
-from .catalog import Catalog, CatalogError
+from . import admission, limits
+from .catalog import Catalog
 from .inventory import figures as inventory_figures
 from .inventory.model import Availability
 from .options import Refusal, Selection
+
+if TYPE_CHECKING:
+    from .hubstate import HubState
+    from .inventory.reflectors import InventoryReflector
 
 
 class GPUUnschedulable(Exception):
     """The scheduler found too few free GPUs for the pod for too long."""
 
 
-class CapacityMixin(Configurable):
-    """Live GPU figures, capacity admission, the optional queue and fail-fast on unschedulable pods."""
+class CapacityConfig(Configurable):
+    """The admin's settings for the live inventory, the queue and failing fast on stuck pods."""
 
     gpu_inventory_enabled = Bool(
         True,
@@ -84,146 +98,281 @@ class CapacityMixin(Configurable):
         """,
     ).tag(config=True)
 
-    _wait_queue = admission.WaitQueue()
-    _queue_message: str = ""
-    _unschedulable: admission.Unschedulable | None = None
-    _unschedulable_since: float | None = None
+    def queue_settings(self) -> QueueSettings:
+        """The queue's settings as they are now, for :meth:`Capacity.admit`."""
+        return QueueSettings(enabled=self.gpu_queue_enabled, timeout=self.gpu_queue_timeout)
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """The admin's queue settings (``gpu_queue_enabled``, ``gpu_queue_timeout``)."""
+
+    enabled: bool = False
+    timeout: float = 300
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The node placement the admin gives every pod (KubeSpawner's settings of the same names)."""
+
+    node_selector: Mapping[str, str]
+    tolerations: Sequence[Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Requester:
+    """Who asks: the user, their groups and the server's name ("" for the default server)."""
+
+    user: str
+    groups: tuple[str, ...]
+    server: str
+
+
+def figures(
+    inventory: InventoryReflector | None, catalog: Catalog, placement: Placement
+) -> dict[str, Availability] | None:
+    """Live figures per GPU type of the catalog; None while the inventory is unavailable."""
+    if inventory is None or not inventory.ready:
+        return None
+    return inventory_figures.catalog_availability(
+        inventory.inventory, catalog, placement.node_selector, placement.tolerations
+    )
+
+
+def payload(
+    inventory: InventoryReflector | None, catalog: Catalog | None, placement: Placement
+) -> dict:
+    """What the availability endpoint answers (see gpuspawner.inventory.web).
+
+    ``catalog`` is None when the catalog is invalid.
+    """
+    if catalog is None:
+        return inventory_figures.availability_payload(None, None, "the catalog is invalid")
+    found = figures(inventory, catalog, placement)
+    problem = ""
+    if found is None:
+        if inventory is None:
+            problem = "the GPU inventory is turned off"
+        elif inventory.missing_permissions:
+            problem = " ".join(inventory.missing_permissions)
+        else:
+            problem = "the GPU inventory is still loading"
+    return inventory_figures.availability_payload(catalog, found, problem)
+
+
+class Capacity:
+    """One spawner's share of the hub's GPUs: admission, its place in the queue, its pod's scheduling.
+
+    ``clock`` (monotonic seconds) is injectable so tests can move time.
+    """
+
+    def __init__(
+        self,
+        state: HubState,
+        log: logging.Logger | logging.LoggerAdapter,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.state = state
+        self.log = log
+        self.clock = clock
+        #: The progress message while the request waits in the queue ("" otherwise).
+        self.queue_message = ""
+        #: The scheduler's verdict while the pod is unschedulable (None otherwise).
+        self.unschedulable: admission.Unschedulable | None = None
+        self._unschedulable_since: float | None = None
 
     # ------------------------------------------------------------------
-    # cluster capacity
+    # admission
     # ------------------------------------------------------------------
 
-    def gpu_inventory(self):
-        """The hub's shared GPU inventory reflector, or None when it is off."""
-        if self._gpu_mock or not self.gpu_inventory_enabled or not self.gpu_catalog_configured:
-            return None
-        from kubespawner.clients import shared_client
+    async def admit(
+        self,
+        catalog: Catalog,
+        selection: Selection,
+        requester: Requester,
+        *,
+        holdings: Callable[[bool], Awaitable[list[limits.Holding]]],
+        inventory: InventoryReflector | None,
+        placement: Placement,
+        queue: QueueSettings,
+        who: str,
+    ) -> None:
+        """Admit a request or raise :class:`Refusal`; an admitted GPU request is reserved.
 
-        from .inventory.reflectors import InventoryReflector, shared_reflector
-
-        def create() -> InventoryReflector:
-            return InventoryReflector(
-                shared_client("CoreV1Api"),
-                namespace=self.namespace,
-                all_namespaces=self.gpu_inventory_all_namespaces,
-                extra_resources=self._gpu_resource_names(),
-                log=self.log,
-            )
-
-        return shared_reflector(create)
-
-    def gpu_availability(self, catalog: Catalog) -> dict[str, Availability] | None:
-        """Live figures per GPU type of the catalog; None while the inventory is unavailable."""
-        reflector = self.gpu_inventory()
-        if reflector is None or not reflector.ready:
-            return None
-        admin = self._admin_values or {}
-        return inventory_figures.catalog_availability(
-            reflector.inventory,
-            catalog,
-            admin.get("node_selector", self.node_selector),
-            admin.get("tolerations", self.tolerations),
+        ``holdings(every_user)`` reads the GPUs held now (every user's when a
+        group pool applies). The reservation is the caller's to release when
+        the spawn ends; it is released here when admission fails while waiting.
+        """
+        if not selection.is_gpu:
+            return
+        user, groups, server = requester.user, list(requester.groups), requester.server
+        pools = limits.pool_groups_for(catalog.limits, groups)
+        # A request over the user's limit even with nothing held is refused
+        # without asking the cluster (and before taking any lock).
+        limits.check_request(
+            catalog=catalog,
+            user=user,
+            groups=groups,
+            server=server,
+            selection=selection,
+            holdings=[],
         )
-
-    def gpu_availability_payload(self) -> dict:
-        """What the availability endpoint answers (see gpuspawner.inventory.web)."""
+        # Locks are always taken in the same order (pools sorted, then the
+        # user) so two users sharing a pool cannot deadlock.
+        held_locks = [self.state.lock(f"pool:{g}") for g in pools] + [
+            self.state.lock(f"user:{user}")
+        ]
+        for lock in held_locks:
+            await lock.acquire()
         try:
-            catalog = self.load_catalog()
-        except CatalogError:
-            return inventory_figures.availability_payload(None, None, "the catalog is invalid")
-        reflector = self.gpu_inventory()
-        figures = self.gpu_availability(catalog)
-        problem = ""
-        if figures is None:
-            if reflector is None:
-                problem = "the GPU inventory is turned off"
-            elif reflector.missing_permissions:
-                problem = " ".join(reflector.missing_permissions)
-            else:
-                problem = "the GPU inventory is still loading"
-        return inventory_figures.availability_payload(catalog, figures, problem)
+            try:
+                held = await holdings(bool(pools))
+            except Exception as e:
+                self.log.error("Could not list GPU pods to check %s's limit: %s", user, e)
+                raise Refusal(
+                    "Your GPU usage could not be checked because the cluster did not answer. "
+                    "Please try again in a minute.",
+                    status=503,
+                    reason="usage-unknown",
+                ) from None
+            limits.check_request(
+                catalog=catalog,
+                user=user,
+                groups=groups,
+                server=server,
+                selection=selection,
+                holdings=held,
+            )
+            verdict = await self.check(
+                inventory, catalog, selection, placement, queueing=queue.enabled
+            )
+            self.state.reserve(limits.holding_for(user, server, selection, pools))
+        finally:
+            for lock in reversed(held_locks):
+                lock.release()
+        if verdict.wait:
+            try:
+                await self.wait_for_gpus(
+                    inventory,
+                    catalog,
+                    selection,
+                    placement,
+                    timeout=queue.timeout,
+                    who=who,
+                )
+            except BaseException:
+                # Timed out or cancelled (the user gave up): the GPUs are not held.
+                self.state.release(user, server)
+                raise
 
-    async def _check_capacity(self, catalog: Catalog, selection: Selection) -> admission.Verdict:
+    async def check(
+        self,
+        inventory: InventoryReflector | None,
+        catalog: Catalog,
+        selection: Selection,
+        placement: Placement,
+        *,
+        queueing: bool,
+    ) -> admission.Verdict:
+        """Whether a node can hold the request now (or ever); raises :class:`Refusal` if not."""
         if not selection.is_gpu or selection.gpu_type is None:
             return admission.Verdict(wait=False)
-        reflector = self.gpu_inventory()
-        if reflector is None or not await reflector.wait_ready(timeout=10):
+        if inventory is None or not await inventory.wait_ready(timeout=10):
             return admission.Verdict(wait=False)
-        figures = self.gpu_availability(catalog)
-        if figures is None or selection.gpu_type.key not in figures:
+        found = figures(inventory, catalog, placement)
+        if found is None or selection.gpu_type.key not in found:
             return admission.Verdict(wait=False)
         others = inventory_figures.alternatives(
-            catalog, selection.image, selection.gpu_type.key, figures
+            catalog, selection.image, selection.gpu_type.key, found
         )
         return admission.check_capacity(
             selection.gpu_type.display_name,
             selection.gpus,
-            figures[selection.gpu_type.key],
+            found[selection.gpu_type.key],
             others,
-            queueing=self.gpu_queue_enabled,
+            queueing=queueing,
         )
 
-    async def _wait_for_gpus(self, catalog: Catalog, selection: Selection) -> None:
-        """Wait in the hub's queue until a node can take the request (gpu_queue_enabled)."""
+    async def wait_for_gpus(
+        self,
+        inventory: InventoryReflector,
+        catalog: Catalog,
+        selection: Selection,
+        placement: Placement,
+        *,
+        timeout: float,
+        who: str,
+    ) -> None:
+        """Wait in the hub's queue until a node can take the request, at most ``timeout`` seconds."""
         assert selection.gpu_type is not None
-        reflector = self.gpu_inventory()
         type_key, name = selection.gpu_type.key, selection.gpu_type.display_name
-        queue = self._wait_queue
+        queue = self.state.wait_queue
         queue.join(type_key, self, selection.gpus)
-        deadline = time.monotonic() + self.gpu_queue_timeout
+        deadline = self.clock() + timeout
         try:
             while True:
-                figures = self.gpu_availability(catalog) or {}
-                availability = figures.get(type_key)
+                availability = (figures(inventory, catalog, placement) or {}).get(type_key)
                 if availability is None or queue.may_start(type_key, self, availability):
                     break
                 place, waiting = queue.place(type_key, self)
-                self._queue_message = admission.queue_message(
+                self.queue_message = admission.queue_message(
                     name, selection.gpus, availability, place, waiting
                 )
-                remaining = deadline - time.monotonic()
+                remaining = deadline - self.clock()
                 if remaining <= 0:
-                    self._release_reservation()
                     raise Refusal(
                         f"No node had {selection.gpus} free {name} GPUs within "
-                        f"{self.gpu_queue_timeout:.0f} seconds, so the server was not started. "
+                        f"{timeout:.0f} seconds, so the server was not started. "
                         f"{admission.busy_message(name, selection.gpus, availability, {})}",
                         status=503,
                         reason=admission.REASON_NO_CAPACITY,
                     )
-                await reflector.wait_for_change(timeout=min(remaining, 5))
+                await inventory.wait_for_change(timeout=min(remaining, 5))
         finally:
             queue.leave(type_key, self)
-            self._queue_message = ""
-        self.log.info("%s leaves the GPU queue for %s", self._log_name, name)
+            self.queue_message = ""
+        self.log.info("%s leaves the GPU queue for %s", who, name)
 
-    def _unschedulable_progress(self) -> str:
-        assert self._unschedulable is not None
-        message = self._unschedulable.message
-        if self._unschedulable.insufficient_gpus and self.gpu_unschedulable_timeout > 0:
-            waited = time.monotonic() - (self._unschedulable_since or time.monotonic())
-            left = max(self.gpu_unschedulable_timeout - waited, 0)
+    # ------------------------------------------------------------------
+    # the pod's scheduling
+    # ------------------------------------------------------------------
+
+    def start_over(self) -> None:
+        """Forget the previous spawn's scheduling (a new spawn starts)."""
+        self.unschedulable = None
+        self._unschedulable_since = None
+
+    def scheduling_progress(self, timeout: float) -> str:
+        """The progress message while the pod is unschedulable (see :meth:`watch_scheduling`)."""
+        assert self.unschedulable is not None
+        message = self.unschedulable.message
+        if self.unschedulable.insufficient_gpus and timeout > 0:
+            now = self.clock()
+            waited = now - (self._unschedulable_since or now)
+            left = max(timeout - waited, 0)
             message += f" Giving up in {left:.0f} s unless GPUs are freed."
         return message
 
-    def _watch_scheduling(self, pod: dict) -> None:
-        """Follow the scheduler's verdict on a Pending pod; too long without GPUs fails the spawn."""
+    def watch_scheduling(
+        self, pod: dict, selection: Selection | None, *, timeout: float, who: str
+    ) -> None:
+        """Follow the scheduler's verdict on a Pending pod; raise :class:`GPUUnschedulable`
+        when it has waited ``timeout`` seconds (0: forever) for GPUs."""
         raw = admission.unschedulable_message(pod)
         if raw is None:
-            self._unschedulable = None
-            self._unschedulable_since = None
+            self.start_over()
             return
-        gpu_type = self._selection.gpu_type if self._selection else None
+        gpu_type = selection.gpu_type if selection else None
         name = f"{gpu_type.display_name} GPUs" if gpu_type else ""
-        resources = {gpu_type.resource} if gpu_type else set()
-        self._unschedulable = admission.explain_unschedulable(raw, resources, name)
-        if not self._unschedulable.insufficient_gpus:
+        resources: Iterable[str] = {gpu_type.resource} if gpu_type else set()
+        self.unschedulable = admission.explain_unschedulable(raw, resources, name)
+        if not self.unschedulable.insufficient_gpus:
             self._unschedulable_since = None
             return
-        now = time.monotonic()
+        now = self.clock()
         if self._unschedulable_since is None:
             self._unschedulable_since = now
-            self.log.info("Pod of %s waits for GPUs: %s", self._log_name, raw)
-        timeout = self.gpu_unschedulable_timeout
+            self.log.info("Pod of %s waits for GPUs: %s", who, raw)
         if timeout > 0 and now - self._unschedulable_since >= timeout:
-            raise GPUUnschedulable(self._unschedulable.message)
+            raise GPUUnschedulable(self.unschedulable.message)

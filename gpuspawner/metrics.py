@@ -26,14 +26,13 @@ the number of series does not grow with the number of users.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from . import labels
+from . import hubstate, labels
 from .validation import gpucheck
 
 #: The refusal reasons the spawner gives (other values are counted as "other").
@@ -123,12 +122,10 @@ def observe_spawn_duration(gpu_type: str, seconds: float) -> None:
 # GPUs by type and group, read at scrape time
 # ---------------------------------------------------------------------------
 
-_spawners: weakref.WeakSet = weakref.WeakSet()
-
 
 def track(spawner: Any) -> None:
-    """Remember a spawner (weakly) so its server's GPUs are counted at scrape time."""
-    _spawners.add(spawner)
+    """Remember a spawner (weakly, in the hub's state) so its server's GPUs are counted at scrape time."""
+    hubstate.current().spawners.add(spawner)
 
 
 def gpus_by_group(
@@ -185,7 +182,7 @@ class GPUCollector:
             "The cluster's GPUs per catalog type (allocatable, in_use, free, waiting_pods)",
             labels=["gpu_type", "figure"],
         )
-        spawners = list(_spawners)
+        spawners = list(hubstate.current().spawners)
         req, alloc = gpus_by_group(_server_pods(spawners))
         for (gpu_type, group), value in sorted(req.items()):
             requested.add_metric([gpu_type, group], value)

@@ -19,16 +19,15 @@ import copy
 import inspect
 import json
 import time
-import weakref
 from typing import Any
 
 from jupyterhub.spawner import SpawnException
 from kubespawner import KubeSpawner
 from traitlets import Bool, Dict, List, Unicode, observe
 
-from . import admission, labels, limits, metrics, podspec, profiles
-from .capacity import CapacityMixin, GPUUnschedulable
-from .catalog import Catalog, CatalogError, CatalogFile, parse_catalog
+from . import admission, capacity, hubstate, labels, limits, metrics, podspec, profiles
+from .capacity import Capacity, CapacityConfig, GPUUnschedulable
+from .catalog import Catalog, CatalogError, parse_catalog
 from .options import Refusal, Selection, ignored_options, resolve_selection
 
 
@@ -52,7 +51,7 @@ class GPUCheckFailed(Exception):
     """The validation init container reported broken or missing GPUs."""
 
 
-class GPUSpawner(CapacityMixin, KubeSpawner):
+class GPUSpawner(CapacityConfig, KubeSpawner):
     """A KubeSpawner for a shared pool of GPUs."""
 
     catalog = Dict(
@@ -110,14 +109,6 @@ class GPUSpawner(CapacityMixin, KubeSpawner):
         """,
     ).tag(config=True)
 
-    # Shared by every spawner in the hub process: one lock per user name (and
-    # per pooled group) so that admission (count, check, reserve) of that
-    # user's concurrent requests runs one at a time; reservations cover
-    # requests admitted whose pods the API server does not show yet.
-    _admission_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
-    _reservations: dict[tuple[str, str], limits.Holding] = {}
-    _catalog_files: dict[str, CatalogFile] = {}
-
     _selection: Selection | None = None
     # True while the last start was refused before any pod was requested, so
     # poll() can answer "not running" without asking the cluster.
@@ -130,6 +121,9 @@ class GPUSpawner(CapacityMixin, KubeSpawner):
     def __init__(self, *args: Any, **kwargs: Any):
         self._gpu_mock = bool(kwargs.get("_mock", False))
         super().__init__(*args, **kwargs)
+        #: What every spawner of this hub process shares (locks, reservations, queue, watches).
+        self.hub_state = hubstate.current()
+        self.capacity = Capacity(self.hub_state, self.log)
         metrics.track(self)
         if self.gpu_catalog_configured:
             if self.trait_has_value("profile_list") and self.profile_list not in ([], None):
@@ -154,9 +148,7 @@ class GPUSpawner(CapacityMixin, KubeSpawner):
     def load_catalog(self) -> Catalog:
         """The catalog in effect; raises CatalogError if there is no valid one."""
         if self.catalog_file:
-            source = self._catalog_files.get(self.catalog_file)
-            if source is None:
-                source = self._catalog_files[self.catalog_file] = CatalogFile(self.catalog_file)
+            source = self.hub_state.catalog_file(self.catalog_file)
             previous_error = source.last_error
             catalog, reloaded = source.get()
             if reloaded:
@@ -249,71 +241,73 @@ class GPUSpawner(CapacityMixin, KubeSpawner):
     async def current_holdings(self, catalog: Catalog, every_user: bool) -> list[limits.Holding]:
         """GPU holdings from pods in the cluster plus admitted, not yet visible spawns."""
         pods = await self._list_gpu_pods(every_user)
-        reservations = [
-            r for r in self._reservations.values() if every_user or r.user == self.user.name
-        ]
+        reservations = self.hub_state.reservations(None if every_user else self.user.name)
         return limits.merge_reservations(limits.holdings_from_pods(pods, catalog), reservations)
 
-    def _lock(self, name: str) -> asyncio.Lock:
-        lock = self._admission_locks.get(name)
-        if lock is None:
-            lock = asyncio.Lock()
-            self._admission_locks[name] = lock
-        return lock
-
     async def _admit(self, catalog: Catalog, selection: Selection) -> None:
-        if not selection.is_gpu:
-            return
-        groups = self._group_names()
-        pools = limits.pool_groups_for(catalog.limits, groups)
-        # Locks are always taken in the same order (pools sorted, then the
-        # user) so two users sharing a pool cannot deadlock.
-        # A request over the user's limit even with nothing held is refused
-        # without asking the cluster (and before taking any lock).
-        limits.check_request(
-            catalog=catalog,
-            user=self.user.name,
-            groups=groups,
-            server=self.name,
-            selection=selection,
-            holdings=[],
+        """Admit the request (limits, then free GPUs, maybe after the queue) or raise Refusal."""
+        requester = capacity.Requester(self.user.name, tuple(self._group_names()), self.name)
+
+        async def holdings(every_user: bool) -> list[limits.Holding]:
+            return await self.current_holdings(catalog, every_user=every_user)
+
+        await self.capacity.admit(
+            catalog,
+            selection,
+            requester,
+            holdings=holdings,
+            # A CPU server neither needs nor starts the GPU inventory's watches.
+            inventory=self.gpu_inventory() if selection.is_gpu else None,
+            placement=self._placement(),
+            queue=self.queue_settings(),
+            who=self._log_name,
         )
-        held_locks = [self._lock(f"pool:{g}") for g in pools] + [
-            self._lock(f"user:{self.user.name}")
-        ]
-        for lock in held_locks:
-            await lock.acquire()
-        try:
-            try:
-                holdings = await self.current_holdings(catalog, every_user=bool(pools))
-            except Exception as e:
-                self.log.error("Could not list GPU pods to check %s's limit: %s", self.user.name, e)
-                raise Refusal(
-                    "Your GPU usage could not be checked because the cluster did not answer. "
-                    "Please try again in a minute.",
-                    status=503,
-                    reason="usage-unknown",
-                ) from None
-            limits.check_request(
-                catalog=catalog,
-                user=self.user.name,
-                groups=groups,
-                server=self.name,
-                selection=selection,
-                holdings=holdings,
-            )
-            verdict = await self._check_capacity(catalog, selection)
-            self._reservations[(self.user.name, self.name)] = limits.holding_for(
-                self.user.name, self.name, selection, pools
-            )
-        finally:
-            for lock in reversed(held_locks):
-                lock.release()
-        if verdict.wait:
-            await self._wait_for_gpus(catalog, selection)
 
     def _release_reservation(self) -> None:
-        self._reservations.pop((self.user.name, self.name), None)
+        self.hub_state.release(self.user.name, self.name)
+
+    # ------------------------------------------------------------------
+    # the live GPU inventory
+    # ------------------------------------------------------------------
+
+    def gpu_inventory(self):
+        """The hub's shared GPU inventory reflector, or None when it is off."""
+        if self._gpu_mock or not self.gpu_inventory_enabled or not self.gpu_catalog_configured:
+            return None
+        from kubespawner.clients import shared_client
+
+        from .inventory.reflectors import InventoryReflector
+
+        def create() -> InventoryReflector:
+            return InventoryReflector(
+                shared_client("CoreV1Api"),
+                namespace=self.namespace,
+                all_namespaces=self.gpu_inventory_all_namespaces,
+                extra_resources=self._gpu_resource_names(),
+                log=self.log,
+            )
+
+        return self.hub_state.inventory(create)
+
+    def _placement(self) -> capacity.Placement:
+        """The admin's node placement (before any selection changed the traits)."""
+        admin = self._admin_values or {}
+        return capacity.Placement(
+            admin.get("node_selector", self.node_selector),
+            admin.get("tolerations", self.tolerations),
+        )
+
+    def gpu_availability(self, catalog: Catalog) -> dict | None:
+        """Live figures per GPU type of the catalog; None while the inventory is unavailable."""
+        return capacity.figures(self.gpu_inventory(), catalog, self._placement())
+
+    def gpu_availability_payload(self) -> dict:
+        """What the availability endpoint answers (see gpuspawner.inventory.web)."""
+        try:
+            catalog: Catalog | None = self.load_catalog()
+        except CatalogError:
+            catalog = None
+        return capacity.payload(self.gpu_inventory(), catalog, self._placement())
 
     async def _catalog_profile_list(self, spawner: GPUSpawner) -> list[dict]:
         """``profile_list`` when a catalog is configured: only what the user may still take."""
@@ -339,10 +333,6 @@ class GPUSpawner(CapacityMixin, KubeSpawner):
             catalog, room, summary, availability=self.gpu_availability(catalog)
         )
 
-    # One Jinja environment per template search path: KubeSpawner builds a new
-    # one, and so compiles form.html again, on every page view (~20 ms).
-    _form_environments: dict[tuple[str, ...], Any] = {}
-
     def _kubespawner_form(self, profile_list: list[dict]) -> str:
         """KubeSpawner's form (same template, same variables), with the compiled template kept."""
         if self.profile_form_template:
@@ -360,14 +350,18 @@ class GPUSpawner(CapacityMixin, KubeSpawner):
                     e,
                 )
         paths = tuple(self.additional_profile_form_template_paths)
-        env = self._form_environments.get(paths)
-        if env is None:
+
+        # KubeSpawner builds a new environment, and so compiles form.html
+        # again, on every page view (~20 ms); the hub keeps one per path.
+        def build() -> Environment:
             loader = ChoiceLoader(
                 [FileSystemLoader(list(paths)), PackageLoader("kubespawner", "templates")]
             )
             env = Environment(loader=loader)
             env.policies["json.dumps_kwargs"] = {"sort_keys": False}
-            self._form_environments[paths] = env
+            return env
+
+        env = self.hub_state.form_environment(paths, build)
         return env.get_template("form.html").render(
             profile_list=profile_list, user_options=self.user_options
         )
@@ -558,16 +552,16 @@ class GPUSpawner(CapacityMixin, KubeSpawner):
     # ------------------------------------------------------------------
 
     def _gpu_check_progress(self) -> str | None:
-        if self._queue_message:
-            return self._queue_message
+        if self.capacity.queue_message:
+            return self.capacity.queue_message
         reflector = self.pod_reflector
         if reflector is None or self._selection is None or not self._selection.is_gpu:
             return None
         pod = reflector.pods.get(f"{self.namespace}/{self.pod_name}")
         if pod is None:
             return None
-        if self._unschedulable is not None and admission.unschedulable_message(pod):
-            return self._unschedulable_progress()
+        if self.capacity.unschedulable is not None and admission.unschedulable_message(pod):
+            return self.capacity.scheduling_progress(self.gpu_unschedulable_timeout)
         from .validation.podstatus import describe_waiting
 
         return describe_waiting(pod)
@@ -613,7 +607,9 @@ class GPUSpawner(CapacityMixin, KubeSpawner):
             if reason:
                 metrics.count_validation_failure(pod)
                 raise GPUCheckFailed(reason)
-            self._watch_scheduling(pod)
+            self.capacity.watch_scheduling(
+                pod, self._selection, timeout=self.gpu_unschedulable_timeout, who=self._log_name
+            )
         return super().is_pod_running(pod)
 
     async def poll(self):
@@ -623,8 +619,7 @@ class GPUSpawner(CapacityMixin, KubeSpawner):
 
     async def _start(self):
         self._refused_before_pod = False
-        self._unschedulable = None
-        self._unschedulable_since = None
+        self.capacity.start_over()
         started = time.monotonic()
         try:
             result = await super()._start()

@@ -12,6 +12,7 @@ from jupyterhub.spawner import SpawnException
 from kubespawner import KubeSpawner
 from traitlets.config import Config
 
+from gpuspawner import hubstate
 from gpuspawner.spawner import GPUCheckFailed, GPUSpawner
 
 from .conftest import FIXTURES, REPO
@@ -54,10 +55,9 @@ class FakeListResponse:
 
 @pytest.fixture(autouse=True)
 def _isolated(offline_kubeconfig):
-    GPUSpawner._reservations.clear()
-    GPUSpawner._catalog_files.clear()
+    hubstate.reset()
     yield
-    GPUSpawner._reservations.clear()
+    hubstate.reset()
 
 
 def make_spawner(config=None, user=None, name="", pods=(), cls=GPUSpawner, catalog=True):
@@ -265,7 +265,7 @@ async def test_admin_settings_are_merged_not_clobbered():
 async def test_a_new_selection_does_not_inherit_the_previous_one():
     spawner = make_spawner()
     await build(spawner, {"profile": "pytorch", "gpu_type": "h100", "gpus": "2"})
-    GPUSpawner._reservations.clear()
+    spawner.hub_state.release(spawner.user.name, spawner.name)  # as the end of the first spawn does
     pod = await build(spawner, {"profile": "pytorch", "gpus": "0"})
     assert "nvidia.com/gpu" not in pod["spec"]["containers"][0]["resources"].get("limits", {})
     assert not pod["spec"].get("initContainers")
@@ -402,7 +402,7 @@ async def test_limit_refusal_is_403_and_names_the_servers():
     assert info.value.jupyterhub_message == (
         "You are using 2 of your 2 GPUs (servers: default, exp1). Stop one of them or ask for fewer GPUs."
     )
-    assert GPUSpawner._reservations == {}
+    assert hubstate.current().reservations() == []
 
 
 async def test_a_refusal_leaves_no_lock_behind():
@@ -417,8 +417,7 @@ async def test_a_refusal_leaves_no_lock_behind():
     other.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
     await asyncio.wait_for(other.load_user_options(), timeout=30)
     assert other.extra_resource_limits == {"nvidia.com/gpu": "2"}
-    lock = GPUSpawner._admission_locks.get("user:zed")
-    assert lock is None or not lock.locked()
+    assert not hubstate.current().lock("user:zed").locked()
 
 
 async def test_ten_concurrent_requests_against_a_limit_of_two_admit_exactly_two():
@@ -437,7 +436,7 @@ async def test_ten_concurrent_requests_against_a_limit_of_two_admit_exactly_two(
     results = await asyncio.gather(*(attempt(s) for s in spawners))
     assert results.count("started") == 2
     assert results.count(403) == 8
-    assert len(GPUSpawner._reservations) == 2
+    assert len(hubstate.current().reservations()) == 2
 
 
 async def test_group_pool_member_is_checked_against_every_members_pods():
@@ -475,7 +474,7 @@ async def test_forbidden_pod_list_is_not_mistaken_for_no_usage():
     with pytest.raises(SpawnException) as info:
         await spawner.load_user_options()
     assert info.value.status_code == 503
-    assert GPUSpawner._reservations == {}
+    assert hubstate.current().reservations() == []
 
 
 async def test_transient_api_errors_are_retried():
@@ -632,4 +631,4 @@ async def test_failed_check_deletes_the_pod_and_fails_the_spawn_with_the_reason(
     assert info.value.jupyterhub_message == (
         f"The GPUs given to this server failed their check, so it was not started: {reason}"
     )
-    assert GPUSpawner._reservations == {}  # the GPUs are no longer counted for this server
+    assert hubstate.current().reservations() == []  # the GPUs are no longer counted for this server

@@ -1,7 +1,8 @@
 """The two watches that keep the hub's GPU inventory current: accelerator nodes and GPU pods.
 
-One :class:`InventoryReflector` per hub process (per event loop), shared by
-every spawner, like KubeSpawner's pod reflector: it lists nodes and pods
+One :class:`InventoryReflector` per hub process, kept by the hub's
+:class:`~gpuspawner.hubstate.HubState` and shared by every spawner, like
+KubeSpawner's pod reflector: it lists nodes and pods
 once (in pages, so a large cluster never arrives as one huge response), then
 follows each with a watch, and feeds every object into a
 :class:`~gpuspawner.inventory.model.Inventory`, which keeps a few hundred
@@ -310,9 +311,13 @@ class InventoryReflector:
                 asyncio.ensure_future(self._run_pods()),
             ]
 
-    async def stop(self) -> None:
+    def cancel(self) -> None:
+        """Cancel the watches without waiting for them to end (their loop may not run again)."""
         for task in self._tasks:
             task.cancel()
+
+    async def stop(self) -> None:
+        self.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def wait_ready(self, timeout: float) -> bool:
@@ -375,21 +380,3 @@ class InventoryReflector:
             self.missing_permissions.append(sentence)
             self.log.warning("%s", sentence)
         self._notify()
-
-
-_shared: dict[Any, InventoryReflector] = {}
-
-
-def shared_reflector(factory: Callable[[], InventoryReflector]) -> InventoryReflector:
-    """The process's one reflector for the running event loop, created and started on first use."""
-    loop = asyncio.get_running_loop()
-    reflector = _shared.get(loop)
-    if reflector is None:
-        reflector = _shared[loop] = factory()
-        reflector.start()
-    return reflector
-
-
-def forget_shared() -> None:
-    """Drop the shared reflectors (tests that start several hubs' worth in one process)."""
-    _shared.clear()

@@ -16,9 +16,9 @@ from jupyterhub.spawner import SpawnException
 from kubespawner import KubeSpawner
 from traitlets.config import Config
 
-from gpuspawner import spawner as spawner_module
+from gpuspawner import hubstate
 from gpuspawner.inventory.model import inventory_from
-from gpuspawner.spawner import GPUSpawner, GPUUnschedulable
+from gpuspawner.spawner import GPUUnschedulable
 
 from ..conftest import FIXTURES
 from ..test_spawner import User, make_spawner
@@ -64,12 +64,10 @@ def reflector():
 
 
 @pytest.fixture(autouse=True)
-def _isolated(offline_kubeconfig, monkeypatch):
-    GPUSpawner._reservations.clear()
-    GPUSpawner._catalog_files.clear()
-    monkeypatch.setattr(GPUSpawner, "_wait_queue", type(GPUSpawner._wait_queue)())
+def _isolated(offline_kubeconfig):
+    hubstate.reset()
     yield
-    GPUSpawner._reservations.clear()
+    hubstate.reset()
 
 
 def capacity_spawner(reflector, user=None, **traits):
@@ -164,7 +162,7 @@ async def test_never_schedulable_request_is_refused_before_any_pod(reflector):
     )
     assert "choose NVIDIA H100" in info.value.jupyterhub_message
     assert await spawner.poll() == 1
-    assert GPUSpawner._reservations == {}
+    assert hubstate.current().reservations() == []
 
 
 async def test_request_without_free_gpus_now_is_refused_with_figures(reflector):
@@ -191,7 +189,7 @@ async def test_queued_request_waits_with_its_place_and_starts_when_gpus_free(ref
     waiting = asyncio.ensure_future(spawner.load_user_options())
     for _ in range(50):
         await asyncio.sleep(0.01)
-        if spawner._queue_message:
+        if spawner.capacity.queue_message:
             break
     assert not waiting.done()
     assert spawner._gpu_check_progress().startswith(
@@ -202,8 +200,8 @@ async def test_queued_request_waits_with_its_place_and_starts_when_gpus_free(ref
     reflector.changed.set()
     await asyncio.wait_for(waiting, 5)
     assert spawner._selection.gpus == 4
-    assert spawner._queue_message == ""
-    assert len(GPUSpawner._wait_queue) == 0
+    assert spawner.capacity.queue_message == ""
+    assert len(hubstate.current().wait_queue) == 0
 
 
 async def test_queued_request_gives_up_after_the_queue_timeout(reflector):
@@ -215,8 +213,8 @@ async def test_queued_request_gives_up_after_the_queue_timeout(reflector):
     assert info.value.jupyterhub_message.startswith(
         "No node had 4 free NVIDIA A100 GPUs within 0 seconds"
     )
-    assert GPUSpawner._reservations == {}
-    assert len(GPUSpawner._wait_queue) == 0
+    assert hubstate.current().reservations() == []
+    assert len(hubstate.current().wait_queue) == 0
 
 
 async def test_never_schedulable_is_refused_even_when_queueing(reflector):
@@ -234,15 +232,15 @@ def unschedulable_pod(spawner):
     return pod
 
 
-async def test_pending_pod_shows_the_scheduler_reason_then_fails_fast(reflector, monkeypatch):
+async def test_pending_pod_shows_the_scheduler_reason_then_fails_fast(reflector):
     spawner = capacity_spawner(reflector, gpu_unschedulable_timeout=60)
     spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
     await spawner.load_user_options()
     pod = unschedulable_pod(spawner)
     clock = [1000.0]
-    monkeypatch.setattr(spawner_module.time, "monotonic", lambda: clock[0])
+    spawner.capacity.clock = lambda: clock[0]
     assert spawner.is_pod_running(pod) is False
-    assert spawner._unschedulable_progress() == (
+    assert spawner.capacity.scheduling_progress(spawner.gpu_unschedulable_timeout) == (
         "No node can take this server yet: 2 nodes have too few free NVIDIA A100 GPUs, "
         "3 nodes are not of this GPU type. Giving up in 60 s unless GPUs are freed."
     )
@@ -254,7 +252,7 @@ async def test_pending_pod_shows_the_scheduler_reason_then_fails_fast(reflector,
     assert str(info.value).startswith("No node can take this server yet")
 
 
-async def test_pod_unschedulable_for_other_reasons_does_not_fail_fast(reflector, monkeypatch):
+async def test_pod_unschedulable_for_other_reasons_does_not_fail_fast(reflector):
     spawner = capacity_spawner(reflector, gpu_unschedulable_timeout=1)
     spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
     await spawner.load_user_options()
@@ -262,22 +260,22 @@ async def test_pod_unschedulable_for_other_reasons_does_not_fail_fast(reflector,
     condition = pod["status"]["conditions"][0]
     condition["message"] = "0/5 nodes are available: 5 Insufficient cpu."
     clock = [1000.0]
-    monkeypatch.setattr(spawner_module.time, "monotonic", lambda: clock[0])
+    spawner.capacity.clock = lambda: clock[0]
     spawner.is_pod_running(pod)
     clock[0] += 3600
     assert spawner.is_pod_running(pod) is False
-    assert spawner._unschedulable_progress() == (
+    assert spawner.capacity.scheduling_progress(spawner.gpu_unschedulable_timeout) == (
         "No node can take this server yet: 5 nodes have too little free CPU."
     )
 
 
-async def test_pod_bound_after_waiting_resets_the_clock(reflector, monkeypatch):
+async def test_pod_bound_after_waiting_resets_the_clock(reflector):
     spawner = capacity_spawner(reflector, gpu_unschedulable_timeout=10)
     spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
     await spawner.load_user_options()
     pod = unschedulable_pod(spawner)
     clock = [1000.0]
-    monkeypatch.setattr(spawner_module.time, "monotonic", lambda: clock[0])
+    spawner.capacity.clock = lambda: clock[0]
     spawner.is_pod_running(pod)
     clock[0] += 9
     spawner.is_pod_running(recorded("bound-2xa100"))
@@ -309,12 +307,12 @@ async def test_stuck_pod_is_deleted_and_the_spawn_fails_with_the_reason(reflecto
         "The server was not started because no node had the GPUs for it for 60 seconds. "
         f"{reason} Ask for fewer GPUs or another GPU type, or try again later."
     )
-    assert GPUSpawner._reservations == {}
+    assert hubstate.current().reservations() == []
 
 
 async def test_progress_reports_our_messages_between_kubernetes_events(reflector, monkeypatch):
     spawner = capacity_spawner(reflector)
-    spawner._queue_message = "Waiting for 4 NVIDIA A100 GPUs on one node (place 1 of 1 …)."
+    spawner.capacity.queue_message = "Waiting for 4 NVIDIA A100 GPUs on one node (place 1 of 1 …)."
 
     async def quiet_progress(self):
         await asyncio.sleep(1.5)
@@ -322,13 +320,13 @@ async def test_progress_reports_our_messages_between_kubernetes_events(reflector
 
     monkeypatch.setattr(KubeSpawner, "progress", quiet_progress)
     events = [e async for e in spawner.progress()]
-    assert events[0]["message"] == spawner._queue_message  # before the first Kubernetes event
+    assert (
+        events[0]["message"] == spawner.capacity.queue_message
+    )  # before the first Kubernetes event
     assert events[-1]["message"] == "Pod scheduled"
 
 
 async def test_one_shared_inventory_per_hub_and_none_when_off():
-    from gpuspawner.inventory import reflectors
-
     assert make_spawner().gpu_inventory() is None  # KubeSpawner's test mode starts no watches
     first, second = make_spawner(user=User("a")), make_spawner(user=User("b"))
     first._gpu_mock = second._gpu_mock = False
@@ -339,6 +337,4 @@ async def test_one_shared_inventory_per_hub_and_none_when_off():
         first.gpu_inventory_enabled = False
         assert first.gpu_inventory() is None
     finally:
-        for reflector in list(reflectors._shared.values()):
-            await reflector.stop()
-        reflectors.forget_shared()
+        await hubstate.current().close()

@@ -1,0 +1,170 @@
+"""What the spawners of one hub process share: admission locks, reservations, the GPU queue,
+catalog files, compiled form templates, the GPU inventory's watches and the spawners the
+metrics count.
+
+All of it lives in one :class:`HubState`, found with :func:`current`.
+
+Why a module-level accessor and not an object handed to each spawner:
+JupyterHub has no start-up or shutdown hook for a spawner class, and it builds
+each spawner itself, with nothing to pass a shared object along. The state is
+therefore created on first use, by the first spawner that needs it, and lives as
+long as the hub process, as KubeSpawner's own pod reflector does. Keeping it in
+one object rather than in class attributes and module globals gives it one
+lifecycle: :meth:`HubState.close` stops the watches it started, and
+:func:`reset` (for tests, and for programs that embed several hubs' worth of
+spawners in one process) closes it and starts afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .admission import WaitQueue
+from .catalog import CatalogFile
+from .limits import Holding
+
+if TYPE_CHECKING:
+    from .inventory.reflectors import InventoryReflector
+
+
+class HubState:
+    """Everything one hub's spawners share, with an explicit end (:meth:`close`)."""
+
+    def __init__(self) -> None:
+        # One lock per user name (and per pooled group), so that admission
+        # (count, check, reserve) of concurrent requests runs one at a time.
+        # Weak: a lock no request holds or waits for is forgotten.
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        # Admitted requests whose pods the API server may not show yet, by (user, server).
+        self._reservations: dict[tuple[str, str], Holding] = {}
+        self.wait_queue = WaitQueue()
+        self._catalog_files: dict[str, CatalogFile] = {}
+        # One Jinja environment per template search path: compiling form.html
+        # again on every page view costs ~20 ms.
+        self._form_environments: dict[tuple[str, ...], Any] = {}
+        # The inventory's watches run as tasks of one event loop: the hub's.
+        self._inventory: InventoryReflector | None = None
+        self._inventory_loop: asyncio.AbstractEventLoop | None = None
+        #: The spawners whose servers' GPUs the metrics count at scrape time (weakly held).
+        self.spawners: weakref.WeakSet = weakref.WeakSet()
+
+    # -- admission ---------------------------------------------------------
+
+    def lock(self, name: str) -> asyncio.Lock:
+        """The admission lock called ``name`` (``user:NAME`` or ``pool:GROUP``)."""
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = asyncio.Lock()
+        return lock
+
+    def reserve(self, holding: Holding) -> None:
+        """Count an admitted request until its pod is visible (or the spawn ends)."""
+        self._reservations[(holding.user, holding.server)] = holding
+
+    def release(self, user: str, server: str) -> None:
+        self._reservations.pop((user, server), None)
+
+    def reservations(self, user: str | None = None) -> list[Holding]:
+        """The reservations of ``user``, or of everyone when ``user`` is None."""
+        return [h for h in self._reservations.values() if user is None or h.user == user]
+
+    # -- caches -----------------------------------------------------------
+
+    def catalog_file(self, path: str) -> CatalogFile:
+        """The catalog file at ``path``, read again only when it changes."""
+        source = self._catalog_files.get(path)
+        if source is None:
+            source = self._catalog_files[path] = CatalogFile(path)
+        return source
+
+    def form_environment(self, paths: tuple[str, ...], build: Callable[[], Any]) -> Any:
+        """The Jinja environment for the template search path ``paths``, built once."""
+        env = self._form_environments.get(paths)
+        if env is None:
+            env = self._form_environments[paths] = build()
+        return env
+
+    # -- the inventory -----------------------------------------------------
+
+    def inventory(self, create: Callable[[], InventoryReflector]) -> InventoryReflector:
+        """The hub's one inventory reflector, created and started on first use.
+
+        A reflector started on another event loop (one that has ended: tests
+        run one loop each) is replaced, since its watches can no longer run.
+        """
+        loop = asyncio.get_running_loop()
+        if self._inventory is not None and self._inventory_loop is not loop:
+            _cancel(self._inventory, self._inventory_loop)
+            self._inventory = None
+        if self._inventory is None:
+            self._inventory = create()
+            self._inventory_loop = loop
+            self._inventory.start()
+        return self._inventory
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def _forget(self) -> InventoryReflector | None:
+        reflector, self._inventory, self._inventory_loop = self._inventory, None, None
+        self._locks = weakref.WeakValueDictionary()
+        self._reservations.clear()
+        self.wait_queue = WaitQueue()
+        self._catalog_files.clear()
+        self._form_environments.clear()
+        self.spawners = weakref.WeakSet()
+        return reflector
+
+    async def close(self) -> None:
+        """Stop the inventory's watches and forget everything; the state can be used again."""
+        loop = self._inventory_loop
+        reflector = self._forget()
+        if reflector is None:
+            return
+        if loop is asyncio.get_running_loop():
+            await reflector.stop()
+        else:
+            _cancel(reflector, loop)
+
+    def close_soon(self) -> None:
+        """:meth:`close` without waiting: the watches are cancelled, not awaited."""
+        loop = self._inventory_loop
+        reflector = self._forget()
+        if reflector is not None:
+            _cancel(reflector, loop)
+
+
+def _cancel(reflector: InventoryReflector, loop: asyncio.AbstractEventLoop | None) -> None:
+    """Cancel a reflector's watches without awaiting them (its loop may have ended)."""
+    if loop is None or loop.is_closed():
+        return  # its tasks ended with their loop
+    # A loop that is shutting down may refuse to schedule the cancellation.
+    with contextlib.suppress(RuntimeError):
+        reflector.cancel()
+
+
+_current: HubState | None = None
+
+
+def current() -> HubState:
+    """The hub process's state, created on first use."""
+    global _current
+    if _current is None:
+        _current = HubState()
+    return _current
+
+
+def reset() -> HubState:
+    """Close the current state (without waiting for its watches) and start a fresh one.
+
+    For tests: each starts from an empty hub, with no reservation, queue,
+    lock, catalog or watch left by the one before.
+    """
+    global _current
+    if _current is not None:
+        _current.close_soon()
+    _current = HubState()
+    return _current
