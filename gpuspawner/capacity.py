@@ -128,7 +128,8 @@ class CapacityMixin(Configurable):
     def gpu_availability_payload(self) -> dict:
         """What the availability endpoint answers (see gpuspawner.inventory.web)."""
         try:
-            catalog = self.load_catalog()
+            # Per user: the figures name only the images this user may use.
+            catalog = self.visible_catalog()
         except CatalogError:
             return inventory_figures.availability_payload(None, None, "the catalog is invalid")
         reflector = self.gpu_inventory()
