@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..profiles import MARK_NEVER
+
 #: Where the endpoint is served, under the hub's prefix (``/hub/``).
 AVAILABILITY_PATH = "gpuspawner/availability"
 #: How often the form asks for new figures, in milliseconds.
@@ -86,13 +88,13 @@ def form_script(payload: dict[str, Any], url: str) -> str:
         '<p id="gpuspawner-availability" class="help-block"></p>\n'
         f"<script>\n(function () {{\n  var url = {json.dumps(url)};\n"
         f"  var every = {POLL_INTERVAL_MS};\n  var initial = {data};\n"
-        + _FORM_JS
-        + "})();\n</script>\n"
+        f"  var never = {json.dumps(MARK_NEVER)};\n" + _FORM_JS + "})();\n</script>\n"
     )
 
 
 # Relabels the GPU type choices with "N free of M (at most K on one node)" and
-# marks the counts the selected type cannot take now (or ever: disabled).
+# marks the counts the selected type cannot take now (or ever: disabled), with
+# the marks of gpuspawner.profiles.count_mark that the payload carries.
 _FORM_JS = r"""
   function typeBase(option) {
     if (!option.dataset.base) option.dataset.base = option.text.split(" \u2014 ")[0];
@@ -118,7 +120,7 @@ _FORM_JS = r"""
         option.setAttribute("data-base", base);
         var mark = t.counts ? t.counts[option.value] : "";
         option.text = mark ? base + " (" + mark + ")" : base;
-        option.disabled = mark === "no node has that many";
+        option.disabled = mark === never;
       });
     });
     if (note) note.textContent = "Free GPUs are counted live on the cluster's ready nodes.";
