@@ -8,7 +8,8 @@ asked for), :mod:`~gpuspawner.limits` (whether it is allowed),
 
 Without a catalog, GPUSpawner behaves exactly like KubeSpawner, with two
 fixes: async callables in ``kubespawner_override`` are awaited, and an
-unknown profile option choice is a readable 400 instead of a ``KeyError``.
+unknown profile, option choice or unlisted choice is a readable 400 instead of a
+``KeyError`` or a message that repeats the request.
 """
 
 from __future__ import annotations
