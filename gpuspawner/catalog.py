@@ -16,15 +16,18 @@ JupyterHub or Kubernetes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from . import labels
 
 #: The extended resource most NVIDIA device plugins advertise.
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
@@ -53,7 +56,7 @@ _TOLERATION_EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
 _AFFINITY_OPERATORS = {"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"}
 
 #: Environment variables the spawner owns: an image's ``env`` may not set them.
-RESERVED_ENV = frozenset({"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"})
+RESERVED_ENV = frozenset({labels.ENV_VISIBLE_DEVICES, labels.ENV_DRIVER_CAPABILITIES})
 
 
 class CatalogError(ValueError):
@@ -84,6 +87,33 @@ class ImageSpec:
     mem_guarantee: str | None = None
     mem_limit: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    #: Who may use the image: hub groups and user names. None for both: everyone.
+    groups: tuple[str, ...] | None = None
+    users: tuple[str, ...] | None = None
+
+    @property
+    def restricted(self) -> bool:
+        """Whether only the named groups and users may use the image."""
+        return self.groups is not None or self.users is not None
+
+    def allows(self, user: str, groups: Iterable[str]) -> bool:
+        """Whether ``user``, a member of ``groups``, may see and start the image."""
+        if not self.restricted:
+            return True
+        if user in (self.users or ()):
+            return True
+        return any(group in (self.groups or ()) for group in groups)
+
+    def describe_access(self) -> str:
+        """Who may use the image, e.g. "groups 'licensed'; users 'alice'"."""
+        if not self.restricted:
+            return "everyone"
+        parts = []
+        if self.groups:
+            parts.append("groups " + ", ".join(f"'{g}'" for g in self.groups))
+        if self.users:
+            parts.append("users " + ", ".join(f"'{u}'" for u in self.users))
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -159,6 +189,20 @@ class Catalog:
     def cpu_allowed(self, image: ImageSpec) -> bool:
         """Whether the image may be started with no GPU."""
         return image.allow_cpu and 0 in self.gpu_counts
+
+    def visible_to(self, user: str, groups: Iterable[str]) -> Catalog:
+        """The catalog as ``user`` (a member of ``groups``) sees it: only the images they may use.
+
+        The form, fancy-profiles, the availability figures and request checks
+        all work on this, so an image a user may not use is, for them, an
+        image that does not exist. The default image is open to everyone
+        (:func:`parse_catalog` checks it), so the defaults still hold.
+        """
+        groups = list(groups)
+        images = {key: image for key, image in self.images.items() if image.allows(user, groups)}
+        if len(images) == len(self.images):
+            return self
+        return dataclasses.replace(self, images=images)
 
 
 # ---------------------------------------------------------------------------
@@ -288,6 +332,8 @@ _IMAGE_KEYS = {
     "mem_guarantee",
     "mem_limit",
     "env",
+    "groups",
+    "users",
 }
 _TYPE_KEYS = {
     "display_name",
@@ -474,6 +520,14 @@ def _parse_images(r: _Reader, value: Any, gpu_types: Mapping[str, GPUType]) -> d
                     _join(_join(path, "env"), name),
                     "is set by gpuspawner from the GPUs a server gets and cannot be set per image",
                 )
+        groups = _parse_names(r, spec, "groups", path)
+        users = _parse_names(r, spec, "users", path)
+        if (groups is not None or users is not None) and not (groups or users):
+            raise r.fail(
+                _join(path, "groups" if groups is not None else "users"),
+                "no group or user is named, so nobody could use this image: name who may use "
+                "it, or remove groups and users to open it to everyone",
+            )
         images[key] = ImageSpec(
             key=key,
             display_name=r.string(spec.get("display_name", key), _join(path, "display_name")),
@@ -490,11 +544,29 @@ def _parse_images(r: _Reader, value: Any, gpu_types: Mapping[str, GPUType]) -> d
             mem_guarantee=_optional(r.quantity, spec, "mem_guarantee", path),
             mem_limit=_optional(r.quantity, spec, "mem_limit", path),
             env=env,
+            groups=groups,
+            users=users,
         )
     marked = [key for key, image in images.items() if image.default]
     if len(marked) > 1:
         raise r.fail("images", f"only one image may be the default, got {', '.join(marked)}")
     return images
+
+
+def _parse_names(r: _Reader, spec: Mapping, name: str, path: str) -> tuple[str, ...] | None:
+    """An image's ``groups`` or ``users``: a list of names, or None when not given."""
+    if name not in spec:
+        return None
+    names_path = _join(path, name)
+    value = spec[name]
+    if isinstance(value, str):
+        raise r.fail(
+            names_path, f"expected a list of {name}, such as [{_show(value)}], got {_show(value)}"
+        )
+    names = [
+        r.string(item, _join(names_path, i)) for i, item in enumerate(r.sequence(value, names_path))
+    ]
+    return tuple(dict.fromkeys(names))
 
 
 def _optional(parse, spec: Mapping, name: str, path: str):
@@ -514,8 +586,22 @@ def _parse_defaults(r: _Reader, value: Any, catalog: Catalog) -> Defaults:
             )
     else:
         marked = [key for key, image in catalog.images.items() if image.default]
-        image_key = marked[0] if marked else next(iter(catalog.images))
+        open_to_all = [key for key, image in catalog.images.items() if not image.restricted]
+        if not marked and not open_to_all:
+            raise r.fail(
+                "images",
+                "every image names groups or users, but an empty request starts the default "
+                "image, which must be open to everyone: remove groups and users from one image",
+            )
+        image_key = marked[0] if marked else open_to_all[0]
     image = catalog.images[image_key]
+    if image.restricted:
+        where = "defaults.image" if "image" in raw else _join(_join("images", image_key), "default")
+        raise r.fail(
+            where,
+            f"the default image '{image_key}' names groups or users, but an empty request "
+            "starts it for anyone: choose an image open to everyone as the default",
+        )
     types = catalog.types_for_image(image)
 
     if "gpu_type" in raw:

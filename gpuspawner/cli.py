@@ -11,7 +11,8 @@ Two ways to get the figures:
   for limits — no admin service needed.
 
 ``--json`` prints the report for scripts; ``--user NAME`` explains the limit
-in effect for that user and the rule it came from.
+in effect for that user and the rule it came from, and which catalog images
+they may use (an image may be only for some groups or users).
 """
 
 from __future__ import annotations
@@ -95,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         help="an API token (default $JUPYTERHUB_API_TOKEN)",
     )
     status.add_argument("--json", action="store_true", help="print the report as JSON")
-    status.add_argument("--user", help="explain this user's limit and the rule it came from")
+    status.add_argument(
+        "--user",
+        help="explain this user's limit, the rule it came from and the images they may use",
+    )
     status.add_argument(
         "--catalog",
         default="",

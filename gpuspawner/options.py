@@ -6,11 +6,16 @@ from options saved by an earlier spawn. They all come here, so every path gets
 the same checks and the same messages. A refusal is a :class:`Refusal`: one
 sentence the user can act on, plus the HTTP status and a short reason label
 for metrics.
+
+Anything the user sent that a message repeats goes through :func:`shown`,
+so a refusal or a log line never carries a raw newline, NUL or terminal
+escape from a request.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,18 +26,41 @@ OPTION_PROFILE = "profile"
 OPTION_GPU_TYPE = "gpu_type"
 OPTION_GPUS = "gpus"
 KNOWN_OPTIONS = frozenset({OPTION_PROFILE, OPTION_GPU_TYPE, OPTION_GPUS})
+#: What the form calls the two profile options.
+OPTION_TITLES = {OPTION_GPU_TYPE: "GPU type", OPTION_GPUS: "Number of GPUs"}
+#: KubeSpawner's key for a free-form value of a profile option (``gpus--unlisted-choice``).
+UNLISTED_CHOICE_SUFFIX = "--unlisted-choice"
 
-_DIGITS = re.compile(r"^[0-9]{1,6}$")
+#: Refusal reasons (the label of the refusal metric).
+REASON_INVALID = "invalid-request"
+REASON_UNLISTED_CHOICE = "unlisted-choice"
+REASON_NO_PROFILE = "no-such-profile"
+
+# The largest count a request may name: enough for any node, and small enough
+# that a number in a message stays short.
+_MAX_COUNT = 999_999
+_DIGITS = re.compile(r"[0-9]{1,6}")
+_SHOWN_LENGTH = 40
 
 
-class Refusal(Exception):
-    """A spawn request that is refused, with a message for the user."""
+class Refusal(ValueError):
+    """A spawn request that is refused, with a message for the user.
 
-    def __init__(self, message: str, *, status: int = 400, reason: str = "invalid-request"):
+    A ``ValueError`` as well, because that is what KubeSpawner raises for bad
+    ``user_options``: code written for KubeSpawner that catches it around
+    ``load_user_options`` sees GPUSpawner's refusals too.
+    """
+
+    def __init__(self, message: str, *, status: int = 400, reason: str = REASON_INVALID):
         super().__init__(message)
         self.message = message
         self.status = status
         self.reason = reason
+
+    @property
+    def jupyterhub_message(self) -> str:
+        """The sentence JupyterHub shows on its pages and in API errors."""
+        return self.message
 
 
 @dataclass(frozen=True)
@@ -54,40 +82,112 @@ class Selection:
         return f"{self.image.display_name} with {self.gpus} × {self.gpu_type.display_name}"
 
 
-def _listing(values: list[str]) -> str:
-    if len(values) == 1:
-        return values[0]
-    return ", ".join(values[:-1]) + " or " + values[-1]
+def _escape_unprintable(text: str) -> str:
+    return "".join(
+        c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+        for c in text
+    )
 
 
-def _shown(value: Any) -> str:
-    text = repr(value) if not isinstance(value, str) else f"'{value}'"
-    return text if len(text) <= 40 else text[:37] + "..."
+def shown(value: Any, limit: int = _SHOWN_LENGTH) -> str:
+    """User input as a message or a log line may show it: quoted, escaped and short.
+
+    Strings are quoted as Python writes them (``'jax'``), every character
+    that is not printable — NUL, newline, ESC, bidirectional overrides — is
+    escaped (``'a\\nb'``), and anything longer than ``limit`` characters is cut,
+    with "..." after the closing quote.
+    """
+    if isinstance(value, str):
+        text = repr(value[:limit]) + ("..." if len(value) > limit else "")
+    else:
+        text = repr(value)
+        if len(text) > limit:
+            text = text[:limit] + "..."
+    # repr escapes control characters already; this holds for any object's repr.
+    return _escape_unprintable(text)
+
+
+def listing(values: Iterable[str], conjunction: str = "or") -> str:
+    """ "a", "a or b", "a, b or c"."""
+    values = list(values)
+    if len(values) <= 1:
+        return "".join(values)
+    return ", ".join(values[:-1]) + f" {conjunction} " + values[-1]
 
 
 def parse_count(value: Any) -> int | None:
     """A GPU count from a form string or JSON number, or None if it is not a whole number.
 
-    Only plain decimal digits are accepted: ``"1.5"``, ``"1e9"``, ``"-1"``,
-    ``"0x2"``, ``True`` and ``2.0`` are all refused, so nothing is rounded,
-    coerced or evaluated.
+    Only plain ASCII decimal digits are accepted, as the README documents:
+    ``" 1"``, ``"+1"``, ``"1.0"``, a full-width ``"\\uff11"``, ``"1e9"``, ``"-1"``,
+    ``"0x2"``, ``True`` and ``2.0`` are all refused, so nothing is trimmed,
+    rounded, coerced or evaluated.
     """
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value if value >= 0 else None
-    if isinstance(value, str):
-        text = value.strip()
-        if _DIGITS.match(text):
-            return int(text)
+        return value if 0 <= value <= _MAX_COUNT else None
+    if isinstance(value, str) and _DIGITS.fullmatch(value):
+        return int(value)
     return None
+
+
+def unlisted_choices(user_options: Any) -> dict[str, Any]:
+    """The ``<option>--unlisted-choice`` values a request sets, by option name.
+
+    Empty values count as not set, as in KubeSpawner.
+    """
+    if not isinstance(user_options, dict):
+        return {}
+    return {
+        key[: -len(UNLISTED_CHOICE_SUFFIX)]: value
+        for key, value in user_options.items()
+        if isinstance(key, str) and key.endswith(UNLISTED_CHOICE_SUFFIX) and value
+    }
+
+
+def unlisted_choice_refusal(option: str, title: str | None, choices: Iterable[str]) -> Refusal:
+    """The refusal of ``<option>--unlisted-choice`` where no unlisted choice is enabled.
+
+    ``title`` is the option's name on the form (None: the profile has no such
+    option); ``choices`` are the values it lists, already quoted.
+    """
+    key = shown(option + UNLISTED_CHOICE_SUFFIX)
+    choices = list(choices)
+    if title is None or not choices:
+        return Refusal(
+            f"{key} is not accepted: there is no option {shown(option)} with an unlisted choice.",
+            reason=REASON_UNLISTED_CHOICE,
+        )
+    return Refusal(
+        f"{key} is not accepted: {title} has no unlisted choice, "
+        f"so send {shown(option)} with {listing(choices)}.",
+        reason=REASON_UNLISTED_CHOICE,
+    )
+
+
+def no_such_profile(value: Any, choices: Iterable[str], *, status: int = 400) -> Refusal:
+    """The refusal of a profile that does not exist (or that the user may not see).
+
+    ``choices`` names the profiles the user may choose. The sentence and the
+    status are the same whether the profile does not exist or is not for this
+    user, so a refusal reveals nothing about images the user may not see.
+    """
+    return Refusal(
+        f"There is no profile {shown(value)} you may use: choose one of {listing(choices)}.",
+        status=status,
+        reason=REASON_NO_PROFILE,
+    )
 
 
 def resolve_selection(user_options: Any, catalog: Catalog) -> Selection:
     """Validate ``user_options`` against the catalog; raise :class:`Refusal` if invalid.
 
+    ``catalog`` is what the user may see (:meth:`Catalog.visible_to`), so an
+    image they may not use is refused exactly like one that does not exist.
     Missing keys take the catalog's defaults; unknown keys are ignored and
-    never change what is spawned.
+    never change what is spawned. Unlisted choices (``gpus--unlisted-choice``)
+    are refused: the catalog's options have none.
     """
     if user_options is None:
         user_options = {}
@@ -95,6 +195,7 @@ def resolve_selection(user_options: Any, catalog: Catalog) -> Selection:
         raise Refusal('The server options must be a JSON object such as {"profile": "..."}.')
 
     image = _resolve_image(user_options.get(OPTION_PROFILE), catalog)
+    _refuse_unlisted_choices(user_options, image, catalog)
     explicit_type = user_options.get(OPTION_GPU_TYPE)
     raw_count = user_options.get(OPTION_GPUS)
     image_is_default = user_options.get(OPTION_PROFILE) in (None, "")
@@ -105,7 +206,7 @@ def resolve_selection(user_options: Any, catalog: Catalog) -> Selection:
         if not catalog.cpu_allowed(image):
             raise Refusal(
                 f"{image.display_name} cannot run without GPUs: choose a number of GPUs "
-                f"({_listing([str(n) for n in _positive_counts(image, catalog)])})."
+                f"({listing([str(n) for n in _positive_counts(image, catalog)])})."
             )
         # A GPU type sent along with 0 GPUs (KubeSpawner's form always sends
         # both) is still checked, so a typo is not silently accepted.
@@ -143,7 +244,7 @@ def resolve_selection(user_options: Any, catalog: Catalog) -> Selection:
     if gpus not in allowed:
         raise Refusal(
             f"{gpus} is not an allowed number of {gpu_type.display_name} GPUs: "
-            f"choose {_listing([str(n) for n in allowed])}."
+            f"choose {listing([str(n) for n in allowed])}."
         )
     return Selection(image=image, gpu_type=gpu_type, gpus=gpus)
 
@@ -153,8 +254,21 @@ def _resolve_image(value: Any, catalog: Catalog) -> ImageSpec:
         return catalog.images[catalog.defaults.image]
     if isinstance(value, str) and value in catalog.images:
         return catalog.images[value]
-    names = [f"'{key}' ({image.display_name})" for key, image in catalog.images.items()]
-    raise Refusal(f"There is no profile {_shown(value)}: choose one of {_listing(names)}.")
+    names = [f"{shown(key)} ({image.display_name})" for key, image in catalog.images.items()]
+    # 403 for a profile that does not exist too: the answer must not tell the
+    # two apart, and "you may not use this" is true of both.
+    raise no_such_profile(value, names, status=403)
+
+
+def _refuse_unlisted_choices(user_options: dict, image: ImageSpec, catalog: Catalog) -> None:
+    for option in sorted(unlisted_choices(user_options)):
+        if option == OPTION_GPU_TYPE and catalog.types_for_image(image):
+            choices = [shown(t.key) for t in catalog.types_for_image(image)]
+            raise unlisted_choice_refusal(option, OPTION_TITLES[option], choices)
+        if option == OPTION_GPUS:
+            counts = ([0] if catalog.cpu_allowed(image) else []) + _positive_counts(image, catalog)
+            raise unlisted_choice_refusal(option, OPTION_TITLES[option], [str(n) for n in counts])
+        raise unlisted_choice_refusal(option, None, [])
 
 
 def _resolve_type(value: Any, image: ImageSpec, catalog: Catalog) -> GPUType:
@@ -162,13 +276,13 @@ def _resolve_type(value: Any, image: ImageSpec, catalog: Catalog) -> GPUType:
         names = [f"'{t.key}'" for t in catalog.types_for_image(image)]
         if not names:
             raise Refusal(
-                f"There is no GPU type {_shown(value)}, and {image.display_name} runs without GPUs."
+                f"There is no GPU type {shown(value)}, and {image.display_name} runs without GPUs."
             )
-        raise Refusal(f"There is no GPU type {_shown(value)}: choose {_listing(names)}.")
+        raise Refusal(f"There is no GPU type {shown(value)}: choose {listing(names)}.")
     gpu_type = catalog.gpu_types[value]
     if gpu_type not in catalog.types_for_image(image):
         names = [t.display_name for t in catalog.types_for_image(image)]
-        alternatives = f"choose {_listing(names)}" if names else "choose 0 GPUs"
+        alternatives = f"choose {listing(names)}" if names else "choose 0 GPUs"
         raise Refusal(
             f"{image.display_name} cannot run on {gpu_type.display_name} GPUs: {alternatives}."
         )
@@ -186,13 +300,13 @@ def _resolve_count(value: Any, catalog: Catalog) -> int:
     count = parse_count(value)
     if count is None:
         raise Refusal(
-            f"{_shown(value)} is not a valid number of GPUs: choose one of "
-            f"{_listing([str(n) for n in _all_counts(catalog)])}."
+            f"{shown(value)} is not a valid number of GPUs: choose one of "
+            f"{listing([str(n) for n in _all_counts(catalog)])}."
         )
     if count not in _all_counts(catalog):
         raise Refusal(
             f"{count} is not an allowed number of GPUs: choose one of "
-            f"{_listing([str(n) for n in _all_counts(catalog)])}."
+            f"{listing([str(n) for n in _all_counts(catalog)])}."
         )
     return count
 
@@ -216,3 +330,55 @@ def ignored_options(user_options: Any) -> list[str]:
     if not isinstance(user_options, dict):
         return []
     return sorted(str(k) for k in user_options if k not in KNOWN_OPTIONS)
+
+
+def resolve_profile(user_options: Mapping[str, Any], profile_list: list[dict]) -> dict:
+    """Check a request against a plain KubeSpawner ``profile_list``; the chosen profile.
+
+    Without a catalog GPUSpawner applies profiles as KubeSpawner does; this
+    checks first what KubeSpawner would turn into a ``KeyError`` or a
+    message that repeats the raw request: an unknown profile or choice, and an
+    unlisted choice that the option does not enable (or whose value does not
+    match the option's ``validation_regex``). ``profile_list`` is initialized
+    (KubeSpawner's ``_get_initialized_profile_list``).
+    """
+    slug = user_options.get(OPTION_PROFILE)
+    if not slug:
+        profile = next((p for p in profile_list if p.get("default")), profile_list[0])
+    else:
+        profile = next((p for p in profile_list if p.get("slug") == slug), None)
+        if profile is None:
+            raise no_such_profile(slug, [shown(p.get("slug")) for p in profile_list])
+    options = profile.get("profile_options") or {}
+    unlisted = unlisted_choices(user_options)
+    for name in sorted(unlisted):
+        option = options.get(name)
+        if option is None:
+            raise unlisted_choice_refusal(name, None, [])
+        title = option.get("display_name", name)
+        settings = option.get("unlisted_choice") or {}
+        if not settings.get("enabled"):
+            raise unlisted_choice_refusal(
+                name, title, [shown(c) for c in option.get("choices") or {}]
+            )
+        value = unlisted[name]
+        regex = settings.get("validation_regex")
+        if not isinstance(value, str) or (regex and not re.match(regex, value)):
+            hint = str(settings.get("validation_message") or "enter a value it accepts")
+            raise Refusal(
+                f"{shown(value)} is not accepted as the other choice for {title}: "
+                f"{hint.rstrip('.')}.",
+                reason=REASON_UNLISTED_CHOICE,
+            )
+    for name, option in options.items():
+        choice = user_options.get(name)
+        if not choice or name in unlisted:
+            continue
+        choices = option.get("choices") or {}
+        if not isinstance(choice, str) or choice not in choices:
+            title = option.get("display_name", name)
+            raise Refusal(
+                f"{shown(choice)} is not a choice for {title}: choose one of "
+                f"{', '.join(shown(c) for c in choices)}."
+            )
+    return profile

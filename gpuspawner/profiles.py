@@ -16,11 +16,19 @@ from typing import TYPE_CHECKING, Any
 from .admission import figures_label
 from .catalog import Catalog, GPUType, ImageSpec
 from .limits import format_units
+from .options import OPTION_GPU_TYPE, OPTION_GPUS, OPTION_TITLES
 
 if TYPE_CHECKING:
     from .inventory.model import Availability
 
 _EPSILON = 1e-9
+
+#: A count's mark on the form when no node can take it now, but one could once GPUs are freed.
+MARK_NOT_FREE = "not free now"
+#: A count's mark when no node of the type could ever hold it (the form disables it).
+MARK_NEVER = "no node has that many"
+# Best first: a count is marked as its best GPU type allows.
+_MARK_ORDER = ("", MARK_NOT_FREE, MARK_NEVER)
 
 
 def _type_label(gpu_type: GPUType) -> str:
@@ -50,18 +58,23 @@ def offered_counts(
     return sorted(counts)
 
 
-def _count_mark(n: int, types: list[GPUType], availability: Mapping[str, Availability]) -> str:
-    """Empty when some offered type can take ``n`` GPUs on one node now, else why not."""
-    figures = [availability[t.key] for t in types if t.key in availability]
-    if n == 0 or not figures or any(f.fits_now(n) for f in figures):
+def count_mark(count: int, availability: Availability | None) -> str:
+    """A count's mark on the form for one GPU type: "" when it fits on a node now (or unknown).
+
+    The one definition of the marks: the form's labels, the availability
+    endpoint and the form's script all show these.
+    """
+    if availability is None or count <= 0 or availability.fits_now(count):
         return ""
-    return "not free now"
+    if not availability.fits_ever(count):
+        return MARK_NEVER
+    return MARK_NOT_FREE
 
 
-def _fits_ever(n: int, gpu_type: GPUType, availability: Mapping[str, Availability] | None) -> bool:
-    if availability is None or gpu_type.key not in availability:
-        return True
-    return availability[gpu_type.key].fits_ever(n)
+def _best_mark(count: int, types: list[GPUType], availability: Mapping[str, Availability]) -> str:
+    """The mark of ``count`` across the offered types with figures: the best any of them allows."""
+    marks = [count_mark(count, availability[t.key]) for t in types if t.key in availability]
+    return min(marks, key=_MARK_ORDER.index, default="")
 
 
 def build_profile_list(
@@ -99,7 +112,8 @@ def build_profile_list(
                 for n in counts
                 if n == 0
                 or any(
-                    n in catalog.counts_for_type(t) and _fits_ever(n, t, availability)
+                    n in catalog.counts_for_type(t)
+                    and count_mark(n, availability.get(t.key)) != MARK_NEVER
                     for t in usable_types
                 )
             ]
@@ -133,7 +147,7 @@ def build_profile_list(
         count_choices = {}
         for n in counts:
             label = _count_label(n)
-            mark = _count_mark(n, usable_types, availability) if availability is not None else ""
+            mark = _best_mark(n, usable_types, availability) if availability is not None else ""
             if mark:
                 label = f"{label} ({mark})"
             count_choices[str(n)] = {"display_name": label, "default": n == default_count}
@@ -146,12 +160,12 @@ def build_profile_list(
             "profile_options": {},
         }
         if type_choices:
-            profile["profile_options"]["gpu_type"] = {
-                "display_name": "GPU type",
+            profile["profile_options"][OPTION_GPU_TYPE] = {
+                "display_name": OPTION_TITLES[OPTION_GPU_TYPE],
                 "choices": type_choices,
             }
-        profile["profile_options"]["gpus"] = {
-            "display_name": "Number of GPUs",
+        profile["profile_options"][OPTION_GPUS] = {
+            "display_name": OPTION_TITLES[OPTION_GPUS],
             "choices": count_choices,
         }
         profiles.append(profile)

@@ -8,7 +8,8 @@ asked for), :mod:`~gpuspawner.limits` (whether it is allowed),
 
 Without a catalog, GPUSpawner behaves exactly like KubeSpawner, with two
 fixes: async callables in ``kubespawner_override`` are awaited, and an
-unknown profile option choice is a readable 400 instead of a ``KeyError``.
+unknown profile, option choice or unlisted choice is a readable 400 instead of a
+``KeyError`` or a message that repeats the request.
 """
 
 from __future__ import annotations
@@ -28,12 +29,37 @@ from traitlets import Bool, Dict, List, Unicode, observe
 from . import admission, capacity, hubstate, labels, limits, metrics, podspec, profiles
 from .capacity import Capacity, CapacityConfig, GPUUnschedulable
 from .catalog import Catalog, CatalogError, parse_catalog
-from .options import Refusal, Selection, ignored_options, resolve_selection
+from .options import (
+    OPTION_PROFILE,
+    Refusal,
+    Selection,
+    ignored_options,
+    resolve_profile,
+    resolve_selection,
+    shown,
+)
 
 
-def spawn_error(message: str, *, reason: str, status: int, log_message: str = "") -> SpawnException:
+class RefusedSpawn(SpawnException, ValueError):
+    """A refused spawn request, as JupyterHub and KubeSpawner callers expect it.
+
+    A ``SpawnException`` (JupyterHub answers with its status and message, and
+    logs no traceback) and a ``ValueError``, which is what KubeSpawner's
+    ``load_user_options`` raises for bad options: code that wraps it in
+    ``try/except ValueError`` sees GPUSpawner's refusals too.
+    """
+
+
+def spawn_error(
+    message: str,
+    *,
+    reason: str,
+    status: int,
+    log_message: str = "",
+    error_class: type[SpawnException] = SpawnException,
+) -> SpawnException:
     """A spawn failure JupyterHub shows as ``message`` (no traceback), with ``reason`` for metrics."""
-    error = SpawnException(message, reason=reason, status_code=status, log_message=log_message)
+    error = error_class(message, reason=reason, status_code=status, log_message=log_message)
     # Read by JupyterHub's error pages and API error bodies.
     error.jupyterhub_message = message
     return error
@@ -184,6 +210,10 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
     def _group_names(self) -> list[str]:
         return sorted(g.name for g in getattr(self.user, "groups", []) or [])
 
+    def visible_catalog(self) -> Catalog:
+        """The catalog with only the images this user may use (their groups from the hub)."""
+        return self.load_catalog().visible_to(self.user.name, self._group_names())
+
     async def _list_gpu_pods(self, every_user: bool) -> list[dict]:
         """GPUSpawner pods read from the API server (not the hub's memory).
 
@@ -304,15 +334,16 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
     def gpu_availability_payload(self) -> dict:
         """What the availability endpoint answers (see gpuspawner.inventory.web)."""
         try:
-            catalog: Catalog | None = self.load_catalog()
+            # Per user: the figures name only the images this user may use.
+            catalog: Catalog | None = self.visible_catalog()
         except CatalogError:
             catalog = None
         return capacity.payload(self.gpu_inventory(), catalog, self._placement())
 
     async def _catalog_profile_list(self, spawner: GPUSpawner) -> list[dict]:
-        """``profile_list`` when a catalog is configured: only what the user may still take."""
-        catalog = self.load_catalog()
+        """``profile_list`` when a catalog is configured: only what the user may use and still take."""
         groups = self._group_names()
+        catalog = self.load_catalog().visible_to(self.user.name, groups)
         pools = limits.pool_groups_for(catalog.limits, groups)
         reflector = self.gpu_inventory()
         if reflector is not None:
@@ -347,7 +378,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
                 self.log.warning(
                     "Not pre-selecting saved user_options on the spawn form "
                     "because they failed validation: %s",
-                    e,
+                    shown(str(e), 200),
                 )
         paths = tuple(self.additional_profile_form_template_paths)
 
@@ -387,26 +418,46 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
     def _refusal(self, refusal: Refusal) -> SpawnException:
         self._refused_before_pod = True
         metrics.count_refusal(refusal.reason)
-        return spawn_error(refusal.message, reason=refusal.reason, status=refusal.status)
+        return spawn_error(
+            refusal.message, reason=refusal.reason, status=refusal.status, error_class=RefusedSpawn
+        )
 
     async def load_user_options(self) -> None:
         if not self.gpu_catalog_configured:
             return await self._load_kubespawner_profile()
         catalog = self._catalog_or_refuse()
+        groups = self._group_names()
         try:
-            selection = resolve_selection(self.user_options, catalog)
+            selection = resolve_selection(
+                self.user_options, catalog.visible_to(self.user.name, groups)
+            )
             ignored = ignored_options(self.user_options)
             if ignored:
                 self.log.info(
-                    "Ignoring unknown server options for %s: %s", self._log_name, ", ".join(ignored)
+                    "Ignoring unknown server options for %s: %s",
+                    self._log_name,
+                    ", ".join(shown(key) for key in ignored),
                 )
             await self._admit(catalog, selection)
         except Refusal as refusal:
             self.log.info("Refused spawn of %s: %s", self._log_name, refusal.message)
+            self._log_restricted_image(catalog, groups)
             raise self._refusal(refusal) from None
         self.log.info("Starting %s: %s", self._log_name, selection.describe())
         self._selection = selection
         self._apply_selection(catalog, selection)
+
+    def _log_restricted_image(self, catalog: Catalog, groups: list[str]) -> None:
+        """Tell the admin (never the user) when the refused profile exists but is not theirs."""
+        key = self.user_options.get(OPTION_PROFILE)
+        image = catalog.images.get(key) if isinstance(key, str) else None
+        if image is not None and not image.allows(self.user.name, groups):
+            self.log.info(
+                "%s asked for the image '%s', which is only for %s",
+                self._log_name,
+                image.key,
+                image.describe_access(),
+            )
 
     def _apply_selection(self, catalog: Catalog, selection: Selection) -> None:
         if self._admin_values is None:
@@ -450,22 +501,15 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         if not profile_list:
             return await super().load_user_options()
         try:
+            profile = resolve_profile(self.user_options, profile_list)
+            # Anything else KubeSpawner checks; its message may repeat the request.
             self._validate_user_options(profile_list)
-            profile = self._get_profile(self.user_options.get("profile"), profile_list)
+        except Refusal as refusal:
+            self.log.info("Refused spawn of %s: %s", self._log_name, refusal.message)
+            raise self._refusal(refusal) from None
         except ValueError as e:
-            raise self._refusal(Refusal(f"{e}.".replace("..", "."))) from None
-        for option_name, option in profile.get("profile_options", {}).items():
-            choice = self.user_options.get(option_name)
-            if choice and not self.user_options.get(f"{option_name}--unlisted-choice"):
-                choices = option.get("choices") or {}
-                if not isinstance(choice, str) or choice not in choices:
-                    title = option.get("display_name", option_name)
-                    raise self._refusal(
-                        Refusal(
-                            f"{choice!r} is not a choice for {title}: choose one of "
-                            f"{', '.join(repr(c) for c in choices)}."
-                        )
-                    )
+            refusal = Refusal(f"The server options were not accepted: {shown(str(e), 200)}.")
+            raise self._refusal(refusal) from None
         await self._resolve_async_overrides(profile)
         self._load_profile(profile["slug"], profile_list)
 

@@ -191,6 +191,49 @@ def test_bad_files_name_file_key_and_problem_in_one_line(name, expected):
             "Kubernetes quantity",
         ),
         ("not a mapping", "", "expected a mapping"),
+        (
+            {"images": {"a": {"image": "x"}, "b": {"image": "y", "groups": "licensed"}}},
+            "images.b.groups",
+            "expected a list of groups, such as ['licensed'], got 'licensed'",
+        ),
+        (
+            {"images": {"a": {"image": "x"}, "b": {"image": "y", "users": ["ann", 7]}}},
+            "images.b.users[1]",
+            "expected a non-empty string, got 7",
+        ),
+        (
+            {"images": {"a": {"image": "x"}, "b": {"image": "y", "groups": []}}},
+            "images.b.groups",
+            "no group or user is named, so nobody could use this image",
+        ),
+        (
+            {"images": {"a": {"image": "x"}, "b": {"image": "y", "groups": [], "users": []}}},
+            "images.b.groups",
+            "nobody could use this image",
+        ),
+        (
+            {"images": {"a": {"image": "x", "groups": ["staff"]}}},
+            "images",
+            "every image names groups or users, but an empty request starts the default image",
+        ),
+        (
+            {
+                "images": {
+                    "a": {"image": "x"},
+                    "b": {"image": "y", "users": ["ann"], "default": True},
+                }
+            },
+            "images.b.default",
+            "the default image 'b' names groups or users",
+        ),
+        (
+            {
+                "images": {"a": {"image": "x"}, "b": {"image": "y", "users": ["ann"]}},
+                "defaults": {"image": "b"},
+            },
+            "defaults.image",
+            "choose an image open to everyone as the default",
+        ),
     ],
 )
 def test_invalid_values_are_reported_with_their_key_path(data, path, fragment):
@@ -199,6 +242,44 @@ def test_invalid_values_are_reported_with_their_key_path(data, path, fragment):
     assert info.value.path == path
     assert fragment in str(info.value)
     assert str(info.value).startswith("c.GPUSpawner.catalog")
+
+
+def test_image_access_by_group_or_user():
+    catalog = parse_catalog(
+        {
+            "images": {
+                "restricted-first": {
+                    "image": "r",
+                    "groups": ["licensed", "staff"],
+                    "users": ["ann"],
+                },
+                "open": {"image": "o"},
+                "by-name": {"image": "n", "users": ["bob", "bob"]},
+            }
+        }
+    )
+    # the first image is restricted, so the default is the first one open to everyone
+    assert catalog.defaults.image == "open"
+    restricted = catalog.images["restricted-first"]
+    assert restricted.restricted and not catalog.images["open"].restricted
+    assert restricted.groups == ("licensed", "staff") and restricted.users == ("ann",)
+    assert catalog.images["by-name"].users == ("bob",) and catalog.images["by-name"].groups is None
+    assert restricted.allows("zed", ["staff"]) and restricted.allows("ann", [])
+    assert not restricted.allows("zed", ["students"]) and not restricted.allows("bob", [])
+    assert restricted.describe_access() == "groups 'licensed', 'staff'; users 'ann'"
+    assert catalog.images["open"].describe_access() == "everyone"
+
+    assert list(catalog.visible_to("zed", []).images) == ["open"]
+    assert list(catalog.visible_to("zed", ["staff"]).images) == ["restricted-first", "open"]
+    assert list(catalog.visible_to("bob", []).images) == ["open", "by-name"]
+    # what a user sees changes nothing else
+    mine = catalog.visible_to("zed", [])
+    assert (mine.gpu_types, mine.limits, mine.defaults) == (
+        catalog.gpu_types,
+        catalog.limits,
+        catalog.defaults,
+    )
+    assert catalog.visible_to("bob", ["staff"]) is catalog  # sees everything: the same object
 
 
 def test_catalog_file_reloads_on_change_and_keeps_last_good(tmp_path):

@@ -95,14 +95,25 @@ def test_refusal_names_what_the_user_holds_and_what_to_do(pools_catalog, holding
 
 
 def test_restarting_the_same_server_does_not_count_against_itself(pools_catalog, holdings):
-    check_request(
-        catalog=pools_catalog,
-        user="carol",
-        groups=[],
-        server="exp1",
-        selection=select(pools_catalog, "a100", 1),
-        holdings=holdings,
-    )
+    # carol holds 2 of her 2 GPUs: 1 on her default server and 1 on exp1
+    mine = sorted((h.server, h.units) for h in holdings if h.user == "carol")
+    assert mine == [("", 1), ("exp1", 1)]
+    request = {
+        "catalog": pools_catalog,
+        "user": "carol",
+        "groups": [],
+        "selection": select(pools_catalog, "a100", 1),
+        "holdings": holdings,
+    }
+    # exp1's own GPU is not counted against its restart: admitted (no Refusal)...
+    assert check_request(server="exp1", **request) is None
+    # ...while the same request for another server is over the limit
+    with pytest.raises(Refusal) as info:
+        check_request(server="exp2", **request)
+    assert info.value.message.startswith("You are using 2 of your 2 GPUs")
+    # and exp1 cannot grow past what the default server leaves
+    with pytest.raises(Refusal):
+        check_request(**{**request, "selection": select(pools_catalog, "a100", 2)}, server="exp1")
 
 
 def test_partial_room_suggests_the_count_that_fits(pools_catalog, holdings):

@@ -1,11 +1,18 @@
 import pytest
 
-from gpuspawner.options import Refusal, ignored_options, parse_count, resolve_selection
+from gpuspawner.options import (
+    Refusal,
+    ignored_options,
+    parse_count,
+    resolve_profile,
+    resolve_selection,
+    shown,
+)
 
 
 @pytest.mark.parametrize(
     "value, expected",
-    [("2", 2), (" 4 ", 4), (0, 0), (8, 8), ("0", 0)],
+    [("2", 2), ("4", 4), (0, 0), (8, 8), ("0", 0), ("08", 8), (999_999, 999_999)],
 )
 def test_parse_count_accepts_whole_numbers(value, expected):
     assert parse_count(value) == expected
@@ -28,6 +35,18 @@ def test_parse_count_accepts_whole_numbers(value, expected):
         -1,
         {"n": 1},
         "9999999",
+        10**7,
+        # plain ASCII digits only, as documented: nothing is trimmed or normalised
+        " 1",
+        "1 ",
+        " 4 ",
+        "1\n",
+        "\t2",
+        "+1",
+        "1.0",
+        "\uff11",  # FULLWIDTH DIGIT ONE
+        "\u0663",  # ARABIC-INDIC DIGIT THREE
+        "1_0",
     ],
 )
 def test_parse_count_refuses_everything_else(value):
@@ -45,7 +64,7 @@ def test_json_number_count_is_accepted(pools_catalog):
     assert (s.gpu_type.key, s.gpus) == ("h100", 8)
 
 
-@pytest.mark.parametrize("request_", [{}, None, {"colour": "blue", "gpus--unlisted-choice": "8"}])
+@pytest.mark.parametrize("request_", [{}, None, {"colour": "blue"}, {"gpus--unlisted-choice": ""}])
 def test_empty_or_unknown_only_request_gets_the_catalog_default(pools_catalog, request_):
     s = resolve_selection(request_, pools_catalog)
     d = pools_catalog.defaults
@@ -91,11 +110,6 @@ def test_image_that_needs_gpus_gets_one_by_default(pools_catalog):
     "request_, message",
     [
         (
-            {"profile": "jax"},
-            "There is no profile 'jax': choose one of 'pytorch' (PyTorch) or 'tensorflow' (TensorFlow).",
-        ),
-        ({"profile": ["pytorch"]}, "There is no profile ['pytorch']"),
-        (
             {"profile": "pytorch", "gpu_type": "v100", "gpus": "1"},
             "There is no GPU type 'v100': choose 'a100', 'h100' or 'mig'.",
         ),
@@ -118,6 +132,22 @@ def test_image_that_needs_gpus_gets_one_by_default(pools_catalog):
         (
             {"profile": "pytorch", "gpu_type": "a100", "gpus": []},
             "[] is not a valid number of GPUs",
+        ),
+        (
+            {"profile": "pytorch", "gpu_type": "a100", "gpus": " 1"},
+            "' 1' is not a valid number of GPUs: choose one of 0, 1, 2, 4 or 8.",
+        ),
+        (
+            {"profile": "pytorch", "gpu_type": "a100", "gpus": "\uff11"},
+            "'\uff11' is not a valid number of GPUs",
+        ),
+        (
+            {"profile": "pytorch", "gpu_type": "a100", "gpus": "+1"},
+            "'+1' is not a valid number of GPUs",
+        ),
+        (
+            {"profile": "pytorch", "gpu_type": "a100", "gpus": "1.0"},
+            "'1.0' is not a valid number of GPUs",
         ),
         (
             {"profile": "pytorch", "gpu_type": "a100", "gpus": True},
@@ -156,3 +186,216 @@ def test_bad_requests_are_refused_with_a_sentence(pools_catalog, request_, messa
     assert refusal.message.startswith(message)
     assert refusal.message.endswith(".")
     assert "KeyError" not in refusal.message and "Traceback" not in refusal.message
+
+
+# ---------------------------------------------------------------------------
+# profiles that do not exist, or that the user may not use
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "profile, shown_as",
+    [("jax", "'jax'"), (["pytorch"], "['pytorch']"), ("licensed", "'licensed'")],
+)
+def test_unknown_and_restricted_profiles_get_the_same_403(pools_catalog, profile, shown_as):
+    # carol is in no group and not named by the licensed image: for her it does not exist
+    catalog = pools_catalog.visible_to("carol", [])
+    with pytest.raises(Refusal) as info:
+        resolve_selection({"profile": profile}, catalog)
+    assert info.value.status == 403
+    assert info.value.reason == "no-such-profile"
+    assert info.value.message == (
+        f"There is no profile {shown_as} you may use: "
+        "choose one of 'pytorch' (PyTorch) or 'tensorflow' (TensorFlow)."
+    )
+
+
+def test_a_member_of_the_group_may_use_the_restricted_image(pools_catalog):
+    catalog = pools_catalog.visible_to("carol", ["licensed"])
+    s = resolve_selection({"profile": "licensed", "gpu_type": "a100", "gpus": "1"}, catalog)
+    assert (s.image.key, s.gpu_type.key, s.gpus) == ("licensed", "a100", 1)
+    with pytest.raises(Refusal) as info:
+        resolve_selection({"profile": "jax"}, catalog)
+    assert "'licensed' (MATLAB)" in info.value.message
+
+
+# ---------------------------------------------------------------------------
+# unlisted choices: the catalog's options have none
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "request_, message",
+    [
+        (
+            {"profile": "pytorch", "gpus--unlisted-choice": "64"},
+            "'gpus--unlisted-choice' is not accepted: Number of GPUs has no unlisted choice, "
+            "so send 'gpus' with 0, 1, 2, 4 or 8.",
+        ),
+        (
+            # the listed count is valid: the unlisted one must not be ignored either
+            {"profile": "pytorch", "gpu_type": "a100", "gpus": "1", "gpus--unlisted-choice": "64"},
+            "'gpus--unlisted-choice' is not accepted",
+        ),
+        (
+            {"profile": "tensorflow", "gpus--unlisted-choice": "8"},
+            "'gpus--unlisted-choice' is not accepted: Number of GPUs has no unlisted choice, "
+            "so send 'gpus' with 1, 2 or 4.",
+        ),
+        (
+            {"gpu_type--unlisted-choice": "b200"},
+            "'gpu_type--unlisted-choice' is not accepted: GPU type has no unlisted choice, "
+            "so send 'gpu_type' with 'a100', 'h100' or 'mig'.",
+        ),
+        (
+            {"profile": "pytorch", "image--unlisted-choice": "evil/image:latest"},
+            "'image--unlisted-choice' is not accepted: there is no option 'image' "
+            "with an unlisted choice.",
+        ),
+    ],
+)
+def test_unlisted_choices_are_refused_with_a_sentence(pools_catalog, request_, message):
+    with pytest.raises(Refusal) as info:
+        resolve_selection(request_, pools_catalog)
+    assert info.value.status == 400
+    assert info.value.reason == "unlisted-choice"
+    assert info.value.message.startswith(message)
+
+
+# ---------------------------------------------------------------------------
+# user input in messages
+# ---------------------------------------------------------------------------
+
+CONTROL = ["\x00", "\n", "\r", "\x1b[31m", "\u202e", "\x7f", "\u2028"]
+
+
+@pytest.mark.parametrize("control", CONTROL)
+def test_shown_escapes_every_control_character(control):
+    text = shown(f"a{control}b")
+    assert text.isprintable(), text
+    assert text.startswith("'a\\") and text.endswith("b'")
+
+
+def test_shown_quotes_and_shortens():
+    assert shown("jax") == "'jax'"
+    assert shown(["pytorch"]) == "['pytorch']"
+    assert shown(3) == "3"
+    assert shown("x" * 100) == "'" + "x" * 40 + "'..."
+    assert shown({"k": "\x00" * 100}).endswith("...")
+    assert shown({"k": "\x00" * 100}).isprintable()
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {"profile": "py\ntorch"},
+        {"profile": "pytorch", "gpu_type": "a100\x00", "gpus": "1"},
+        {"profile": "pytorch", "gpu_type": "a100", "gpus": "1\n"},
+        {"profile": "pytorch", "gpu_type": "a100", "gpus": ["\x1b[2J"]},
+        {"profile": "pytorch", "gpus\n--unlisted-choice": "1"},
+    ],
+)
+def test_refusals_carry_no_control_characters(pools_catalog, request_):
+    with pytest.raises(Refusal) as info:
+        resolve_selection(request_, pools_catalog)
+    assert info.value.message.isprintable(), info.value.message
+
+
+def test_a_refusal_is_a_value_error_with_its_status_and_message():
+    refusal = Refusal("No.", status=403, reason="limit")
+    assert isinstance(refusal, ValueError)
+    assert (refusal.status, refusal.reason, refusal.jupyterhub_message) == (403, "limit", "No.")
+    assert str(refusal) == "No."
+
+
+# ---------------------------------------------------------------------------
+# a plain KubeSpawner profile_list (no catalog)
+# ---------------------------------------------------------------------------
+
+PROFILES = [
+    {
+        "display_name": "Small",
+        "slug": "small",
+        "default": True,
+        "profile_options": {
+            "image": {
+                "display_name": "Image",
+                "choices": {"a": {"display_name": "A"}, "b": {"display_name": "B"}},
+                "unlisted_choice": {"enabled": False},
+            },
+        },
+    },
+    {
+        "display_name": "Custom",
+        "slug": "custom",
+        "profile_options": {
+            "image": {
+                "display_name": "Image",
+                "choices": {"a": {"display_name": "A"}},
+                "unlisted_choice": {
+                    "enabled": True,
+                    "validation_regex": "^jupyter/.+:.+$",
+                    "validation_message": "Must be an image matching ^jupyter/<name>:<tag>$",
+                },
+            },
+        },
+    },
+]
+
+
+@pytest.mark.parametrize(
+    "request_, slug",
+    [
+        ({}, "small"),
+        ({"profile": "small", "image": "b"}, "small"),
+        ({"profile": "custom", "image--unlisted-choice": "jupyter/scipy-notebook:2025"}, "custom"),
+        ({"profile": "custom", "image--unlisted-choice": ""}, "custom"),
+    ],
+)
+def test_plain_profiles_accept_what_kubespawner_accepts(request_, slug):
+    assert resolve_profile(request_, PROFILES)["slug"] == slug
+
+
+@pytest.mark.parametrize(
+    "request_, message",
+    [
+        (
+            {"profile": "nope\n"},
+            "There is no profile 'nope\\n' you may use: choose one of 'small' or 'custom'.",
+        ),
+        (
+            {"profile": "small", "image": "zzz"},
+            "'zzz' is not a choice for Image: choose one of 'a', 'b'.",
+        ),
+        (
+            {"profile": "small", "image--unlisted-choice": "evil/image"},
+            "'image--unlisted-choice' is not accepted: Image has no unlisted choice, "
+            "so send 'image' with 'a' or 'b'.",
+        ),
+        (
+            # no profile: the default one, whose option has no unlisted choice
+            {"image--unlisted-choice": "evil/image"},
+            "'image--unlisted-choice' is not accepted: Image has no unlisted choice",
+        ),
+        (
+            {"profile": "small", "cpu--unlisted-choice": "64"},
+            "'cpu--unlisted-choice' is not accepted: there is no option 'cpu' "
+            "with an unlisted choice.",
+        ),
+        (
+            {"profile": "custom", "image--unlisted-choice": "evil/image\x1b[0m"},
+            "'evil/image\\x1b[0m' is not accepted as the other choice for Image: "
+            "Must be an image matching ^jupyter/<name>:<tag>$.",
+        ),
+        (
+            {"profile": "custom", "image--unlisted-choice": ["jupyter/x:1"]},
+            "['jupyter/x:1'] is not accepted as the other choice for Image",
+        ),
+    ],
+)
+def test_plain_profiles_refuse_with_a_sentence(request_, message):
+    with pytest.raises(Refusal) as info:
+        resolve_profile(request_, PROFILES)
+    assert info.value.status == 400
+    assert info.value.message.startswith(message)
+    assert info.value.message.isprintable()

@@ -355,18 +355,92 @@ async def test_unknown_profile_option_choice_is_a_400_not_a_keyerror():
     assert (
         info.value.jupyterhub_message == "'zzz' is not a choice for Image: choose one of 'a', 'b'."
     )
-    spawner.user_options = {"profile": "nope"}
+    spawner.user_options = {"profile": "nope\n"}
     with pytest.raises(SpawnException) as info:
         await spawner.load_user_options()
-    assert info.value.jupyterhub_message.startswith(
-        "No such profile: nope. Options include: choose"
+    assert info.value.status_code == 400
+    assert info.value.jupyterhub_message == (
+        "There is no profile 'nope\\n' you may use: choose one of 'choose'."
     )
+
+
+PLAIN_PROFILES = [
+    {
+        "display_name": "Choose",
+        "slug": "choose",
+        "profile_options": {
+            "image": {
+                "display_name": "Image",
+                "choices": {
+                    "a": {"display_name": "A", "kubespawner_override": {"image": "example/a"}},
+                },
+            },
+            "tag": {
+                "display_name": "Tag",
+                "choices": {"v1": {"display_name": "v1"}},
+                "unlisted_choice": {
+                    "enabled": True,
+                    "validation_regex": "^[a-z0-9.]+$",
+                    "kubespawner_override": {"image": "example/b:{value}"},
+                },
+            },
+        },
+    }
+]
+
+
+async def test_plain_profile_unlisted_choice_is_refused_unless_enabled():
+    c = Config()
+    c.KubeSpawner.profile_list = PLAIN_PROFILES
+    spawner = make_spawner(c, catalog=False)
+    spawner.user_options = {"profile": "choose", "image--unlisted-choice": "evil/image"}
+    with pytest.raises(SpawnException) as info:
+        await spawner.load_user_options()
+    assert info.value.status_code == 400
+    assert info.value.jupyterhub_message == (
+        "'image--unlisted-choice' is not accepted: Image has no unlisted choice, "
+        "so send 'image' with 'a'."
+    )
+    assert spawner.image != "evil/image"
+    # where the admin enabled it, it is applied as KubeSpawner applies it
+    spawner.user_options = {"profile": "choose", "tag--unlisted-choice": "2.1"}
+    await spawner.load_user_options()
+    assert spawner.image == "example/b:2.1"
+
+
+async def test_a_kubespawner_style_caller_catching_value_error_sees_refusals():
+    """Code written for KubeSpawner wraps load_user_options in try/except ValueError."""
+    c = Config()
+    c.KubeSpawner.profile_list = PLAIN_PROFILES
+    plain = make_spawner(c, catalog=False)
+    catalog = make_spawner(user=User("zed"))
+    cases = [
+        (plain, {"profile": "choose", "image": "zzz"}, 400),
+        (plain, {"profile": "nope"}, 400),
+        (catalog, {"profile": "pytorch", "gpus": "1e9"}, 400),
+        (catalog, {"profile": "pytorch", "gpus--unlisted-choice": "64"}, 400),
+        (catalog, {"profile": "licensed"}, 403),
+        (catalog, {"profile": "pytorch", "gpu_type": "a100", "gpus": "4"}, 403),  # over the limit
+    ]
+    for spawner, options, status in cases:
+        spawner.user_options = options
+        try:
+            await spawner.load_user_options()
+        except ValueError as e:
+            caught = e
+        else:
+            raise AssertionError(f"{options} was not refused")
+        # still what JupyterHub needs: a SpawnException with the status and the sentence
+        assert isinstance(caught, SpawnException), options
+        assert caught.status_code == status, options
+        assert caught.jupyterhub_message and caught.jupyterhub_message.endswith("."), options
 
 
 @pytest.mark.parametrize(
     "options, status, fragment",
     [
-        ({"profile": "nope"}, 400, "There is no profile 'nope'"),
+        ({"profile": "nope"}, 403, "There is no profile 'nope' you may use"),
+        ({"profile": "pytorch", "gpus--unlisted-choice": "64"}, 400, "is not accepted"),
         (
             {"profile": "pytorch", "gpu_type": "a100", "gpus": "1e9"},
             400,
@@ -547,6 +621,64 @@ async def test_form_for_a_user_at_the_limit_says_so():
     pytorch = next(p for p in profiles if p["slug"] == "pytorch")
     assert list(pytorch["profile_options"]["gpus"]["choices"]) == ["0"]
     assert "You are using 2 of your 2 GPUs (servers: default, exp1)." in pytorch["description"]
+
+
+async def test_a_restricted_image_exists_only_for_its_groups_and_users(caplog):
+    caplog.set_level("INFO")
+    others = make_spawner(user=User("carol", groups=["research"]))
+    member = make_spawner(user=User("lin", groups=["licensed"]))
+    named = make_spawner(user=User("alice"))
+    slugs = {}
+    for who, spawner in (("carol", others), ("lin", member), ("alice", named)):
+        slugs[who] = [p["slug"] for p in await spawner.profile_list(spawner)]
+    assert slugs == {
+        "carol": ["pytorch", "tensorflow"],
+        "lin": ["pytorch", "tensorflow", "licensed"],
+        "alice": ["pytorch", "tensorflow", "licensed"],
+    }
+    assert "MATLAB" not in await others.get_options_form()
+    assert "MATLAB" in await member.get_options_form()
+
+    # asked for anyway (REST, saved options): the same 403 as for an image that does not exist
+    answers = []
+    for profile in ("licensed", "jax"):
+        others.user_options = {"profile": profile, "gpu_type": "a100", "gpus": "1"}
+        with pytest.raises(SpawnException) as info:
+            await others.load_user_options()
+        answers.append(
+            (info.value.status_code, info.value.jupyterhub_message.replace(profile, "X"))
+        )
+    assert answers[0] == answers[1]
+    assert answers[0] == (
+        403,
+        "There is no profile 'X' you may use: "
+        "choose one of 'pytorch' (PyTorch) or 'tensorflow' (TensorFlow).",
+    )
+    assert others.listed == []  # refused before asking the cluster
+    # the admin's log says why; the user's answer does not
+    assert "asked for the image 'licensed', which is only for groups 'licensed'; users 'alice'" in (
+        caplog.text
+    )
+
+    member.user_options = {"profile": "licensed", "gpu_type": "a100", "gpus": "1"}
+    await member.load_user_options()
+    assert member.image == "example/matlab:r2025b"
+    assert member.extra_resource_limits == {"nvidia.com/gpu": "1"}
+
+
+async def test_user_input_reaches_the_log_escaped(caplog):
+    caplog.set_level("INFO")
+    spawner = make_spawner()
+    spawner.user_options = {"profile": "pytorch", "gpus": "0", "evil\nINFO forged line\x1b[31m": 1}
+    await spawner.load_user_options()
+    spawner.user_options = {"profile": "py\ntorch\x00"}
+    with pytest.raises(SpawnException) as info:
+        await spawner.load_user_options()
+    assert info.value.jupyterhub_message.isprintable()
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("'evil\\nINFO forged line\\x1b[31m'" in m for m in messages), messages
+    assert any("'py\\ntorch\\x00'" in m for m in messages), messages
+    assert all(m.isprintable() for m in messages), messages
 
 
 async def test_entry_point_resolves_gpu_to_gpuspawner():

@@ -18,7 +18,7 @@ from .. import labels
 from ..catalog import Catalog
 from ..inventory.model import Availability, pod_is_active
 from ..limits import effective_limit, format_units
-from ..options import OPTION_GPU_TYPE, OPTION_GPUS, OPTION_PROFILE, parse_count
+from ..options import OPTION_GPU_TYPE, OPTION_GPUS, OPTION_PROFILE, listing, parse_count
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,7 @@ class UserRow:
     limit_per_type: Mapping[str, float | None]
     rule: str
     limit_text: str
+    image_text: str = ""  # which images the user may use, and why not the others
 
 
 @dataclass(frozen=True)
@@ -289,6 +290,7 @@ def build_report(
         else:
             total, per_type, rule, text = None, {}, "no catalog", "no limits (no catalog)"
         used = sum(s.gpus * weight(s.gpu_type) for s in servers if s.gpu_type)
+        image_text = explain_images(catalog, name, groups) if catalog is not None else ""
         rows.append(
             UserRow(
                 name=name,
@@ -300,6 +302,7 @@ def build_report(
                 limit_per_type=per_type,
                 rule=rule,
                 limit_text=text,
+                image_text=image_text,
             )
         )
     return PoolReport(
@@ -425,6 +428,8 @@ def format_text(report: PoolReport, user: str | None = None) -> str:
             parts.append(f"{user}: no such user.")
         else:
             parts.append(explain_limit(row))
+            if row.image_text:
+                parts.append(row.image_text)
             servers = PoolReport(report.generated, (), (row,), report.utilisation_source)
             parts += ["", text_table(*server_table(servers))]
     for problem in report.problems:
@@ -442,3 +447,32 @@ def explain_limit(row: UserRow) -> str:
         f"{row.name} ({groups}) may hold {row.limit_text}; "
         f"holds {format_units(row.gpus_used)} GPUs now."
     )
+
+
+def explain_images(catalog: Catalog, user: str, groups: tuple[str, ...] | None) -> str:
+    """Which catalog images ``user`` may use, with who may use each restricted one.
+
+    E.g. "student may use the images PyTorch; not MATLAB (groups 'licensed')."
+    ``groups`` None: the hub did not show them, so an image open to some
+    groups (and not to the user by name) can be neither granted nor ruled out.
+    """
+
+    def name(image: Any) -> str:
+        if not image.restricted:
+            return image.display_name
+        return f"{image.display_name} ({image.describe_access()})"
+
+    usable, barred, unknown = [], [], []
+    for image in catalog.images.values():
+        if image.allows(user, groups or ()):
+            usable.append(name(image))
+        elif groups is None and image.groups:
+            unknown.append(name(image))
+        else:
+            barred.append(name(image))
+    text = f"{user} may use the images {listing(usable, 'and')}"
+    if barred:
+        text += f"; not {listing(barred)}"
+    if unknown:
+        text += f"; perhaps {listing(unknown)}, depending on the groups the hub did not show"
+    return text + "."

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..admission import figures_label
 from ..catalog import Catalog, ImageSpec
+from ..profiles import count_mark
 from .model import Availability, Inventory, demand_for
 
 
@@ -42,40 +43,34 @@ def alternatives(
     }
 
 
-def count_note(count: int, availability: Availability | None) -> str:
-    """A count's mark on the form for one type: "" when it fits now."""
-    if availability is None or count <= 0 or availability.fits_now(count):
-        return ""
-    if not availability.fits_ever(count):
-        return "no node has that many"
-    return "not free now"
-
-
 def availability_payload(
     catalog: Catalog, figures: Mapping[str, Availability] | None, problem: str = ""
 ) -> dict[str, Any]:
-    """The JSON the form polls: per type its label and figures, per image its counts.
+    """The JSON the form polls: per type its label and figures, per image its types.
 
+    ``catalog`` is what the user sees (:meth:`~gpuspawner.catalog.Catalog.visible_to`):
+    only their images, and only the GPU types those images may use.
     ``figures`` is None when the inventory is not available; ``problem`` then
     says why (shown to nobody but the form's console and admins).
     """
     if figures is None:
         return {"available": False, "problem": problem, "types": {}, "images": {}}
+    images = {
+        key: [t.key for t in catalog.types_for_image(image)]
+        for key, image in catalog.images.items()
+    }
+    used = {type_key for type_keys in images.values() for type_key in type_keys}
     types = {}
     for key, gpu_type in catalog.gpu_types.items():
         availability = figures.get(key)
-        if availability is None:
+        if availability is None or key not in used:
             continue
         types[key] = {
             **availability.as_dict(),
             "display_name": gpu_type.display_name,
             "label": figures_label(availability),
             "counts": {
-                str(n): count_note(n, availability) for n in catalog.counts_for_type(gpu_type)
+                str(n): count_mark(n, availability) for n in catalog.counts_for_type(gpu_type)
             },
         }
-    images = {
-        key: [t.key for t in catalog.types_for_image(image)]
-        for key, image in catalog.images.items()
-    }
     return {"available": True, "problem": "", "types": types, "images": images}

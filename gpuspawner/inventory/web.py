@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..profiles import MARK_NEVER, MARK_NOT_FREE
+
 #: Where the endpoint is served, under the hub's prefix (``/hub/``).
 AVAILABILITY_PATH = "gpuspawner/availability"
 #: How often the form asks for new figures, in milliseconds.
@@ -86,16 +88,31 @@ def form_script(payload: dict[str, Any], url: str) -> str:
         '<p id="gpuspawner-availability" class="help-block"></p>\n'
         f"<script>\n(function () {{\n  var url = {json.dumps(url)};\n"
         f"  var every = {POLL_INTERVAL_MS};\n  var initial = {data};\n"
+        f"  var never = {json.dumps(MARK_NEVER)};\n"
+        f"  var marks = {json.dumps([MARK_NOT_FREE, MARK_NEVER])};\n"
         + _FORM_JS
         + "})();\n</script>\n"
     )
 
 
 # Relabels the GPU type choices with "N free of M (at most K on one node)" and
-# marks the counts the selected type cannot take now (or ever: disabled).
+# marks the counts the selected type cannot take now (or ever: disabled), with
+# the marks of gpuspawner.profiles.count_mark that the payload carries.
 _FORM_JS = r"""
   function typeBase(option) {
     if (!option.dataset.base) option.dataset.base = option.text.split(" \u2014 ")[0];
+    return option.dataset.base;
+  }
+  // A count's label without its mark: "None (CPU only)" keeps its own parentheses.
+  function countBase(option) {
+    if (!option.dataset.base) {
+      var text = option.text;
+      marks.forEach(function (mark) {
+        var suffix = " (" + mark + ")";
+        if (text.slice(-suffix.length) === suffix) text = text.slice(0, -suffix.length);
+      });
+      option.dataset.base = text;
+    }
     return option.dataset.base;
   }
   function apply(data) {
@@ -114,11 +131,10 @@ _FORM_JS = r"""
       if (!counts) return;
       var t = data.types[select.value] || {counts: {}};
       Array.prototype.forEach.call(counts.options, function (option) {
-        var base = option.getAttribute("data-base") || option.text.split(" (")[0];
-        option.setAttribute("data-base", base);
+        var base = countBase(option);
         var mark = t.counts ? t.counts[option.value] : "";
         option.text = mark ? base + " (" + mark + ")" : base;
-        option.disabled = mark === "no node has that many";
+        option.disabled = mark === never;
       });
     });
     if (note) note.textContent = "Free GPUs are counted live on the cluster's ready nodes.";

@@ -69,7 +69,8 @@ def test_user_explained(service, capsys):
     assert cli.main(["status", "--hub-url", url, "--token", "good", "--user", "hog"]) == 0
     out = capsys.readouterr().out
     assert (
-        "hog (groups: none) may hold unlimited GPUs, from user rule 'hog'; holds 4 GPUs now." in out
+        "hog (groups: none) may hold unlimited GPUs, from user rule 'hog'; holds 4 GPUs now.\n"
+        "hog may use the images PyTorch and MATLAB (groups 'licensed'; users 'hog').\n" in out
     )
     assert cli.main(["status", "--hub-url", url, "--token", "good", "--user", "nobody"]) == 1
     assert "the hub has no user 'nobody'" in capsys.readouterr().err

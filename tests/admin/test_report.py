@@ -85,6 +85,33 @@ def test_limits_and_their_rules(users, pods, figures, catalog, now):
     )
 
 
+def test_which_images_each_user_may_use(users, pods, figures, catalog, now):
+    lin = {"name": "lin", "admin": False, "groups": ["licensed"], "servers": {}}
+    report = report_of([*users, lin], pods, figures, catalog, now)
+    matlab = "MATLAB (groups 'licensed'; users 'hog')"
+    assert report.user("student").image_text == (
+        f"student may use the images PyTorch; not {matlab}."
+    )
+    assert report.user("hog").image_text == f"hog may use the images PyTorch and {matlab}."
+    assert report.user("lin").image_text == f"lin may use the images PyTorch and {matlab}."
+    # next to the limit, for `gpuspawner status --user student`
+    text = format_text(report, "student")
+    limit = text.index("student (groups: students) may hold 1 GPUs")
+    assert text.index(f"student may use the images PyTorch; not {matlab}.") > limit
+
+
+def test_image_access_without_the_groups_is_not_guessed(users, pods, figures, catalog, now):
+    for u in users:
+        del u["groups"]
+    report = report_of(users, pods, figures, catalog, now)
+    assert report.user("student").image_text == (
+        "student may use the images PyTorch; perhaps MATLAB (groups 'licensed'; users 'hog'), "
+        "depending on the groups the hub did not show."
+    )
+    # hog is named by the image: that needs no groups
+    assert report.user("hog").image_text.startswith("hog may use the images PyTorch and MATLAB")
+
+
 def test_a_user_without_servers_still_has_a_limit(users, pods, figures, catalog, now):
     quiet = {"name": "quiet", "admin": False, "groups": ["students"], "servers": {}}
     report = report_of([*users, quiet], pods, figures, catalog, now)

@@ -1,19 +1,85 @@
 """A data scientist's path in a real browser: the spawn form, a refusal on the form, a GPU server."""
 
-from .conftest import browser_log_in, pod_of, server_state, stop_server, wait_for
+from .conftest import browser_log_in, ensure_user, pod_of, server_state, stop_server, wait_for
+
+TYPES = "select[name='profile-option-pytorch--gpu_type']"
+COUNTS = "select[name='profile-option-pytorch--gpus']"
+COUNT_NAMES = {"0": "None (CPU only)", "1": "1 GPU", "2": "2 GPUs"}
+
+
+def options_of(page, select):
+    """(value, text) of each option of a <select>, as the browser shows them now."""
+    return page.eval_on_selector_all(
+        f"{select} option", "options => options.map(o => [o.value, o.text])"
+    )
+
+
+def profiles_on(page):
+    return page.eval_on_selector_all("input[name=profile]", "inputs => inputs.map(i => i.value)")
+
+
+def availability_seen_by(page, hub):
+    """The availability endpoint's answer, fetched with the page's own login cookie."""
+    response = page.request.get(f"{hub.public_url}/hub/gpuspawner/availability")
+    assert response.ok, response.text()
+    return response.json()
+
+
+def test_form_shows_the_users_choices_with_live_figures(browser, hub):
+    page = browser_log_in(browser, hub, "dora", "/hub/spawn")
+    # one profile: the e2e catalog's other image is only for the group 'licensed'
+    assert profiles_on(page) == ["pytorch"]
+    assert page.inner_text("label[for=profile-item-pytorch] h3") == "PyTorch"
+    assert page.inner_text("label[for=profile-option-pytorch--gpu_type]") == "GPU type"
+    assert page.inner_text("label[for=profile-option-pytorch--gpus]") == "Number of GPUs"
+
+    def shown_as_the_endpoint_says():
+        # the form's script relabels from the same figures the endpoint serves (polled every 10 s)
+        payload = availability_seen_by(page, hub)
+        if not payload["available"]:
+            return None
+        types = payload["types"]
+        expected_types = [
+            ["a100", f"NVIDIA A100 \u2014 {types['a100']['label']}"],
+            ["h100", f"NVIDIA H100 \u2014 {types['h100']['label']}"],
+        ]
+        selected = page.eval_on_selector(TYPES, "s => s.value")
+        marks = types[selected]["counts"]
+        # dora's limit is 2: no more is offered; a count none of the type's nodes can hold
+        # now is marked as the endpoint marks it
+        expected_counts = [
+            [n, f"{name} ({marks[n]})" if n != "0" and marks[n] else name]
+            for n, name in COUNT_NAMES.items()
+        ]
+        now = (options_of(page, TYPES), options_of(page, COUNTS))
+        return payload if now == (expected_types, expected_counts) else None
+
+    payload = wait_for(shown_as_the_endpoint_says, 40, what="the form's figures and counts")
+    # the figures are the cluster's: 2 nodes of 4 A100, 1 node of 8 H100 (counted, not hard-coded
+    # here: free GPUs change as other tests' servers come and go)
+    a100 = payload["types"]["a100"]
+    assert (a100["allocatable"], a100["largest_node"], a100["nodes"]) == (8, 4, 2)
+    assert a100["label"] == (
+        f"{a100['free']} free of 8 (at most {a100['largest_free']} on one node)"
+    )
+    assert payload["images"] == {"pytorch": ["a100", "h100"]}
+    assert page.inner_text("#gpuspawner-availability") == (
+        "Free GPUs are counted live on the cluster's ready nodes."
+    )
+    # the catalog default is pre-selected: A100, no GPU
+    assert page.eval_on_selector(TYPES, "s => s.value") == "a100"
+    assert page.eval_on_selector(COUNTS, "s => s.value") == "0"
+    page.context.close()
 
 
 def test_form_refusal_is_shown_on_the_form_and_a_valid_choice_starts(browser, hub, kube):
     page = browser_log_in(browser, hub, "dora", "/hub/spawn")
-    assert page.locator("#profile-item-pytorch").count() == 1 or "PyTorch" in page.content()
-    counts = "select[name='profile-option-pytorch--gpus']"
-    # the form offers only what dora (default limit: 2) may take
-    offered = page.eval_on_selector_all(f"{counts} option", "options => options.map(o => o.value)")
+    offered = page.eval_on_selector_all(f"{COUNTS} option", "options => options.map(o => o.value)")
     assert offered == ["0", "1", "2"]
     # a stale or tampered form asking for 4 A100 is refused on the server, shown on the form
     page.check("input[name=profile][value=pytorch]")
-    page.select_option("select[name='profile-option-pytorch--gpu_type']", "a100")
-    page.eval_on_selector(counts, "s => { s.add(new Option('4 GPUs', '4')); s.value = '4'; }")
+    page.select_option(TYPES, "a100")
+    page.eval_on_selector(COUNTS, "s => { s.add(new Option('4 GPUs', '4')); s.value = '4'; }")
     page.click("input[type=submit], button[type=submit]")
     page.wait_for_load_state()
     text = page.inner_text("body")
@@ -24,8 +90,8 @@ def test_form_refusal_is_shown_on_the_form_and_a_valid_choice_starts(browser, hu
 
     # 2 A100 fits: the spawn goes through the progress page to the notebook
     page.check("input[name=profile][value=pytorch]")
-    page.select_option("select[name='profile-option-pytorch--gpu_type']", "a100")
-    page.select_option("select[name='profile-option-pytorch--gpus']", "2")
+    page.select_option(TYPES, "a100")
+    page.select_option(COUNTS, "2")
     page.click("input[type=submit], button[type=submit]")
     try:
         # the progress page sends the browser on to the notebook once it is ready
@@ -35,3 +101,47 @@ def test_form_refusal_is_shown_on_the_form_and_a_valid_choice_starts(browser, hu
         assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
     finally:
         stop_server(hub, "dora")
+        page.context.close()
+
+
+def test_an_image_for_one_group_exists_only_for_its_members(browser, hub, kube):
+    ensure_user(hub, "lin")
+    ensure_user(hub, "otto")
+    r = hub.api("POST", "/groups/licensed", {"users": ["lin"]})
+    assert r.status in (201, 409), r.body
+    if r.status == 409:
+        assert hub.api("POST", "/groups/licensed/users", {"users": ["lin"]}).status == 200
+
+    member = browser_log_in(browser, hub, "lin", "/hub/spawn")
+    other = browser_log_in(browser, hub, "otto", "/hub/spawn")
+    try:
+        assert profiles_on(member) == ["pytorch", "licensed"]
+        assert member.inner_text("label[for=profile-item-licensed] h3") == "PyTorch (licensed)"
+        assert profiles_on(other) == ["pytorch"]
+        assert "licensed" not in other.content()
+        # the live figures are per user as well
+        assert "licensed" in wait_for(
+            lambda: availability_seen_by(member, hub)["images"], 40, what="lin's figures"
+        )
+        assert list(
+            wait_for(lambda: availability_seen_by(other, hub)["images"], 40, what="otto's figures")
+        ) == ["pytorch"]
+    finally:
+        member.context.close()
+        other.context.close()
+
+    # asked for by REST anyway: the same 403 as an image that does not exist, and no pod
+    answers = []
+    for profile in ("licensed", "jax"):
+        r = hub.api("POST", "/users/otto/server", {"profile": profile, "gpus": "0"})
+        answers.append((r.status, r.json()["message"].replace(profile, "X")))
+    assert (
+        answers[0]
+        == answers[1]
+        == (
+            403,
+            "There is no profile 'X' you may use: choose one of 'pytorch' (PyTorch).",
+        )
+    )
+    assert server_state(hub, "otto") is None and pod_of(kube, "otto") is None
+    assert "asked for the image 'licensed', which is only for groups 'licensed'" in hub.log()

@@ -16,8 +16,17 @@ def ensure_user(hub, name):
     "body, message",
     [
         (
-            {"profile": "jax"},
-            "There is no profile 'jax': choose one of 'pytorch' (PyTorch) or 'tensorflow' (TensorFlow).",
+            {"profile": "pytorch", "gpu_type": "a100", "gpus": " 1"},
+            "' 1' is not a valid number of GPUs: choose one of 0, 1, 2, 4 or 8.",
+        ),
+        (
+            {"profile": "pytorch", "gpus--unlisted-choice": "64"},
+            "'gpus--unlisted-choice' is not accepted: Number of GPUs has no unlisted choice, "
+            "so send 'gpus' with 0, 1, 2, 4 or 8.",
+        ),
+        (
+            {"profile": "pytorch", "gpu_type": "a100\n\x1b[31m", "gpus": "1"},
+            "There is no GPU type 'a100\\n\\x1b[31m': choose 'a100', 'h100' or 'mig'.",
         ),
         (
             {"profile": "pytorch", "gpu_type": "a100", "gpus": "-1"},
@@ -54,6 +63,23 @@ def test_invalid_request_is_a_400_with_the_sentence(gpu_hub, body, message):
     r = gpu_hub.api("POST", "/users/rita/server", body)
     assert r.status == 400, r.body
     assert r.json()["message"] == message
+    assert gpu_hub.api("GET", "/users/rita").json()["servers"] == {}
+
+
+@pytest.mark.hub
+def test_an_image_for_other_groups_is_refused_like_one_that_does_not_exist(gpu_hub):
+    # 'licensed' exists, for the group 'licensed' and alice only; 'jax' does not exist
+    ensure_user(gpu_hub, "rita")
+    answers = {}
+    for profile in ("licensed", "jax"):
+        r = gpu_hub.api("POST", "/users/rita/server", {"profile": profile})
+        answers[profile] = (r.status, r.json()["message"].replace(profile, "X"))
+    assert answers["licensed"] == answers["jax"]
+    assert answers["jax"] == (
+        403,
+        "There is no profile 'X' you may use: "
+        "choose one of 'pytorch' (PyTorch) or 'tensorflow' (TensorFlow).",
+    )
     assert gpu_hub.api("GET", "/users/rita").json()["servers"] == {}
 
 

@@ -338,3 +338,35 @@ async def test_one_shared_inventory_per_hub_and_none_when_off():
         assert first.gpu_inventory() is None
     finally:
         await hubstate.current().close()
+
+
+async def test_figures_and_the_endpoint_payload_are_per_user(reflector, tmp_path):
+    import yaml
+
+    data = yaml.safe_load((NODES / "catalog.yaml").read_text())
+    data["images"]["pytorch"]["gpu_types"] = ["a100", "h100"]
+    data["images"]["tensorflow"]["gpu_types"] = ["a100"]
+    data["images"]["rocm"] = {
+        "display_name": "ROCm PyTorch",
+        "image": "example/rocm:6",
+        "gpu_types": ["mi300x"],
+        "groups": ["amd-testers"],
+    }
+    path = tmp_path / "catalog.yaml"
+    path.write_text(yaml.safe_dump(data))
+    seen = {}
+    for name, groups in (("carol", []), ("rosa", ["amd-testers"])):
+        c = Config()
+        c.GPUSpawner.catalog_file = str(path)
+        spawner = make_spawner(c, user=User(name, groups=groups))
+        spawner.gpu_inventory = lambda: reflector
+        payload = spawner.gpu_availability_payload()
+        profiles = await spawner._catalog_profile_list(spawner)
+        html = spawner._render_options_form(profiles)
+        seen[name] = (sorted(payload["images"]), sorted(payload["types"]), html)
+    assert seen["carol"][:2] == (["pytorch", "tensorflow"], ["a100", "h100"])
+    assert seen["rosa"][:2] == (["pytorch", "rocm", "tensorflow"], ["a100", "h100", "mi300x"])
+    assert "ROCm" not in seen["carol"][2] and "mi300x" not in seen["carol"][2]
+    assert "ROCm PyTorch" in seen["rosa"][2]
+    # the form's script disables the counts marked with the one "never" mark
+    assert 'var never = "no node has that many";' in seen["carol"][2]

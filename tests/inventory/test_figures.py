@@ -1,0 +1,77 @@
+"""The availability payload the spawn form polls, from plain data."""
+
+from gpuspawner.catalog import parse_catalog
+from gpuspawner.inventory.figures import availability_payload
+from gpuspawner.inventory.model import Availability, NodeFigures
+from gpuspawner.profiles import MARK_NEVER, MARK_NOT_FREE
+
+CATALOG = {
+    "images": {
+        "pytorch": {"image": "p", "display_name": "PyTorch", "gpu_types": ["a100", "h100"]},
+        "licensed": {
+            "image": "m",
+            "display_name": "MATLAB",
+            "gpu_types": ["a100", "b200"],
+            "groups": ["licensed"],
+        },
+    },
+    "gpu_types": {
+        "a100": {"display_name": "NVIDIA A100"},
+        "h100": {"display_name": "NVIDIA H100", "counts": [1, 8]},
+        "b200": {"display_name": "NVIDIA B200"},
+    },
+    "gpu_counts": [0, 1, 2, 4],
+}
+
+
+def figures(key, *nodes):
+    return Availability(
+        key=key,
+        resource="nvidia.com/gpu",
+        display_name=key,
+        nodes=tuple(NodeFigures(f"{key}-{i}", a, r) for i, (a, r) in enumerate(nodes)),
+    )
+
+
+FIGURES = {
+    "a100": figures("a100", (4, 3), (4, 4)),
+    "h100": figures("h100", (8, 0)),
+    "b200": figures("b200", (8, 8)),
+}
+
+
+def test_payload_has_labels_figures_and_the_form_marks_per_type():
+    payload = availability_payload(parse_catalog(CATALOG), FIGURES)
+    assert payload["available"] is True
+    a100 = payload["types"]["a100"]
+    assert (a100["free"], a100["allocatable"], a100["largest_node"]) == (1, 8, 4)
+    assert a100["label"] == "1 free of 8 (at most 1 on one node)"
+    assert a100["counts"] == {"1": "", "2": MARK_NOT_FREE, "4": MARK_NOT_FREE}
+    assert payload["types"]["h100"]["counts"] == {"1": "", "8": ""}
+    assert payload["types"]["b200"]["counts"]["1"] == MARK_NOT_FREE
+    assert payload["images"] == {"pytorch": ["a100", "h100"], "licensed": ["a100", "b200"]}
+
+
+def test_a_user_outside_the_group_gets_no_trace_of_the_restricted_image():
+    catalog = parse_catalog(CATALOG).visible_to("carol", ["students"])
+    payload = availability_payload(catalog, FIGURES)
+    assert payload["images"] == {"pytorch": ["a100", "h100"]}
+    # the B200 serves only the restricted image, so its figures are left out too
+    assert set(payload["types"]) == {"a100", "h100"}
+    assert "MATLAB" not in repr(payload) and "licensed" not in repr(payload)
+
+
+def test_a_count_no_node_could_hold_is_marked_never():
+    payload = availability_payload(parse_catalog(CATALOG), {"a100": figures("a100", (2, 0))})
+    assert payload["types"]["a100"]["counts"]["4"] == MARK_NEVER
+    assert set(payload["types"]) == {"a100"}  # types without figures are left out
+
+
+def test_without_figures_the_payload_says_why_and_shows_nothing():
+    payload = availability_payload(None, None, "the GPU inventory is still loading")
+    assert payload == {
+        "available": False,
+        "problem": "the GPU inventory is still loading",
+        "types": {},
+        "images": {},
+    }
