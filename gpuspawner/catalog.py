@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
-#: The extended resource most NVIDIA device plugins advertise.
-DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+from .labels import DEFAULT_GPU_RESOURCE
+
 #: Counts offered when the catalog does not list any.
 DEFAULT_GPU_COUNTS = (0, 1, 2, 4, 8)
 #: The taint NVIDIA's GPU operator and most managed clusters put on GPU nodes.

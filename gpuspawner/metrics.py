@@ -34,6 +34,7 @@ from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from . import labels
+from .serverpod import ServerPod
 from .validation import gpucheck
 
 #: The refusal reasons the spawner gives (other values are counted as "other").
@@ -139,27 +140,17 @@ def gpus_by_group(
     A pod being deleted or finished holds nothing; a pod holds GPUs once bound
     to a node (``spec.nodeName``).
     """
-    from .inventory.model import pod_is_active
-
     requested: dict[tuple[str, str], int] = {}
     allocated: dict[tuple[str, str], int] = {}
-    for groups, pod in servers:
-        if not pod_is_active(pod):
+    for groups, raw in servers:
+        pod = ServerPod.from_pod(raw)
+        if not pod.active or pod.gpu_type is None:
             continue
-        pod_labels = (pod.get("metadata") or {}).get("labels") or {}
-        gpu_type = pod_labels.get(labels.LABEL_GPU_TYPE) or labels.NO_GPU_TYPE
-        try:
-            gpus = int(pod_labels.get(labels.LABEL_GPUS, "0"))
-        except ValueError:
-            continue
-        if gpus <= 0 or gpu_type == labels.NO_GPU_TYPE:
-            continue
-        bound = bool((pod.get("spec") or {}).get("nodeName"))
         for group in sorted(set(groups)) or [""]:
-            key = (gpu_type, group)
-            requested[key] = requested.get(key, 0) + gpus
-            if bound:
-                allocated[key] = allocated.get(key, 0) + gpus
+            key = (pod.gpu_type, group)
+            requested[key] = requested.get(key, 0) + pod.gpus
+            if pod.node:
+                allocated[key] = allocated.get(key, 0) + pod.gpus
     return requested, allocated
 
 
