@@ -24,10 +24,9 @@ from urllib.parse import urlencode, urlparse
 from traitlets import Bool, Float, Integer, Unicode, default
 from traitlets.config import Application, catch_config_error
 
-from ..culler.hub import HubClient, HubError
-from ..culler.kube import kubernetes_available, service_account_namespace
-from ..culler.prometheus import GPUQueries, PrometheusClient
-from ..hubservice import HubServiceSettings
+from ..kube import KubeClient
+from ..services.hub import HubClient, HubError
+from ..services.settings import HubServiceSettings, KubernetesSettings, PrometheusSettings
 from .collect import Collector, KubeReader
 from .page import render_page
 
@@ -37,7 +36,7 @@ ADMIN_SCOPE = "custom:gpuspawner:admin"
 SERVICE_NAME = "gpuspawner-admin"
 
 
-class GPUAdmin(HubServiceSettings, Application):
+class GPUAdmin(HubServiceSettings, KubernetesSettings, PrometheusSettings, Application):
     name = "gpuspawner-admin"
     description = "The GPU pool page for JupyterHub admins (a hub-managed service)."
 
@@ -67,32 +66,10 @@ class GPUAdmin(HubServiceSettings, Application):
     def _default_catalog(self):
         return os.environ.get("GPUSPAWNER_CATALOG", "")
 
-    kubernetes = Unicode(
-        "auto",
-        help="Read nodes and pods from Kubernetes: 'on', 'off', or 'auto' (on in a pod with a service account or with a kubeconfig).",
-    ).tag(config=True)
-
-    namespace = Unicode(
-        help="The notebook pods' namespace. Default: $POD_NAMESPACE, else the service account's, else jupyterhub."
-    ).tag(config=True)
-
-    @default("namespace")
-    def _default_namespace(self):
-        return os.environ.get("POD_NAMESPACE") or service_account_namespace() or "jupyterhub"
-
     all_namespaces = Bool(
         True,
         help="Count GPUs held by pods in every namespace in the figures per type (as GPUSpawner.gpu_inventory_all_namespaces).",
     ).tag(config=True)
-
-    prometheus_url = Unicode(
-        "",
-        help="Prometheus's base URL for GPU utilisation per server (DCGM exporter metrics); empty: not shown.",
-    ).tag(config=True)
-    pod_label = Unicode("pod", help="The metric label holding the pod name.").tag(config=True)
-    namespace_label = Unicode("namespace", help="The metric label holding the namespace.").tag(
-        config=True
-    )
 
     refresh_seconds = Integer(30, help="How often the page reloads itself, in seconds.").tag(
         config=True
@@ -120,12 +97,15 @@ class GPUAdmin(HubServiceSettings, Application):
             )
             self.exit(1)
         self.hub = HubClient(self.hub_api_url, self.api_token, log=self.log)
-        use_kube = self.kubernetes == "on" or (self.kubernetes == "auto" and kubernetes_available())
-        kube = KubeReader(self.namespace, all_namespaces=self.all_namespaces) if use_kube else None
-        prometheus = None
-        if self.prometheus_url:
-            queries = GPUQueries(pod_label=self.pod_label, namespace_label=self.namespace_label)
-            prometheus = PrometheusClient(self.prometheus_url, queries)
+        kube = None
+        if self.use_kubernetes():
+            client = KubeClient(self.namespace, logger=self.log)
+            kube = KubeReader(client, all_namespaces=self.all_namespaces)
+        try:
+            prometheus = self.prometheus_client()
+        except ValueError as e:
+            self.log.critical("gpuspawner-admin cannot start: %s", e)
+            self.exit(1)
         self.collector = Collector(
             self.hub,
             kube,

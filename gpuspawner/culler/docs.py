@@ -16,14 +16,15 @@ MARKER = "<!-- generated from the traits by `python -m gpuspawner.culler.docs do
 
 
 def render() -> str:
-    from ..hubservice import HubServiceSettings
+    from ..services.settings import HubServiceSettings, KubernetesSettings, PrometheusSettings
     from .app import GPUCuller
 
     flags = {trait: flag for flag, trait in GPUCuller.aliases.items()}
     lines = ["", "| setting | type | default | flag |", "|---|---|---|---|"]
     sections = []
     for name, trait in GPUCuller.class_traits(config=True).items():
-        if name not in GPUCuller.__dict__ and name not in HubServiceSettings.__dict__:
+        shared = (GPUCuller, HubServiceSettings, KubernetesSettings, PrometheusSettings)
+        if not any(name in cls.__dict__ for cls in shared):
             continue
         default = trait.default_value_repr()
         if name in ("hub_api_url", "api_token", "namespace", "metrics_url"):

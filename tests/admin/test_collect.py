@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from gpuspawner.admin.collect import Collector
-from gpuspawner.culler.hub import HubError
-from gpuspawner.culler.prometheus import GPUQueries, PrometheusClient
+from gpuspawner.services.hub import HubError
+from gpuspawner.services.prometheus import GPUQueries, PrometheusClient
 
 from ..culler.dcgm import DCGMExporter
 from ..culler.promserver import start_prometheus
