@@ -35,6 +35,11 @@ FORBIDDEN_PODS = (
     '"pods" in API group "" in the namespace "jupyterhub"'
 )
 
+FORBIDDEN_NODES = (
+    'nodes is forbidden: User "system:serviceaccount:jupyterhub:hub" cannot list resource '
+    '"nodes" in API group "" at the cluster scope'
+)
+
 
 def status_body(code: int, message: str) -> dict:
     return {
@@ -63,14 +68,16 @@ class StandInApi:
     ``fail`` is a list of what the next requests get instead of the data, in
     order: an HTTP status (with a Status body), ``"hang"`` (no answer until
     the client gives up), or a ``(status, message)`` pair. ``always`` is a
-    status every request gets.
+    status every request gets; ``forbidden`` the kinds a service account
+    without that permission is refused, with the API server's own sentence.
     """
 
     def __init__(self, pods: Iterable[dict] = (), nodes: Iterable[dict] = ()):
         self.objects = {"pods": list(pods), "nodes": list(nodes)}
         self.fail: list[Any] = []
         self.always: int | None = None
-        self.always_message = ""
+        #: kinds ("pods", "nodes") every request for which gets 403
+        self.forbidden: set[str] = set()
         #: (path, query) of every request, in order
         self.requests: list[tuple[str, dict[str, str]]] = []
         self._runner: web.AppRunner | None = None
@@ -79,7 +86,11 @@ class StandInApi:
 
     async def _answer(self, request: web.Request) -> web.Response:
         self.requests.append((request.path, dict(request.query)))
+        kind = "nodes" if request.path.endswith("/nodes") else "pods"
         failure = self.fail.pop(0) if self.fail else self.always
+        if kind in self.forbidden:
+            message = FORBIDDEN_PODS if kind == "pods" else FORBIDDEN_NODES
+            failure = (403, message)
         if failure == "hang":
             await self._stopping.wait()
             return web.Response(status=503)
@@ -88,7 +99,6 @@ class StandInApi:
             if code == 403 and not message:
                 message = FORBIDDEN_PODS
             return web.json_response(status_body(code, message or f"injected {code}"), status=code)
-        kind = "nodes" if request.path.endswith("/nodes") else "pods"
         namespace = request.match_info.get("namespace")
         objs = [
             o
