@@ -149,7 +149,7 @@ def gpus_by_group(
         for group in sorted(set(groups)) or [""]:
             key = (pod.gpu_type, group)
             requested[key] = requested.get(key, 0) + pod.gpus
-            if pod.node:
+            if pod.bound:
                 allocated[key] = allocated.get(key, 0) + pod.gpus
     return requested, allocated
 

@@ -160,8 +160,13 @@ class ServerPod:
 
     @property
     def pending(self) -> bool:
-        """Active but not yet on a node."""
-        return self.active and not self.node
+        """Active and in phase Pending: waiting for a node, or bound and starting (pulling, GPU check)."""
+        return self.active and self.phase == "Pending"
+
+    @property
+    def bound(self) -> bool:
+        """Placed on a node (``spec.nodeName``): from then on it holds its GPUs there."""
+        return bool(self.node)
 
     @property
     def waiting_for_gpus(self) -> bool:

@@ -139,7 +139,7 @@ def type_rows(
     """Per GPU type: allocatable / in use / free from the figures, waiting from unbound pods."""
     waiting: dict[str, int] = {}
     for pod in pods:
-        if pod.pending and pod.gpu_type is not None:
+        if pod.active and not pod.bound and pod.gpu_type is not None:
             waiting[pod.gpu_type] = waiting.get(pod.gpu_type, 0) + pod.gpus
     keys = list(catalog.gpu_types) if catalog is not None else sorted(figures)
     keys += sorted(k for k in {*figures, *waiting} if k not in keys)
