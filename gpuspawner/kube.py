@@ -242,125 +242,82 @@ class Listing:
     resource_version: str
 
 
-async def pages(
-    call: Callable[..., Awaitable[Any]],
-    *args: Any,
-    what: str,
-    retry: RetryPolicy,
-    timeout: float = 30,
-    page_size: int = 500,
-    logger: logging.Logger | None = None,
-    **kwargs: Any,
-) -> AsyncIterator[dict]:
-    """Each page (the List object) of ``call(*args, **kwargs)``, following ``continue``.
+@dataclass(frozen=True)
+class Reader:
+    """How lists are read: the retry policy, the timeout of one request, the page size."""
 
-    Each page is retried on its own under ``retry``. An expired ``continue``
-    token is :class:`Expired`: the caller lists again from the start.
-    """
-    token = None
-    while True:
-        extra = {"_continue": token} if token else {}
+    retry: RetryPolicy = RetryPolicy()
+    timeout: float = 30
+    page_size: int = 500
+    logger: logging.Logger | None = None
 
-        async def attempt(extra: dict = extra) -> dict:
-            return await request_json(
-                call, *args, what=what, timeout=timeout, limit=page_size, **kwargs, **extra
-            )
+    async def pages(
+        self, call: Callable[..., Awaitable[Any]], *args: Any, what: str, **kwargs: Any
+    ) -> AsyncIterator[dict]:
+        """Each page (the List object) of ``call(*args, **kwargs)``, following ``continue``.
 
-        page = await retry.run(attempt, what, logger)
-        yield page
-        token = (page.get("metadata") or {}).get("continue")
-        if not token:
-            return
+        Each page is retried on its own. An expired ``continue`` token is
+        :class:`Expired`: the caller lists again from the start.
+        """
+        token = None
+        while True:
+            extra = {"_continue": token} if token else {}
 
+            async def attempt(extra: dict = extra) -> dict:
+                return await request_json(
+                    call,
+                    *args,
+                    what=what,
+                    timeout=self.timeout,
+                    limit=self.page_size,
+                    **kwargs,
+                    **extra,
+                )
 
-async def list_all(
-    call: Callable[..., Awaitable[Any]],
-    *args: Any,
-    what: str,
-    retry: RetryPolicy,
-    timeout: float = 30,
-    page_size: int = 500,
-    logger: logging.Logger | None = None,
-    reduce: Callable[[dict], Any] | None = None,
-    **kwargs: Any,
-) -> Listing:
-    """Every object of ``call(*args, **kwargs)`` (e.g. ``api.list_node``), page by page.
+            page = await self.retry.run(attempt, what, self.logger)
+            yield page
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
 
-    ``reduce`` turns each raw object into what is kept (so a large list is
-    never in memory whole); None keeps the objects.
-    """
-    items: list[Any] = []
-    resource_version = ""
-    async for page in pages(
-        call,
-        *args,
-        what=what,
-        retry=retry,
-        timeout=timeout,
-        page_size=page_size,
-        logger=logger,
-        **kwargs,
-    ):
-        raw = page.get("items") or []
-        items.extend(raw if reduce is None else (reduce(item) for item in raw))
-        resource_version = (page.get("metadata") or {}).get("resourceVersion", "")
-    return Listing(items, resource_version)
+    async def list_all(
+        self,
+        call: Callable[..., Awaitable[Any]],
+        *args: Any,
+        what: str,
+        reduce: Callable[[dict], Any] | None = None,
+        **kwargs: Any,
+    ) -> Listing:
+        """Every object of ``call(*args, **kwargs)`` (e.g. ``api.list_node``), page by page.
 
+        ``reduce`` turns each raw object into what is kept (so a large list is
+        never in memory whole); None keeps the objects.
+        """
+        items: list[Any] = []
+        resource_version = ""
+        async for page in self.pages(call, *args, what=what, **kwargs):
+            raw = page.get("items") or []
+            items.extend(raw if reduce is None else (reduce(item) for item in raw))
+            resource_version = (page.get("metadata") or {}).get("resourceVersion", "")
+        return Listing(items, resource_version)
 
-async def list_pods(
-    api: Any,
-    *,
-    namespace: str | None,
-    selector: str = "",
-    field_selector: str = "",
-    retry: RetryPolicy,
-    timeout: float = 30,
-    page_size: int = 500,
-    logger: logging.Logger | None = None,
-) -> list[dict]:
-    """Pods (raw JSON) of ``namespace`` (None: every namespace) matching the selectors."""
-    kwargs: dict[str, Any] = {}
-    if selector:
-        kwargs["label_selector"] = selector
-    if field_selector:
-        kwargs["field_selector"] = field_selector
-    where = f"namespace {namespace}" if namespace else "all namespaces"
-    what = f"Listing pods ({selector or 'all'}) in {where}"
-    if namespace:
-        call, args = api.list_namespaced_pod, (namespace,)
-    else:
-        call, args = api.list_pod_for_all_namespaces, ()
-    listing = await list_all(
-        call,
-        *args,
-        what=what,
-        retry=retry,
-        timeout=timeout,
-        page_size=page_size,
-        logger=logger,
-        **kwargs,
-    )
-    return listing.items
+    async def pods(
+        self, api: Any, *, namespace: str | None, selector: str = "", field_selector: str = ""
+    ) -> list[dict]:
+        """Pods (raw JSON) of ``namespace`` (None: every namespace) matching the selectors."""
+        kwargs = {"label_selector": selector, "field_selector": field_selector}
+        kwargs = {key: value for key, value in kwargs.items() if value}
+        where = f"namespace {namespace}" if namespace else "all namespaces"
+        what = f"Listing pods ({selector or 'all'}) in {where}"
+        if namespace:
+            listing = await self.list_all(api.list_namespaced_pod, namespace, what=what, **kwargs)
+        else:
+            listing = await self.list_all(api.list_pod_for_all_namespaces, what=what, **kwargs)
+        return listing.items
 
-
-async def list_nodes(
-    api: Any,
-    *,
-    retry: RetryPolicy,
-    timeout: float = 30,
-    page_size: int = 500,
-    logger: logging.Logger | None = None,
-) -> list[dict]:
-    """Every node (raw JSON)."""
-    listing = await list_all(
-        api.list_node,
-        what="Listing nodes",
-        retry=retry,
-        timeout=timeout,
-        page_size=page_size,
-        logger=logger,
-    )
-    return listing.items
+    async def nodes(self, api: Any) -> list[dict]:
+        """Every node (raw JSON)."""
+        return (await self.list_all(api.list_node, what="Listing nodes")).items
 
 
 # ---------------------------------------------------------------------------
@@ -417,26 +374,15 @@ async def core_api() -> Any:
 
 
 class KubeClient:
-    """A lazily built ``CoreV1Api`` with the listings the services need.
+    """A lazily built ``CoreV1Api`` and the :class:`Reader` the services list with.
 
-    For the services (culler, admin, ``gpuspawner status``); the spawner uses
-    KubeSpawner's shared client with the same functions.
+    For the services (culler, admin, ``gpuspawner status``); the spawner reads
+    through KubeSpawner's shared client with a :class:`Reader` of its own.
     """
 
-    def __init__(
-        self,
-        namespace: str,
-        *,
-        timeout: float = 30,
-        retry: RetryPolicy | None = None,
-        page_size: int = 500,
-        logger: logging.Logger | None = None,
-    ):
+    def __init__(self, namespace: str, reader: Reader | None = None):
         self.namespace = namespace
-        self.timeout = timeout
-        self.retry = retry or RetryPolicy(timeout=timeout)
-        self.page_size = page_size
-        self.log = logger or log
+        self.reader = reader or Reader(logger=log)
         self._api: Any = None
 
     async def api(self) -> Any:
@@ -447,25 +393,13 @@ class KubeClient:
     async def list_pods(
         self, selector: str = "", *, all_namespaces: bool = False, field_selector: str = ""
     ) -> list[dict]:
-        return await list_pods(
-            await self.api(),
-            namespace=None if all_namespaces else self.namespace,
-            selector=selector,
-            field_selector=field_selector,
-            retry=self.retry,
-            timeout=self.timeout,
-            page_size=self.page_size,
-            logger=self.log,
+        namespace = None if all_namespaces else self.namespace
+        return await self.reader.pods(
+            await self.api(), namespace=namespace, selector=selector, field_selector=field_selector
         )
 
     async def list_nodes(self) -> list[dict]:
-        return await list_nodes(
-            await self.api(),
-            retry=self.retry,
-            timeout=self.timeout,
-            page_size=self.page_size,
-            logger=self.log,
-        )
+        return await self.reader.nodes(await self.api())
 
     async def close(self) -> None:
         if self._api is not None:

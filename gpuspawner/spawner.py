@@ -195,13 +195,15 @@ class GPUSpawner(CapacityMixin, KubeSpawner):
         user_label = None
         if not every_user:
             user_label = self._build_common_labels({})[labels.KUBESPAWNER_LABEL_USER]
-        return await kube.list_pods(
-            self.api,
-            namespace=None if self.enable_user_namespaces and every_user else self.namespace,
-            selector=serverpod.selector(user_label),
+        reader = kube.Reader(
             retry=kube.RetryPolicy(timeout=self.k8s_api_request_retry_timeout),
             timeout=self.k8s_api_request_timeout,
             logger=self.log,
+        )
+        return await reader.pods(
+            self.api,
+            namespace=None if self.enable_user_namespaces and every_user else self.namespace,
+            selector=serverpod.selector(user_label),
         )
 
     async def current_holdings(self, catalog: Catalog, every_user: bool) -> list[limits.Holding]:

@@ -17,6 +17,7 @@ from gpuspawner.kube import (
     KubeClient,
     KubeError,
     NotFound,
+    Reader,
     Refused,
     Retryable,
     RetryPolicy,
@@ -52,9 +53,8 @@ async def core(server):
 
 
 async def test_lists_every_page_with_the_selector(server, core):
-    pods = await kube.list_pods(
-        core, namespace="jupyterhub", selector="gpuspawner.io/managed=true", retry=FAST, page_size=2
-    )
+    reader = Reader(FAST, page_size=2)
+    pods = await reader.pods(core, namespace="jupyterhub", selector="gpuspawner.io/managed=true")
     assert [p["metadata"]["name"] for p in pods] == [f"jupyter-{i}" for i in range(5)]
     assert [q.get("continue") for _, q in server.requests] == [None, "2", "4"]
     assert {q["labelSelector"] for _, q in server.requests} == {"gpuspawner.io/managed=true"}
@@ -63,10 +63,10 @@ async def test_lists_every_page_with_the_selector(server, core):
 
 
 async def test_every_namespace_and_nodes(server, core):
-    everywhere = await kube.list_pods(core, namespace=None, retry=FAST, page_size=3)
+    everywhere = await Reader(FAST, page_size=3).pods(core, namespace=None)
     assert len(everywhere) == 7
     assert server.requests[0][0] == "/api/v1/pods"
-    listing = await kube.list_all(core.list_node, what="Listing nodes", retry=FAST, page_size=2)
+    listing = await Reader(FAST, page_size=2).list_all(core.list_node, what="Listing nodes")
     assert [n["metadata"]["name"] for n in listing.items] == ["node-0", "node-1", "node-2"]
     assert listing.resource_version == "100"
 
@@ -75,7 +75,7 @@ async def test_every_namespace_and_nodes(server, core):
 async def test_refusal_is_an_error_and_is_not_retried(server, core, status):
     server.always = status
     with pytest.raises(Refused) as info:
-        await kube.list_pods(core, namespace="jupyterhub", retry=FAST)
+        await Reader(FAST).pods(core, namespace="jupyterhub")
     assert info.value.status == status
     assert len(server.requests) == 1
     if status == 403:
@@ -86,13 +86,13 @@ async def test_refusal_is_an_error_and_is_not_retried(server, core, status):
 async def test_not_found(server, core):
     server.fail = [404]
     with pytest.raises(NotFound) as info:
-        await kube.list_pods(core, namespace="nowhere", retry=FAST)
+        await Reader(FAST).pods(core, namespace="nowhere")
     assert info.value.status == 404 and len(server.requests) == 1
 
 
 async def test_an_expired_continue_token_asks_for_a_fresh_list(server, core):
-    pages = kube.pages(
-        core.list_namespaced_pod, "jupyterhub", what="Listing pods", retry=FAST, page_size=2
+    pages = Reader(FAST, page_size=2).pages(
+        core.list_namespaced_pod, "jupyterhub", what="Listing pods"
     )
     first = await pages.__anext__()
     assert len(first["items"]) == 2
@@ -106,7 +106,7 @@ async def test_an_expired_continue_token_asks_for_a_fresh_list(server, core):
 async def test_server_errors_and_throttling_are_retried(server, core, caplog):
     server.fail = [500, 429, 503]
     with caplog.at_level(logging.WARNING, logger="gpuspawner.kube"):
-        pods = await kube.list_pods(core, namespace="jupyterhub", retry=FAST)
+        pods = await Reader(FAST).pods(core, namespace="jupyterhub")
     assert len(pods) == 6
     assert len(server.requests) == 4
     assert [r.getMessage().split(" failed with ")[1][:8] for r in caplog.records] == [
@@ -120,23 +120,21 @@ async def test_retries_end_at_the_deadline(server, core):
     server.always = 500
     policy = RetryPolicy(timeout=0.3, first_delay=0.05, max_delay=0.1)
     with pytest.raises(Retryable) as info:
-        await kube.list_pods(core, namespace="jupyterhub", retry=policy)
+        await Reader(policy).pods(core, namespace="jupyterhub")
     assert info.value.status == 500
     assert 2 <= len(server.requests) <= 6
 
 
 async def test_a_request_without_answer_times_out_and_is_retried(server, core):
     server.fail = ["hang"]
-    pods = await kube.list_pods(core, namespace="jupyterhub", retry=FAST, timeout=0.3)
+    pods = await Reader(FAST, timeout=0.3).pods(core, namespace="jupyterhub")
     assert len(pods) == 6 and len(server.requests) == 2
 
 
 async def test_a_server_that_is_gone_is_retryable(server, core):
     await server.stop()
     with pytest.raises(Retryable) as info:
-        await kube.list_pods(
-            core, namespace="jupyterhub", retry=RetryPolicy(timeout=0.1, first_delay=0.05)
-        )
+        await Reader(RetryPolicy(timeout=0.1, first_delay=0.05)).pods(core, namespace="jupyterhub")
     assert info.value.status is None
     assert "got no answer" in str(info.value)
 
@@ -144,7 +142,7 @@ async def test_a_server_that_is_gone_is_retryable(server, core):
 async def test_the_service_client_reads_a_kubeconfig(server, tmp_path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path)))
-    client = KubeClient("jupyterhub", retry=FAST)
+    client = KubeClient("jupyterhub", Reader(FAST))
     try:
         ours = await client.list_pods("gpuspawner.io/managed=true")
         every = await client.list_pods(all_namespaces=True)

@@ -24,7 +24,7 @@ from urllib.parse import urlencode, urlparse
 from traitlets import Bool, Float, Integer, Unicode, default
 from traitlets.config import Application, catch_config_error
 
-from ..kube import KubeClient
+from ..kube import KubeClient, Reader
 from ..services.hub import HubClient, HubError
 from ..services.settings import HubServiceSettings, KubernetesSettings, PrometheusSettings
 from .collect import Collector, KubeReader
@@ -99,7 +99,7 @@ class GPUAdmin(HubServiceSettings, KubernetesSettings, PrometheusSettings, Appli
         self.hub = HubClient(self.hub_api_url, self.api_token, log=self.log)
         kube = None
         if self.use_kubernetes():
-            client = KubeClient(self.namespace, logger=self.log)
+            client = KubeClient(self.namespace, Reader(logger=self.log))
             kube = KubeReader(client, all_namespaces=self.all_namespaces)
         try:
             prometheus = self.prometheus_client()

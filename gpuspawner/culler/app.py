@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from traitlets.config import Application, catch_config_error
 
-from ..kube import KubeClient, KubeError
+from ..kube import KubeClient, KubeError, Reader
 from ..serverpod import selector
 from ..services.hub import HubClient, HubError
 from ..services.prometheus import PrometheusClient, PrometheusError
@@ -311,7 +311,7 @@ class GPUCuller(HubServiceSettings, KubernetesSettings, PrometheusSettings, Appl
         if self.prometheus is None:
             self.log.info("No prometheus_url: only Jupyter activity decides idleness.")
         if self.use_kubernetes():
-            self.pods = KubeClient(self.namespace, logger=self.log)
+            self.pods = KubeClient(self.namespace, Reader(logger=self.log))
         else:
             self.log.info(
                 "Kubernetes not configured: no pressure mode; pods known from server state."

@@ -102,15 +102,9 @@ class _Watch:
         kwargs: dict[str, Any] = {}
         if self.field_selector:
             kwargs["field_selector"] = self.field_selector
-        listing = await kube.list_all(
-            self.list_call,
-            what=f"Listing {self.kind}",
-            retry=self.retry,
-            timeout=self.request_timeout,
-            page_size=self.page_size,
-            logger=self.log,
-            reduce=self.to_record,
-            **kwargs,
+        reader = kube.Reader(self.retry, self.request_timeout, self.page_size, self.log)
+        listing = await reader.list_all(
+            self.list_call, what=f"Listing {self.kind}", reduce=self.to_record, **kwargs
         )
         self.on_list(listing.items)
         return listing.resource_version

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuspawner.admin.collect import Collector, KubeReader
-from gpuspawner.kube import KubeClient, RetryPolicy
+from gpuspawner.kube import KubeClient, Reader, RetryPolicy
 from gpuspawner.services.hub import HubError
 from gpuspawner.services.prometheus import GPUQueries, PrometheusClient
 
@@ -104,7 +104,7 @@ async def test_a_refused_pod_list_is_a_note_not_an_empty_cluster(users, tmp_path
     server = await StandInApi(pods=_load("all-pods.json"), nodes=_load("nodes.json")).start()
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path)))
-    client = KubeClient("jupyterhub", retry=RetryPolicy(timeout=1, first_delay=0.01))
+    client = KubeClient("jupyterhub", Reader(RetryPolicy(timeout=1, first_delay=0.01)))
     collector = Collector(Hub(users), KubeReader(client), str(ADMIN / "catalog.yaml"))
     try:
         allowed = await collector.report(fresh=True)
