@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from traitlets import Float, Unicode, default, validate
+from traitlets import Float, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
 from .. import kube
@@ -53,7 +53,8 @@ class KubernetesSettings(Configurable):
     @validate("kubernetes")
     def _check_kubernetes(self, proposal):
         if proposal.value not in ("auto", "on", "off"):
-            raise ValueError(
+            # a TraitError: the Application turns it into one line, not a traceback
+            raise TraitError(
                 f"{type(self).__name__}.kubernetes must be 'auto', 'on' or 'off', "
                 f"not {proposal.value!r}"
             )
