@@ -26,7 +26,12 @@ from traitlets.config import Application, catch_config_error
 
 from ..kube import KubeClient, Reader
 from ..services.hub import HubClient, HubError
-from ..services.settings import HubServiceSettings, KubernetesSettings, PrometheusSettings
+from ..services.settings import (
+    HubServiceSettings,
+    KubernetesSettings,
+    PrometheusSettings,
+    ServiceConfigFile,
+)
 from .collect import Collector, KubeReader
 from .page import render_page
 
@@ -36,9 +41,12 @@ ADMIN_SCOPE = "custom:gpuspawner:admin"
 SERVICE_NAME = "gpuspawner-admin"
 
 
-class GPUAdmin(HubServiceSettings, KubernetesSettings, PrometheusSettings, Application):
+class GPUAdmin(
+    ServiceConfigFile, HubServiceSettings, KubernetesSettings, PrometheusSettings, Application
+):
     name = "gpuspawner-admin"
     description = "The GPU pool page for JupyterHub admins (a hub-managed service)."
+    default_config_file = "gpuspawner_admin_config.py"
 
     @default("log_level")
     def _default_log_level(self):
@@ -80,6 +88,7 @@ class GPUAdmin(HubServiceSettings, KubernetesSettings, PrometheusSettings, Appli
     ).tag(config=True)
 
     aliases = {
+        "config": "GPUAdmin.config_file",
         "catalog": "GPUAdmin.catalog_file",
         "ip": "GPUAdmin.ip",
         "prometheus-url": "GPUAdmin.prometheus_url",
@@ -91,6 +100,7 @@ class GPUAdmin(HubServiceSettings, KubernetesSettings, PrometheusSettings, Appli
     @catch_config_error
     def initialize(self, argv=None):
         super().initialize(argv)
+        self.load_service_config()
         if not self.api_token:
             self.log.critical(
                 "gpuspawner-admin cannot start: no API token ($JUPYTERHUB_API_TOKEN)."

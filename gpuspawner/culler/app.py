@@ -27,7 +27,12 @@ from ..kube import KubeClient, KubeError, Reader
 from ..serverpod import selector
 from ..services.hub import HubClient, HubError
 from ..services.prometheus import PrometheusClient, PrometheusError
-from ..services.settings import HubServiceSettings, KubernetesSettings, PrometheusSettings
+from ..services.settings import (
+    HubServiceSettings,
+    KubernetesSettings,
+    PrometheusSettings,
+    ServiceConfigFile,
+)
 from . import policy as P
 from .hub import list_servers
 from .pods import pods_by_server, waiting_gpus, with_pods
@@ -97,14 +102,13 @@ class CullerMetrics:
             self.errors.labels(source=source)
 
 
-class GPUCuller(HubServiceSettings, KubernetesSettings, PrometheusSettings, Application):
+class GPUCuller(
+    ServiceConfigFile, HubServiceSettings, KubernetesSettings, PrometheusSettings, Application
+):
     name = "gpuspawner-culler"
     description = "Stop idle JupyterHub servers, GPU-aware: per-profile timeouts, GPU utilisation from Prometheus and pool pressure."
 
-    config_file = Unicode(
-        "gpuspawner_culler_config.py",
-        help="The config file to load (Python, `c.GPUCuller.* = ...`); a missing default file is ignored.",
-    ).tag(config=True)
+    default_config_file = "gpuspawner_culler_config.py"
 
     # --- the hub ----------------------------------------------------------
 
@@ -239,12 +243,7 @@ class GPUCuller(HubServiceSettings, KubernetesSettings, PrometheusSettings, Appl
     @catch_config_error
     def initialize(self, argv=None):
         super().initialize(argv)
-        if self.config_file:
-            path = self.config_file
-            if os.path.exists(path) or path != self.__class__.config_file.default_value:
-                self.load_config_file(path)
-                # the command line wins over the file
-                self.update_config(self.cli_config)
+        self.load_service_config()
         self.policy = self.build_policy()
         self._setup_clients()
 

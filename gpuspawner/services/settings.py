@@ -18,6 +18,25 @@ from .. import kube
 from .prometheus import GPUQueries, PrometheusClient
 
 
+class ServiceConfigFile(Configurable):
+    """A Python config file for a service, read before its command line (which wins)."""
+
+    #: The file read when ``config_file`` is not set, if it exists (one per service).
+    default_config_file = ""
+
+    config_file = Unicode(
+        "",
+        help="A config file to load (Python). It may set this service's settings and, shared with the other gpuspawner service, `c.PrometheusSettings.*`, `c.KubernetesSettings.*` and `c.HubServiceSettings.*`. Default: the service's own file in the working directory (gpuspawner_culler_config.py, gpuspawner_admin_config.py), skipped when missing.",
+    ).tag(config=True)
+
+    def load_service_config(self) -> None:
+        """Load ``config_file`` (an Application's), then let the command line win again."""
+        path = self.config_file or self.default_config_file
+        if path and (self.config_file or os.path.exists(path)):
+            self.load_config_file(path)
+            self.update_config(self.cli_config)
+
+
 class HubServiceSettings(Configurable):
     """How a hub-managed service reaches the hub's API.
 

@@ -73,3 +73,19 @@ def test_kubernetes_and_namespace(cls, monkeypatch, tmp_path, capfd):
     err = capfd.readouterr().err
     assert f"{cls.__name__}.kubernetes must be 'auto', 'on' or 'off', not 'sometimes'" in err
     assert "Traceback" not in err
+
+
+def test_one_config_file_for_both_services(tmp_path):
+    path = tmp_path / "gpuspawner_services_config.py"
+    path.write_text(
+        'c.PrometheusSettings.prometheus_url = "http://127.0.0.1:9"\n'
+        'c.PrometheusSettings.gpu_util_metric = "SITE_GPU_UTIL"\n'
+        'c.KubernetesSettings.kubernetes = "off"\n'
+        "c.GPUCuller.cull_every = 60\n"
+    )
+    culler = build(GPUCuller, Config(), [f"--config={path}"])
+    admin = build(GPUAdmin, Config(), [f"--config={path}", "--GPUAdmin.refresh_seconds=5"])
+    assert culler.cull_every == 60 and culler.pods is None
+    assert culler.prometheus.queries.util_metric == "SITE_GPU_UTIL"
+    assert admin.collector.prometheus.queries.util_metric == "SITE_GPU_UTIL"
+    assert admin.collector.kube is None and admin.refresh_seconds == 5
