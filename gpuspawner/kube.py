@@ -208,7 +208,6 @@ class RetryPolicy:
     async def run(
         self,
         attempt: Callable[[], Awaitable[T]],
-        what: str,
         logger: logging.Logger | None = None,
     ) -> T:
         """``await attempt()``, again after each :class:`Retryable` while the deadline allows."""
@@ -227,11 +226,6 @@ class RetryPolicy:
 # ---------------------------------------------------------------------------
 # listing
 # ---------------------------------------------------------------------------
-
-
-def label_selector(labels: Mapping[str, str]) -> str:
-    """``{"a": "1", "b": "2"}`` -> ``"a=1,b=2"`` (equality terms, as the API server reads them)."""
-    return ",".join(f"{key}={value}" for key, value in labels.items())
 
 
 @dataclass(frozen=True)
@@ -274,7 +268,7 @@ class Reader:
                     **extra,
                 )
 
-            page = await self.retry.run(attempt, what, self.logger)
+            page = await self.retry.run(attempt, self.logger)
             yield page
             token = (page.get("metadata") or {}).get("continue")
             if not token:

@@ -184,7 +184,7 @@ async def test_only_retryable_errors_are_retried():
         raise Refused("no", 403)
 
     with pytest.raises(Refused):
-        await FAST.run(refused, "x")
+        await FAST.run(refused)
     assert len(calls) == 1
 
     async def flaky():
@@ -193,7 +193,7 @@ async def test_only_retryable_errors_are_retried():
             raise Retryable("later", 503)
         return "ok"
 
-    assert await FAST.run(flaky, "x") == "ok"
+    assert await FAST.run(flaky) == "ok"
     assert len(calls) == 4
 
 
@@ -205,7 +205,3 @@ def test_namespace_discovery(monkeypatch, tmp_path):
     assert kube.default_namespace() == "hub-ns"
     monkeypatch.setenv("POD_NAMESPACE", "from-env")
     assert kube.default_namespace() == "from-env"
-
-
-def test_label_selector():
-    assert kube.label_selector({"a": "1", "b": "x"}) == "a=1,b=x"
