@@ -380,8 +380,12 @@ class KubeClient:
         self._api: Any = None
 
     async def api(self) -> Any:
+        """The client; raises :class:`KubeError` when no usable configuration is found."""
         if self._api is None:
-            self._api = await core_api()
+            try:
+                self._api = await core_api()
+            except Exception as e:  # kubeconfig missing or broken, service account unreadable
+                raise KubeError(f"The Kubernetes client could not be configured: {e}") from e
         return self._api
 
     async def list_pods(

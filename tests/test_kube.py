@@ -206,3 +206,16 @@ def test_namespace_discovery(monkeypatch, tmp_path):
     assert kube.default_namespace() == "hub-ns"
     monkeypatch.setenv("POD_NAMESPACE", "from-env")
     assert kube.default_namespace() == "from-env"
+
+
+async def test_a_broken_kubeconfig_is_a_kube_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setattr(kube, "SERVICE_ACCOUNT", str(tmp_path))
+    broken = tmp_path / "kubeconfig.yaml"
+    broken.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\n")
+    monkeypatch.setenv("KUBECONFIG", str(broken))
+    client = KubeClient("jupyterhub")
+    with pytest.raises(KubeError) as info:
+        await client.list_pods()
+    assert str(info.value).startswith("The Kubernetes client could not be configured: ")
+    await client.close()
