@@ -19,10 +19,12 @@ c.GPUCuller.max_age = 7 * 24 * 60 * 60  # backstop: a week, active or not
 c.GPUCuller.min_running = 10 * 60
 c.GPUCuller.warning_period = 15 * 60  # warn one pass, cull 15 min later if still idle
 
-# GPU utilisation from the DCGM exporter, through Prometheus. Use
-# pod_label = "exported_pod" / namespace_label = "exported_namespace" when
-# Prometheus scrapes the exporter without honor_labels.
-c.GPUCuller.prometheus_url = "http://prometheus-server.monitoring.svc"
+# GPU utilisation from the DCGM exporter, through Prometheus. PrometheusSettings
+# apply to the culler and to the admin page (which is started with this file
+# too), so both find the same metrics. Use pod_label = "exported_pod" /
+# namespace_label = "exported_namespace" when Prometheus scrapes the exporter
+# without honor_labels.
+c.PrometheusSettings.prometheus_url = "http://prometheus-server.monitoring.svc"
 c.GPUCuller.gpu_busy_threshold = 5.0  # percent
 
 # Pressure: while GPU pods wait for a type, its idle servers go sooner.

@@ -112,7 +112,14 @@ c.JupyterHub.services.append(
     {
         "name": "gpuspawner-admin",
         "url": "http://127.0.0.1:10102",
-        "command": [sys.executable, "-m", "gpuspawner.admin"],
+        # the culler's settings file: the same Prometheus metric and label names
+        "command": [
+            sys.executable,
+            "-m",
+            "gpuspawner.admin",
+            "--config="
+            + os.environ.get("GPUSPAWNER_CULLER_CONFIG", "/etc/gpuspawner/culler_config.py"),
+        ],
         "oauth_client_allowed_scopes": ["custom:gpuspawner:admin"],
         "oauth_no_confirm": True,
         # the catalog for limits; the cluster through the hub pod's service account
@@ -124,8 +131,7 @@ c.JupyterHub.services.append(
                 if key in os.environ
             },
         },
-        # GPU utilisation per server (DCGM exporter metrics), as for the culler:
-        # "command": [..., "--prometheus-url=http://prometheus-server.monitoring.svc"],
+        # GPU utilisation per server: c.PrometheusSettings in that file (DCGM exporter metrics)
     }
 )
 # The service reads users (with groups) and servers, and stops servers; never admin.

@@ -27,6 +27,10 @@ from typing import Any
 
 from .inventory.model import Availability
 from .options import Refusal
+from .serverpod import is_gpu_resource
+
+# Defined with the other facts read from pods; the spawner's capacity code reads it from here.
+from .serverpod import unschedulable_message as unschedulable_message
 
 REASON_NEVER = "never-schedulable"
 REASON_NO_CAPACITY = "no-capacity"
@@ -233,23 +237,6 @@ class Unschedulable:
     raw: str
 
 
-def unschedulable_message(pod: Mapping[str, Any] | None) -> str | None:
-    """The scheduler's message while a Pending pod is unschedulable, else None."""
-    if not pod:
-        return None
-    status = pod.get("status") or {}
-    if status.get("phase") not in (None, "Pending") or (pod.get("spec") or {}).get("nodeName"):
-        return None
-    for condition in status.get("conditions") or []:
-        if (
-            condition.get("type") == "PodScheduled"
-            and condition.get("status") == "False"
-            and condition.get("reason") == "Unschedulable"
-        ):
-            return condition.get("message") or ""
-    return None
-
-
 _TERM = re.compile(r"^\s*(\d+)\s+(.*?)\s*$")
 
 
@@ -262,7 +249,7 @@ def _plain_term(
     insufficient = re.fullmatch(r"Insufficient (\S+)", text)
     if insufficient:
         resource = insufficient.group(1)
-        if resource in gpu_resources or resource.startswith(("nvidia.com/", "amd.com/")):
+        if is_gpu_resource(resource, gpu_resources):
             return f"{count} {nodes} {has} too few free {gpu_name or resource}", True
         what = {"cpu": "CPU", "memory": "memory", "pods": "pod slots"}.get(resource, resource)
         return f"{count} {nodes} {has} too little free {what}", False

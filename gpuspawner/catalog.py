@@ -28,9 +28,8 @@ from typing import Any
 import yaml
 
 from . import labels
+from .labels import DEFAULT_GPU_RESOURCE
 
-#: The extended resource most NVIDIA device plugins advertise.
-DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 #: Counts offered when the catalog does not list any.
 DEFAULT_GPU_COUNTS = (0, 1, 2, 4, 8)
 #: The taint NVIDIA's GPU operator and most managed clusters put on GPU nodes.

@@ -66,11 +66,11 @@ async def fetch_direct(
     hub_url: str, token: str, catalog: str, namespace: str, user: str | None
 ) -> PoolReport:
     from .admin.collect import Collector, KubeReader
-    from .culler.hub import HubClient
-    from .culler.kube import kubernetes_available
+    from .kube import KubeClient, kubernetes_available
+    from .services.hub import HubClient
 
     hub = HubClient(f"{hub_url.rstrip('/')}/hub/api", token, max_retries=1)
-    kube = KubeReader(namespace) if kubernetes_available() else None
+    kube = KubeReader(KubeClient(namespace)) if kubernetes_available() else None
     collector = Collector(hub, kube, catalog, cache_seconds=0)
     try:
         return await collector.report((user,) if user else ())

@@ -25,6 +25,11 @@ KUBESPAWNER_LABEL_USER = "hub.jupyter.org/username"
 KUBESPAWNER_ANNOTATION_USER = "hub.jupyter.org/username"
 KUBESPAWNER_ANNOTATION_SERVER = "hub.jupyter.org/servername"
 
+#: The extended resource most NVIDIA device plugins advertise: the one a GPU type is
+#: requested as unless the catalog names another
+#: (and the one a pod without ANNOTATION_GPU_RESOURCE is taken to hold).
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+
 #: The value of LABEL_GPU_TYPE on CPU-only servers.
 NO_GPU_TYPE = "none"
 

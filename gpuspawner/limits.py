@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import labels
 from .catalog import Allowance, Catalog, LimitRules
 from .options import Refusal, Selection
+from .serverpod import server_pods
 
 #: Tolerance for float comparisons of weighted units (1/7 + … sums).
 _EPSILON = 1e-9
@@ -126,42 +126,23 @@ def holdings_from_pods(pods: Iterable[Mapping[str, Any]], catalog: Catalog | Non
     any more; pods without GPUs are skipped.
     """
     out = []
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        pod_labels = meta.get("labels") or {}
-        annotations = meta.get("annotations") or {}
-        if meta.get("deletionTimestamp"):
+    for pod in server_pods(pods):
+        if not pod.active or not pod.has_gpus:
             continue
-        phase = (pod.get("status") or {}).get("phase")
-        if phase in ("Succeeded", "Failed"):
-            continue
-        try:
-            gpus = int(pod_labels.get(labels.LABEL_GPUS, "0"))
-        except ValueError:
-            continue
-        gpu_type = pod_labels.get(labels.LABEL_GPU_TYPE)
-        if gpus <= 0 or not gpu_type or gpu_type == labels.NO_GPU_TYPE:
-            continue
-        user = annotations.get(labels.KUBESPAWNER_ANNOTATION_USER, "")
-        server = annotations.get(labels.KUBESPAWNER_ANNOTATION_SERVER, "")
-        weight = 1.0
-        if catalog is not None and gpu_type in catalog.gpu_types:
-            weight = catalog.gpu_types[gpu_type].weight
+        assert pod.gpu_type is not None
+        if catalog is not None and pod.gpu_type in catalog.gpu_types:
+            weight = catalog.gpu_types[pod.gpu_type].weight
         else:
-            try:
-                weight = float(annotations.get(labels.ANNOTATION_GPU_WEIGHT, "1"))
-            except ValueError:
-                weight = 1.0
-        pools = tuple(g for g in annotations.get(labels.ANNOTATION_POOL_GROUPS, "").split(",") if g)
+            weight = pod.weight or 1.0
         out.append(
             Holding(
-                user=user,
-                server=server,
-                gpu_type=gpu_type,
-                gpus=gpus,
-                units=gpus * weight,
-                pool_groups=pools,
-                pod=meta.get("name", ""),
+                user=pod.user,
+                server=pod.server,
+                gpu_type=pod.gpu_type,
+                gpus=pod.gpus,
+                units=pod.gpus * weight,
+                pool_groups=pod.pool_groups,
+                pod=pod.name,
             )
         )
     return out

@@ -32,8 +32,9 @@ from typing import Any
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from . import hubstate, labels
-from .validation import gpucheck
+from . import hubstate
+from .serverpod import ServerPod
+from .validation import podstatus
 
 #: The refusal reasons the spawner gives (other values are counted as "other").
 REFUSAL_REASONS = (
@@ -47,21 +48,6 @@ REFUSAL_REASONS = (
     "catalog-invalid",
     "gpu-check",
 )
-
-#: The GPU check's exit codes (and the container runtime's) as bounded reason labels.
-CHECK_EXIT_REASONS: dict[int, str] = {
-    gpucheck.EXIT_INTERNAL: "check-crashed",
-    gpucheck.EXIT_USAGE: "check-misconfigured",
-    gpucheck.EXIT_NO_NVIDIA_SMI: "no-nvidia-smi",
-    gpucheck.EXIT_NVIDIA_SMI_FAILED: "nvidia-smi-failed",
-    gpucheck.EXIT_GPU_COUNT: "gpu-count",
-    gpucheck.EXIT_DRIVER_TOO_OLD: "driver-too-old",
-    gpucheck.EXIT_GPU_UNHEALTHY: "gpu-unhealthy",
-    gpucheck.EXIT_UNREADABLE_OUTPUT: "unreadable-output",
-    126: "check-not-startable",
-    127: "check-not-startable",
-    137: "check-killed",
-}
 
 SPAWN_REFUSALS = Counter(
     "gpuspawner_spawn_refusals",
@@ -82,7 +68,7 @@ GPU_SPAWN_DURATION = Histogram(
 
 for _reason in REFUSAL_REASONS:
     SPAWN_REFUSALS.labels(reason=_reason)
-for _reason in sorted(set(CHECK_EXIT_REASONS.values())):
+for _reason in podstatus.CHECK_FAILURE_KINDS:
     VALIDATION_FAILURES.labels(reason=_reason)
 
 
@@ -97,17 +83,7 @@ def count_refusal(reason: str | None) -> None:
 
 def check_failure_reason(pod: Mapping[str, Any]) -> str:
     """The bounded reason label of a failed GPU check, from the check container's exit code."""
-    for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
-        if status.get("name") != labels.VALIDATION_CONTAINER_NAME:
-            continue
-        for key in ("state", "lastState"):
-            terminated = (status.get(key) or {}).get("terminated") or {}
-            code = int(terminated.get("exitCode", 0) or 0)
-            if code:
-                if terminated.get("reason") in ("StartError", "ContainerCannotRun"):
-                    return "check-not-startable"
-                return CHECK_EXIT_REASONS.get(code, "other")
-    return "other"
+    return podstatus.check_failure_kind(dict(pod)) or podstatus.OTHER_KIND
 
 
 def count_validation_failure(pod: Mapping[str, Any]) -> None:
@@ -136,27 +112,17 @@ def gpus_by_group(
     A pod being deleted or finished holds nothing; a pod holds GPUs once bound
     to a node (``spec.nodeName``).
     """
-    from .inventory.model import pod_is_active
-
     requested: dict[tuple[str, str], int] = {}
     allocated: dict[tuple[str, str], int] = {}
-    for groups, pod in servers:
-        if not pod_is_active(pod):
+    for groups, raw in servers:
+        pod = ServerPod.from_pod(raw)
+        if not pod.active or pod.gpu_type is None:
             continue
-        pod_labels = (pod.get("metadata") or {}).get("labels") or {}
-        gpu_type = pod_labels.get(labels.LABEL_GPU_TYPE) or labels.NO_GPU_TYPE
-        try:
-            gpus = int(pod_labels.get(labels.LABEL_GPUS, "0"))
-        except ValueError:
-            continue
-        if gpus <= 0 or gpu_type == labels.NO_GPU_TYPE:
-            continue
-        bound = bool((pod.get("spec") or {}).get("nodeName"))
         for group in sorted(set(groups)) or [""]:
-            key = (gpu_type, group)
-            requested[key] = requested.get(key, 0) + gpus
-            if bound:
-                allocated[key] = allocated.get(key, 0) + gpus
+            key = (pod.gpu_type, group)
+            requested[key] = requested.get(key, 0) + pod.gpus
+            if pod.bound:
+                allocated[key] = allocated.get(key, 0) + pod.gpus
     return requested, allocated
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from . import labels
 from .catalog import Catalog
 from .options import Selection
+from .serverpod import is_gpu_resource
 
 #: KubeSpawner traits GPUSpawner computes per start (from the admin's values + the selection).
 MANAGED_TRAITS = (
@@ -216,10 +217,7 @@ def requests_gpu(resources: Mapping[str, Any] | None, gpu_resources: set[str]) -
     resources = resources or {}
     for section in ("limits", "requests"):
         for name, value in (resources.get(section) or {}).items():
-            if (name in gpu_resources or name.startswith("nvidia.com/")) and str(value) not in (
-                "0",
-                "",
-            ):
+            if is_gpu_resource(name, gpu_resources) and str(value) not in ("0", ""):
                 return True
     return False
 

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import copy
 import inspect
-import json
 import time
 from typing import Any
 
@@ -26,7 +25,18 @@ from jupyterhub.spawner import SpawnException
 from kubespawner import KubeSpawner
 from traitlets import Bool, Dict, List, Unicode, observe
 
-from . import admission, capacity, hubstate, labels, limits, metrics, podspec, profiles
+from . import (
+    admission,
+    capacity,
+    hubstate,
+    kube,
+    labels,
+    limits,
+    metrics,
+    podspec,
+    profiles,
+    serverpod,
+)
 from .capacity import Capacity, CapacityConfig, GPUUnschedulable
 from .catalog import Catalog, CatalogError, parse_catalog
 from .options import (
@@ -63,14 +73,6 @@ def spawn_error(
     # Read by JupyterHub's error pages and API error bodies.
     error.jupyterhub_message = message
     return error
-
-
-class PodListError(Exception):
-    """The API server refused or failed to list GPU pods."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 class GPUCheckFailed(Exception):
@@ -223,50 +225,19 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         with back-off for up to ``k8s_api_request_retry_timeout``, as KubeSpawner
         does for its own calls; a refusal (403 and other 4xx) is not.
         """
-        deadline = time.monotonic() + self.k8s_api_request_retry_timeout
-        delay = 0.2
-        while True:
-            try:
-                return await self._list_gpu_pods_once(every_user)
-            except PodListError as e:
-                if e.status < 500 and e.status != 429:
-                    raise
-                error: Exception = e
-            except Exception as e:
-                error = e
-            if time.monotonic() + delay > deadline:
-                raise error
-            self.log.warning("Listing GPU pods failed, retrying in %.1fs: %s", delay, error)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
-
-    async def _list_gpu_pods_once(self, every_user: bool) -> list[dict]:
-        selector = f"{labels.LABEL_MANAGED}=true"
+        user_label = None
         if not every_user:
             user_label = self._build_common_labels({})[labels.KUBESPAWNER_LABEL_USER]
-            selector += f",{labels.KUBESPAWNER_LABEL_USER}={user_label}"
-        kwargs = {
-            "label_selector": selector,
-            "_request_timeout": self.k8s_api_request_timeout,
-            "_preload_content": False,
-        }
-        if self.enable_user_namespaces and every_user:
-            response = await self.api.list_pod_for_all_namespaces(**kwargs)
-        else:
-            response = await self.api.list_namespaced_pod(self.namespace, **kwargs)
-        raw = await response.read()
-        # Without preloading, kubernetes_asyncio does not raise on errors: a
-        # 403 would otherwise read as "no pods" and admit over the limit.
-        if not 200 <= response.status < 300:
-            try:
-                detail = json.loads(raw).get("message", "")
-            except ValueError:
-                detail = raw[:200].decode(errors="replace")
-            raise PodListError(
-                response.status,
-                f"listing pods ({selector}) failed with HTTP {response.status}: {detail}",
-            )
-        return json.loads(raw).get("items") or []
+        reader = kube.Reader(
+            retry=kube.RetryPolicy(timeout=self.k8s_api_request_retry_timeout),
+            timeout=self.k8s_api_request_timeout,
+            logger=self.log,
+        )
+        return await reader.pods(
+            self.api,
+            namespace=None if self.enable_user_namespaces and every_user else self.namespace,
+            selector=serverpod.selector(user_label),
+        )
 
     async def current_holdings(self, catalog: Catalog, every_user: bool) -> list[limits.Holding]:
         """GPU holdings from pods in the cluster plus admitted, not yet visible spawns."""

@@ -176,9 +176,3 @@ def test_scheduler_message_recorded_from_the_sandbox():
 def test_scheduler_reasons_in_plain_words(raw, plain, gpus_short):
     explained = admission.explain_unschedulable(raw, ["nvidia.com/gpu"])
     assert (explained.message, explained.insufficient_gpus) == (plain, gpus_short)
-
-
-def test_unschedulable_message_only_for_pending_unscheduled_pods():
-    bound = next(p for p in items("recorded-pods.json") if p["metadata"]["name"] == "bound-2xa100")
-    assert admission.unschedulable_message(bound) is None
-    assert admission.unschedulable_message(None) is None

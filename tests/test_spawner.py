@@ -16,6 +16,7 @@ from gpuspawner import hubstate
 from gpuspawner.spawner import GPUCheckFailed, GPUSpawner
 
 from .conftest import FIXTURES, REPO
+from .kubeapi import StandInApi, core_api_for
 
 
 class Group:
@@ -528,47 +529,58 @@ async def test_group_pool_member_is_checked_against_every_members_pods():
     )
 
 
-async def test_forbidden_pod_list_is_not_mistaken_for_no_usage():
-    spawner = make_spawner()
-    forbidden = json.dumps(
-        {
-            "kind": "Status",
-            "status": "Failure",
-            "message": 'pods is forbidden: User "system:serviceaccount:jupyterhub:hub" cannot list resource "pods"',
-            "reason": "Forbidden",
-            "code": 403,
-        }
-    ).encode()
+@pytest.fixture
+async def kubeapi():
+    """A stand-in API server on 127.0.0.1 holding the fixture's pods."""
+    server = await StandInApi(pods=pods_fixture()).start()
+    yield server
+    await server.stop()
 
-    async def list_pods(namespace, **kwargs):
-        return FakeListResponse([], status=403, body=forbidden)
 
-    spawner.api.list_namespaced_pod = list_pods
-    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
-    with pytest.raises(SpawnException) as info:
-        await spawner.load_user_options()
+async def test_forbidden_pod_list_is_not_mistaken_for_no_usage(kubeapi):
+    """The real client, a stand-in API server answering 403: refused with 503, never admitted."""
+    config = Config()
+    config.KubeSpawner.namespace = "jupyterhub"  # the fixture pods' namespace
+    spawner = make_spawner(config, name="exp2")
+    spawner.api = await core_api_for(kubeapi)
+    try:
+        # read from the stand-in: carol's two servers hold both her GPUs
+        spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
+        with pytest.raises(SpawnException) as over:
+            await spawner.load_user_options()
+        assert over.value.status_code == 403
+        assert over.value.jupyterhub_message.startswith("You are using 2 of your 2 GPUs")
+        assert kubeapi.requests[-1] == (
+            "/api/v1/namespaces/jupyterhub/pods",
+            {
+                "labelSelector": "gpuspawner.io/managed=true,hub.jupyter.org/username=carol",
+                "limit": "500",
+            },
+        )
+        kubeapi.forbidden = {"pods"}
+        before = len(kubeapi.requests)
+        with pytest.raises(SpawnException) as info:
+            await spawner.load_user_options()
+    finally:
+        await spawner.api.api_client.close()
     assert info.value.status_code == 503
+    assert "could not be checked" in info.value.jupyterhub_message
+    assert len(kubeapi.requests) == before + 1  # a refusal is not retried
     assert hubstate.current().reservations() == []
 
 
-async def test_transient_api_errors_are_retried():
+async def test_transient_api_errors_are_retried(kubeapi):
     spawner = make_spawner()
-    answers = [
-        FakeListResponse([], status=503, body=b'{"message": "etcdserver: request timed out"}'),
-        asyncio.TimeoutError(),
-        FakeListResponse(pods_fixture()),
-    ]
-
-    async def flaky(namespace, **kwargs):
-        answer = answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    spawner.api.list_namespaced_pod = flaky
+    spawner.k8s_api_request_timeout = 1
+    spawner.api = await core_api_for(kubeapi)
+    # an overloaded API server, a request that gets no answer, then throttling
+    kubeapi.fail = [(503, "etcdserver: request timed out"), "hang", 429]
     spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
-    await spawner.load_user_options()
-    assert answers == []  # two failures, then the real answer
+    try:
+        await spawner.load_user_options()
+    finally:
+        await spawner.api.api_client.close()
+    assert kubeapi.fail == [] and len(kubeapi.requests) == 4  # three failures, then the answer
     assert spawner.extra_resource_limits == {"nvidia.com/gpu": "1"}
 
 

@@ -7,7 +7,6 @@ page, so the page still shows what the other sources said.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -15,74 +14,40 @@ from typing import Any
 from urllib.parse import quote
 
 from ..catalog import Catalog, CatalogError, CatalogFile
-from ..culler.hub import HubClient, HubError
-from ..culler.kube import PodLister
-from ..culler.prometheus import GPUQueries, PrometheusClient, PrometheusError, parse_vector
 from ..inventory.figures import catalog_availability
 from ..inventory.model import inventory_from
-from ..labels import LABEL_MANAGED
+from ..kube import KubeClient
 from ..podspec import gpu_resource_names
+from ..serverpod import is_managed
+from ..services.hub import HubClient, HubError
+from ..services.prometheus import PrometheusClient, PrometheusError
 from .report import PoolReport, build_report
 
 #: Utilisation is the mean over this many seconds.
 UTILISATION_WINDOW = 300
 
 
-class KubeReader(PodLister):
-    """Lists GPUSpawner's pods, every node, and (for the figures) every pod, page by page."""
+class KubeReader:
+    """The cluster as the report needs it: GPUSpawner's pods, the nodes and the pods counted for the figures."""
 
-    def __init__(self, namespace: str, *, all_namespaces: bool = True, timeout: float = 30):
-        super().__init__(namespace, timeout=timeout)
+    def __init__(self, client: KubeClient, *, all_namespaces: bool = True):
+        self.client = client
         self.all_namespaces = all_namespaces
-
-    async def _pages(self, call, *args, **kwargs) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = []
-        token = None
-        while True:
-            extra = {"_continue": token} if token else {}
-            self.requests += 1
-            response = await call(
-                *args,
-                limit=500,
-                _preload_content=False,
-                _request_timeout=self.timeout,
-                **kwargs,
-                **extra,
-            )
-            body = json.loads(await response.read())
-            if not 200 <= response.status < 300:
-                raise RuntimeError(f"HTTP {response.status}: {body.get('message', '')}")
-            items += body.get("items") or []
-            token = (body.get("metadata") or {}).get("continue")
-            if not token:
-                return items
 
     async def snapshot(self) -> tuple[list[dict], list[dict], list[dict]]:
         """(GPUSpawner's pods in the namespace, nodes, pods counted for the figures)."""
-        api = await self._client()
-        nodes = await self._pages(api.list_node)
-        if self.all_namespaces:
-            every = await self._pages(api.list_pod_for_all_namespaces)
-        else:
-            every = await self._pages(api.list_namespaced_pod, self.namespace)
+        nodes = await self.client.list_nodes()
+        every = await self.client.list_pods(all_namespaces=self.all_namespaces)
+        namespace = self.client.namespace
         ours = [
             p
             for p in every
-            if (p.get("metadata") or {}).get("namespace") == self.namespace
-            and ((p.get("metadata") or {}).get("labels") or {}).get(LABEL_MANAGED) == "true"
+            if (p.get("metadata") or {}).get("namespace") == namespace and is_managed(p)
         ]
         return ours, nodes, every
 
-
-def utilisation_from(body: Mapping[str, Any], queries: GPUQueries) -> dict[tuple[str, str], float]:
-    """Prometheus's answer -> {(namespace, pod): 0..1} with the configured label names."""
-    for item in (body.get("data") or {}).get("result") or []:
-        metric = item.get("metric") or {}
-        item["metric"] = {
-            "__ns__": metric.get(queries.namespace_label, ""),
-            "__pod__": metric.get(queries.pod_label, ""),
-        }
-    return parse_vector(body)
+    async def close(self) -> None:
+        await self.client.close()
 
 
 class Collector:
@@ -160,12 +125,9 @@ class Collector:
                 problems.append(f"The cluster could not be read: {e}")
         utilisation = None
         if self.prometheus is not None:
-            queries = self.prometheus.queries
+            mean = self.prometheus.queries.activity("avg_over_time", UTILISATION_WINDOW)
             try:
-                body = await self.prometheus.query(
-                    queries.activity("avg_over_time", UTILISATION_WINDOW), now
-                )
-                utilisation = utilisation_from(body, queries)
+                utilisation = await self.prometheus.per_pod(mean, now)
             except PrometheusError as e:
                 problems.append(f"GPU utilisation is not shown: {e}")
         report = build_report(

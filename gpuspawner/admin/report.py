@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .. import labels
 from ..catalog import Catalog
-from ..inventory.model import Availability, pod_is_active
+from ..inventory.model import Availability
 from ..limits import effective_limit, format_units
 from ..options import OPTION_GPU_TYPE, OPTION_GPUS, OPTION_PROFILE, listing, parse_count
+from ..serverpod import ServerPod, server_pods
 
 
 @dataclass(frozen=True)
@@ -132,36 +132,16 @@ def report_from_dict(data: Mapping[str, Any]) -> PoolReport:
     )
 
 
-def _pod_key(pod: Mapping[str, Any]) -> tuple[str, str] | None:
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    user = annotations.get(labels.KUBESPAWNER_ANNOTATION_USER)
-    if not user:
-        return None
-    return user, annotations.get(labels.KUBESPAWNER_ANNOTATION_SERVER) or ""
-
-
-def _pod_gpus(pod: Mapping[str, Any]) -> tuple[str | None, int, str | None]:
-    pod_labels = (pod.get("metadata") or {}).get("labels") or {}
-    gpu_type = pod_labels.get(labels.LABEL_GPU_TYPE)
-    gpus = parse_count(pod_labels.get(labels.LABEL_GPUS, "0")) or 0
-    if gpu_type in (None, "", labels.NO_GPU_TYPE) or gpus <= 0:
-        return None, 0, pod_labels.get(labels.LABEL_PROFILE)
-    return gpu_type, gpus, pod_labels.get(labels.LABEL_PROFILE)
-
-
 def type_rows(
     figures: Mapping[str, Availability],
-    pods: Iterable[Mapping[str, Any]],
+    pods: Iterable[ServerPod],
     catalog: Catalog | None,
 ) -> tuple[TypeRow, ...]:
     """Per GPU type: allocatable / in use / free from the figures, waiting from unbound pods."""
     waiting: dict[str, int] = {}
     for pod in pods:
-        if not pod_is_active(pod) or (pod.get("spec") or {}).get("nodeName"):
-            continue
-        gpu_type, gpus, _ = _pod_gpus(pod)
-        if gpu_type:
-            waiting[gpu_type] = waiting.get(gpu_type, 0) + gpus
+        if pod.active and not pod.bound and pod.gpu_type is not None:
+            waiting[pod.gpu_type] = waiting.get(pod.gpu_type, 0) + pod.gpus
     keys = list(catalog.gpu_types) if catalog is not None else sorted(figures)
     keys += sorted(k for k in {*figures, *waiting} if k not in keys)
     rows = []
@@ -212,12 +192,8 @@ def build_report(
     (it lost track of it, or the server was removed) is listed as "pod only",
     because it still holds GPUs and counts against the user's limit.
     """
-    pods = [p for p in pods if pod_is_active(p)]
-    by_server: dict[tuple[str, str], Mapping[str, Any]] = {}
-    for pod in pods:
-        key = _pod_key(pod)
-        if key is not None:
-            by_server[key] = pod
+    active = [p for p in server_pods(pods) if p.active]
+    by_server = {pod.key: pod for pod in active if pod.user}
 
     def type_name(key: str | None) -> str:
         if key is None:
@@ -235,18 +211,17 @@ def build_report(
         pod = by_server.get((user, name))
         options = model.get("user_options") or {}
         if pod is not None:
-            gpu_type, gpus, profile = _pod_gpus(pod)
+            gpu_type, gpus, profile = pod.gpu_type, pod.gpus, pod.profile
         else:
             gpu_type = options.get(OPTION_GPU_TYPE) or None
             gpus = parse_count(options.get(OPTION_GPUS)) or 0
             gpu_type = gpu_type if gpus > 0 and isinstance(gpu_type, str) else None
             profile = None
-        meta = (pod or {}).get("metadata") or {}
-        started = parse_time(model.get("started")) or parse_time(meta.get("creationTimestamp"))
-        active = parse_time(model.get("last_activity"))
+        started = parse_time(model.get("started")) or parse_time(pod.created if pod else None)
+        last_active = parse_time(model.get("last_activity"))
         util = None
         if utilisation is not None and pod is not None:
-            util = utilisation.get((meta.get("namespace", ""), meta.get("name", "")))
+            util = utilisation.get((pod.namespace, pod.name))
         return ServerRow(
             user=user,
             name=name,
@@ -255,11 +230,11 @@ def build_report(
             gpu_type=gpu_type,
             gpu_type_name=type_name(gpu_type),
             gpus=gpus,
-            node=((pod or {}).get("spec") or {}).get("nodeName") or "",
-            pod=meta.get("name", ""),
-            namespace=meta.get("namespace", ""),
+            node=pod.node if pod else "",
+            pod=pod.name if pod else "",
+            namespace=pod.namespace if pod else "",
             age=None if started is None else max(now - started, 0.0),
-            idle=None if active is None else max(now - active, 0.0),
+            idle=None if last_active is None else max(now - last_active, 0.0),
             utilisation=util,
         )
 
@@ -307,7 +282,7 @@ def build_report(
         )
     return PoolReport(
         generated=now,
-        types=type_rows(figures, pods, catalog),
+        types=type_rows(figures, active, catalog),
         users=tuple(rows),
         utilisation_source="prometheus" if utilisation is not None else "",
         problems=tuple(problems),

@@ -24,10 +24,14 @@ from urllib.parse import urlencode, urlparse
 from traitlets import Bool, Float, Integer, Unicode, default
 from traitlets.config import Application, catch_config_error
 
-from ..culler.hub import HubClient, HubError
-from ..culler.kube import kubernetes_available, service_account_namespace
-from ..culler.prometheus import GPUQueries, PrometheusClient
-from ..hubservice import HubServiceSettings
+from ..kube import KubeClient, Reader
+from ..services.hub import HubClient, HubError
+from ..services.settings import (
+    HubServiceSettings,
+    KubernetesSettings,
+    PrometheusSettings,
+    ServiceConfigFile,
+)
 from .collect import Collector, KubeReader
 from .page import render_page
 
@@ -37,9 +41,12 @@ ADMIN_SCOPE = "custom:gpuspawner:admin"
 SERVICE_NAME = "gpuspawner-admin"
 
 
-class GPUAdmin(HubServiceSettings, Application):
+class GPUAdmin(
+    ServiceConfigFile, HubServiceSettings, KubernetesSettings, PrometheusSettings, Application
+):
     name = "gpuspawner-admin"
     description = "The GPU pool page for JupyterHub admins (a hub-managed service)."
+    default_config_file = "gpuspawner_admin_config.py"
 
     @default("log_level")
     def _default_log_level(self):
@@ -67,32 +74,10 @@ class GPUAdmin(HubServiceSettings, Application):
     def _default_catalog(self):
         return os.environ.get("GPUSPAWNER_CATALOG", "")
 
-    kubernetes = Unicode(
-        "auto",
-        help="Read nodes and pods from Kubernetes: 'on', 'off', or 'auto' (on in a pod with a service account or with a kubeconfig).",
-    ).tag(config=True)
-
-    namespace = Unicode(
-        help="The notebook pods' namespace. Default: $POD_NAMESPACE, else the service account's, else jupyterhub."
-    ).tag(config=True)
-
-    @default("namespace")
-    def _default_namespace(self):
-        return os.environ.get("POD_NAMESPACE") or service_account_namespace() or "jupyterhub"
-
     all_namespaces = Bool(
         True,
         help="Count GPUs held by pods in every namespace in the figures per type (as GPUSpawner.gpu_inventory_all_namespaces).",
     ).tag(config=True)
-
-    prometheus_url = Unicode(
-        "",
-        help="Prometheus's base URL for GPU utilisation per server (DCGM exporter metrics); empty: not shown.",
-    ).tag(config=True)
-    pod_label = Unicode("pod", help="The metric label holding the pod name.").tag(config=True)
-    namespace_label = Unicode("namespace", help="The metric label holding the namespace.").tag(
-        config=True
-    )
 
     refresh_seconds = Integer(30, help="How often the page reloads itself, in seconds.").tag(
         config=True
@@ -103,6 +88,7 @@ class GPUAdmin(HubServiceSettings, Application):
     ).tag(config=True)
 
     aliases = {
+        "config": "GPUAdmin.config_file",
         "catalog": "GPUAdmin.catalog_file",
         "ip": "GPUAdmin.ip",
         "prometheus-url": "GPUAdmin.prometheus_url",
@@ -114,18 +100,22 @@ class GPUAdmin(HubServiceSettings, Application):
     @catch_config_error
     def initialize(self, argv=None):
         super().initialize(argv)
+        self.load_service_config()
         if not self.api_token:
             self.log.critical(
                 "gpuspawner-admin cannot start: no API token ($JUPYTERHUB_API_TOKEN)."
             )
             self.exit(1)
         self.hub = HubClient(self.hub_api_url, self.api_token, log=self.log)
-        use_kube = self.kubernetes == "on" or (self.kubernetes == "auto" and kubernetes_available())
-        kube = KubeReader(self.namespace, all_namespaces=self.all_namespaces) if use_kube else None
-        prometheus = None
-        if self.prometheus_url:
-            queries = GPUQueries(pod_label=self.pod_label, namespace_label=self.namespace_label)
-            prometheus = PrometheusClient(self.prometheus_url, queries)
+        kube = None
+        if self.use_kubernetes():
+            client = KubeClient(self.namespace, Reader(logger=self.log))
+            kube = KubeReader(client, all_namespaces=self.all_namespaces)
+        try:
+            prometheus = self.prometheus_client()
+        except ValueError as e:
+            self.log.critical("gpuspawner-admin cannot start: %s", e)
+            self.exit(1)
         self.collector = Collector(
             self.hub,
             kube,

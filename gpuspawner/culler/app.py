@@ -20,15 +20,23 @@ import time
 from collections import Counter
 from urllib.parse import urlparse
 
-from traitlets import Bool, Dict, Float, Integer, List, Unicode, default, validate
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from traitlets.config import Application, catch_config_error
 
-from ..hubservice import HubServiceSettings
+from ..kube import KubeClient, KubeError, Reader
+from ..serverpod import selector
+from ..services.hub import HubClient, HubError
+from ..services.prometheus import PrometheusClient, PrometheusError
+from ..services.settings import (
+    HubServiceSettings,
+    KubernetesSettings,
+    PrometheusSettings,
+    ServiceConfigFile,
+)
 from . import policy as P
-from .hub import HubClient, HubError
-from .kube import KubeError, PodLister, kubernetes_available, service_account_namespace
+from .hub import list_servers
 from .pods import pods_by_server, waiting_gpus, with_pods
-from .prometheus import GPUQueries, PrometheusClient, PrometheusError
+from .prometheus import gpu_view
 
 
 class CullerMetrics:
@@ -94,14 +102,13 @@ class CullerMetrics:
             self.errors.labels(source=source)
 
 
-class GPUCuller(HubServiceSettings, Application):
+class GPUCuller(
+    ServiceConfigFile, HubServiceSettings, KubernetesSettings, PrometheusSettings, Application
+):
     name = "gpuspawner-culler"
     description = "Stop idle JupyterHub servers, GPU-aware: per-profile timeouts, GPU utilisation from Prometheus and pool pressure."
 
-    config_file = Unicode(
-        "gpuspawner_culler_config.py",
-        help="The config file to load (Python, `c.GPUCuller.* = ...`); a missing default file is ignored.",
-    ).tag(config=True)
+    default_config_file = "gpuspawner_culler_config.py"
 
     # --- the hub ----------------------------------------------------------
 
@@ -168,29 +175,7 @@ class GPUCuller(HubServiceSettings, Application):
         help="Seconds between the warning and the cull: an eligible server is first warned (logged, /warnings, warned_servers metric) and culled only on a later pass, this long after, if it is still idle on fresh data; 0: cull at once.",
     ).tag(config=True)
 
-    # --- GPU activity (Prometheus) -----------------------------------------
-    prometheus_url = Unicode(
-        "",
-        help="Prometheus's base URL (e.g. http://prometheus-server.monitoring). Empty: GPU activity is not used, only Jupyter activity counts.",
-    ).tag(config=True)
-    prometheus_timeout = Float(30, help="Seconds before a Prometheus query is abandoned.").tag(
-        config=True
-    )
-    gpu_util_metric = Unicode(
-        "DCGM_FI_DEV_GPU_UTIL", help="GPU utilisation metric, in percent (DCGM exporter)."
-    ).tag(config=True)
-    gpu_engine_metric = Unicode(
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-        help="Fallback activity metric as a 0..1 ratio, used for pods without gpu_util_metric (e.g. MIG devices).",
-    ).tag(config=True)
-    pod_label = Unicode(
-        "pod",
-        help="The metric label holding the pod name: 'pod', or 'exported_pod' when Prometheus scrapes the exporter without honor_labels.",
-    ).tag(config=True)
-    namespace_label = Unicode(
-        "namespace",
-        help="The metric label holding the pod's namespace: 'namespace' or 'exported_namespace'.",
-    ).tag(config=True)
+    # --- GPU activity (Prometheus: `prometheus_url`, metric and label names) ---
     gpu_busy_threshold = Float(5.0, help="A GPU is busy above this utilisation, in percent.").tag(
         config=True
     )
@@ -206,26 +191,7 @@ class GPUCuller(HubServiceSettings, Application):
         help="A GPU server without GPU samples in this many seconds has missing metrics and counts as busy.",
     ).tag(config=True)
 
-    # --- pressure (Kubernetes) ----------------------------------------------
-    kubernetes = Unicode(
-        "auto",
-        help="Read GPUSpawner's pods from Kubernetes (pod names, GPU labels, waiting GPU requests): 'on', 'off', or 'auto' (on in a pod with a service account or with a kubeconfig).",
-    ).tag(config=True)
-
-    @validate("kubernetes")
-    def _check_kubernetes(self, proposal):
-        if proposal.value not in ("auto", "on", "off"):
-            raise ValueError("GPUCuller.kubernetes must be 'auto', 'on' or 'off'")
-        return proposal.value
-
-    namespace = Unicode(
-        help="The namespace of the notebook pods. Default: $POD_NAMESPACE, else the namespace of the pod's service account (the hub's own), else jupyterhub."
-    ).tag(config=True)
-
-    @default("namespace")
-    def _default_namespace(self):
-        return os.environ.get("POD_NAMESPACE") or service_account_namespace() or "jupyterhub"
-
+    # --- pressure (Kubernetes: `kubernetes`, `namespace`) ---------------------
     pressure_timeout = Integer(
         900,
         help="While GPU requests of a type wait for GPUs, servers of that type idle longer than this (seconds) are culled, longest-idle first, as many as the waiting requests need; 0: no pressure culling.",
@@ -271,18 +237,13 @@ class GPUCuller(HubServiceSettings, Application):
         self.last_decisions: list[P.Decision] = []
         self.hub: HubClient | None = None
         self.prometheus: PrometheusClient | None = None
-        self.pods: PodLister | None = None
+        self.pods: KubeClient | None = None
         self._groups_warned = False
 
     @catch_config_error
     def initialize(self, argv=None):
         super().initialize(argv)
-        if self.config_file:
-            path = self.config_file
-            if os.path.exists(path) or path != self.__class__.config_file.default_value:
-                self.load_config_file(path)
-                # the command line wins over the file
-                self.update_config(self.cli_config)
+        self.load_service_config()
         self.policy = self.build_policy()
         self._setup_clients()
 
@@ -337,28 +298,19 @@ class GPUCuller(HubServiceSettings, Application):
             page_size=self.page_size,
             log=self.log,
         )
-        if self.prometheus_url:
-            try:
-                queries = GPUQueries(
-                    util_metric=self.gpu_util_metric,
-                    engine_metric=self.gpu_engine_metric,
-                    pod_label=self.pod_label,
-                    namespace_label=self.namespace_label,
-                    threshold=self.gpu_busy_threshold / 100,
-                    window=self.gpu_window_seconds(),
-                    step=self.gpu_query_step,
-                    freshness=self.gpu_freshness,
-                )
-            except ValueError as e:
-                self.exit_with(str(e))
-            self.prometheus = PrometheusClient(
-                self.prometheus_url, queries, timeout=self.prometheus_timeout
+        try:
+            self.prometheus = self.prometheus_client(
+                threshold=self.gpu_busy_threshold / 100,
+                window=self.gpu_window_seconds(),
+                step=self.gpu_query_step,
+                freshness=self.gpu_freshness,
             )
-        else:
+        except ValueError as e:
+            self.exit_with(str(e))
+        if self.prometheus is None:
             self.log.info("No prometheus_url: only Jupyter activity decides idleness.")
-        use_kube = self.kubernetes == "on" or (self.kubernetes == "auto" and kubernetes_available())
-        if use_kube:
-            self.pods = PodLister(self.namespace)
+        if self.use_kubernetes():
+            self.pods = KubeClient(self.namespace, Reader(logger=self.log))
         else:
             self.log.info(
                 "Kubernetes not configured: no pressure mode; pods known from server state."
@@ -369,7 +321,7 @@ class GPUCuller(HubServiceSettings, Application):
         if self.prometheus is None:
             return P.GPUView()
         try:
-            return await self.prometheus.gpu_view(now)
+            return await gpu_view(self.prometheus, now)
         except PrometheusError as e:
             self.metrics.errors.labels(source="prometheus").inc()
             self.log.warning("%s; every GPU server counts as busy this pass.", e)
@@ -380,7 +332,7 @@ class GPUCuller(HubServiceSettings, Application):
         started = time.monotonic()
         now = time.time()
         try:
-            servers = await self.hub.list_servers()
+            servers = await list_servers(self.hub)
         except HubError as e:
             self.metrics.errors.labels(source="hub").inc()
             self.log.error("Pass abandoned, the hub's users could not be listed: %s", e)
@@ -388,7 +340,7 @@ class GPUCuller(HubServiceSettings, Application):
         waiting: dict[str, int] = {}
         if self.pods is not None:
             try:
-                pods = await self.pods.list_pods()
+                pods = await self.pods.list_pods(selector())
                 servers = with_pods(servers, pods_by_server(pods))
                 waiting = waiting_gpus(pods)
             except KubeError as e:

@@ -1,43 +1,16 @@
-"""The hub's REST API, as the culler uses it: list users with servers, stop servers.
+"""The hub's servers as the culler sees them: one :class:`~gpuspawner.culler.policy.Server` each.
 
-Connection errors, timeouts, 429 and 5xx answers are retried with exponential
-backoff (with jitter); other errors are raised as :class:`HubError` with one
-sentence. ``/users`` is read page by page (JupyterHub's pagination).
+The requests themselves go through :class:`~gpuspawner.services.hub.HubClient`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
-import random
-from collections.abc import AsyncIterator, Mapping
-from datetime import datetime
+from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote, urlencode
 
+from ..options import OPTION_GPU_TYPE, OPTION_GPUS, OPTION_PROFILE, parse_count
+from ..services.hub import HubClient, parse_time
 from .policy import Server
-
-PAGINATION_MEDIA_TYPE = "application/jupyterhub-pagination+json"
-
-_RETRY_STATUSES = {429, 500, 502, 503, 504, 599}
-
-
-class HubError(Exception):
-    """A hub API call failed for good (after retries, or not retryable)."""
-
-    def __init__(self, message: str, status: int | None = None):
-        super().__init__(message)
-        self.status = status
-
-
-def parse_time(value: str | None) -> float | None:
-    """The hub's ISO 8601 timestamps (``2026-11-29T10:00:00.123456Z``) -> POSIX seconds."""
-    if not value:
-        return None
-    if value.endswith("Z"):
-        value = value[:-1] + "+00:00"
-    return datetime.fromisoformat(value).timestamp()
 
 
 def servers_from_user(user: Mapping[str, Any]) -> list[Server]:
@@ -48,8 +21,6 @@ def servers_from_user(user: Mapping[str, Any]) -> list[Server]:
     culler may read it (``admin:server_state``, KubeSpawner keeps them there).
     Pods read from Kubernetes override both (see ``with_pods``).
     """
-    from ..options import OPTION_GPU_TYPE, OPTION_GPUS, OPTION_PROFILE, parse_count
-
     result = []
     # without read:users:groups the model has no "groups": unknown, not "none"
     groups = frozenset(user["groups"]) if "groups" in user else None
@@ -82,135 +53,9 @@ def servers_from_user(user: Mapping[str, Any]) -> list[Server]:
     return result
 
 
-class HubClient:
-    """A small async client for the hub API with retries, backoff and a request count."""
-
-    def __init__(
-        self,
-        api_url: str,
-        token: str,
-        *,
-        timeout: float = 30,
-        max_retries: int = 4,
-        backoff_base: float = 0.5,
-        backoff_max: float = 30,
-        page_size: int = 200,
-        log: logging.Logger | None = None,
-    ):
-        self.api_url = api_url.rstrip("/")
-        self.token = token
-        self.timeout = timeout
-        self.max_retries = max_retries
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
-        self.page_size = page_size
-        self.log = log or logging.getLogger(__name__)
-        #: HTTP requests sent, retries included (the benchmark reports it)
-        self.requests = 0
-
-    def _backoff(self, attempt: int) -> float:
-        delay = min(self.backoff_max, self.backoff_base * (2**attempt))
-        return delay * (0.5 + random.random() / 2)
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        accept: str = "application/json",
-    ) -> tuple[int, Any]:
-        """Send one API request, retrying what can be retried; return (status, JSON or None)."""
-        from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-
-        url = f"{self.api_url}{path}"
-        data = None if body is None else json.dumps(body)
-        last = ""
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                delay = self._backoff(attempt - 1)
-                self.log.warning(
-                    "Hub API %s %s failed (%s); retry %d of %d in %.1fs",
-                    method,
-                    path,
-                    last,
-                    attempt,
-                    self.max_retries,
-                    delay,
-                )
-                await asyncio.sleep(delay)
-            self.requests += 1
-            request = HTTPRequest(
-                url,
-                method=method,
-                body=data,
-                allow_nonstandard_methods=True,
-                headers={"Authorization": f"token {self.token}", "Accept": accept},
-                request_timeout=self.timeout,
-                connect_timeout=self.timeout,
-            )
-            try:
-                response = await AsyncHTTPClient().fetch(request)
-            except HTTPClientError as e:
-                if e.code in _RETRY_STATUSES:
-                    last = f"HTTP {e.code}"
-                    continue
-                message = ""
-                if e.response is not None and e.response.body:
-                    try:
-                        message = json.loads(e.response.body).get("message", "")
-                    except (ValueError, AttributeError):
-                        message = ""
-                raise HubError(
-                    f"The hub refused {method} {path} with {e.code}"
-                    + (f": {message}" if message else "."),
-                    status=e.code,
-                ) from e
-            except (OSError, asyncio.TimeoutError) as e:
-                last = f"{type(e).__name__}: {e}"
-                continue
-            payload = json.loads(response.body) if response.body else None
-            return response.code, payload
-        raise HubError(
-            f"The hub API did not answer {method} {path} after {self.max_retries + 1} attempts "
-            f"(last: {last})."
-        )
-
-    async def iter_users(self, state: str = "active") -> AsyncIterator[Mapping[str, Any]]:
-        """Every user with a server in ``state``, page by page."""
-        offset = 0
-        while True:
-            query = urlencode({"state": state, "offset": offset, "limit": self.page_size})
-            _, page = await self.request("GET", f"/users?{query}", accept=PAGINATION_MEDIA_TYPE)
-            if isinstance(page, list):
-                # a hub without pagination answers a plain list
-                for user in page:
-                    yield user
-                return
-            for user in page.get("items") or []:
-                yield user
-            following = (page.get("_pagination") or {}).get("next")
-            if not following:
-                return
-            offset = following["offset"]
-
-    async def list_servers(self) -> list[Server]:
-        servers = []
-        async for user in self.iter_users():
-            servers.extend(servers_from_user(user))
-        return servers
-
-    async def stop_server(self, user: str, server: str) -> int:
-        """Ask the hub to stop a server; 202 (stopping), 204 (stopped) and 400/404
-        (no longer running or gone) all leave it stopped."""
-        path = f"/users/{quote(user, safe='')}/server"
-        if server:
-            path = f"/users/{quote(user, safe='')}/servers/{quote(server, safe='')}"
-        try:
-            status, _ = await self.request("DELETE", path)
-        except HubError as e:
-            if e.status in (400, 404):
-                # stopped or removed since it was listed: nothing left to do
-                self.log.info("%s/%s was already stopped", user, server)
-                return e.status
-            raise
-        return status
+async def list_servers(hub: HubClient) -> list[Server]:
+    """Every server of every user with an active server, read page by page."""
+    servers = []
+    async for user in hub.iter_users():
+        servers.extend(servers_from_user(user))
+    return servers

@@ -30,18 +30,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-#: Resource name prefixes counted as accelerators when no explicit set is given:
-#: NVIDIA full GPUs, MIG slices and time-sliced replicas (``nvidia.com/gpu.shared``),
-#: AMD, Intel and Habana devices.
-DEFAULT_GPU_RESOURCE_PREFIXES: tuple[str, ...] = (
-    "nvidia.com/gpu",
-    "nvidia.com/mig-",
-    "amd.com/gpu",
-    "gpu.intel.com/",
-    "habana.ai/",
-)
+from ..serverpod import is_gpu_resource, pod_is_active
 
-_FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?)([kMGTPE]?|[KMGTPE]i|m)?$")
 _SUFFIX = {
     "": 1,
@@ -59,11 +49,6 @@ _SUFFIX = {
     "Pi": 2**50,
     "Ei": 2**60,
 }
-
-
-def is_gpu_resource(name: str, extra: Iterable[str] = ()) -> bool:
-    """Whether a resource name is an accelerator the inventory counts."""
-    return name in extra or name.startswith(DEFAULT_GPU_RESOURCE_PREFIXES)
 
 
 def parse_quantity(value: Any) -> int:
@@ -195,14 +180,6 @@ def pod_requests(pod: Mapping[str, Any], extra_resources: Iterable[str] = ()) ->
     }
     _add(total, overhead)
     return {k: v for k, v in total.items() if v > 0}
-
-
-def pod_is_active(pod: Mapping[str, Any]) -> bool:
-    """Whether a pod holds (or waits for) resources: not finished and not being deleted."""
-    meta = pod.get("metadata") or {}
-    if meta.get("deletionTimestamp"):
-        return False
-    return (pod.get("status") or {}).get("phase") not in _FINISHED_PHASES
 
 
 def pod_record(pod: Mapping[str, Any], extra_resources: Iterable[str] = ()) -> PodRecord | None:

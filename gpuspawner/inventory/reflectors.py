@@ -3,7 +3,8 @@
 One :class:`InventoryReflector` per hub process, kept by the hub's
 :class:`~gpuspawner.hubstate.HubState` and shared by every spawner, like
 KubeSpawner's pod reflector: it lists nodes and pods
-once (in pages, so a large cluster never arrives as one huge response), then
+once (in pages, through :mod:`gpuspawner.kube`, so a large cluster never
+arrives as one huge response and every answer is checked), then
 follows each with a watch, and feeds every object into a
 :class:`~gpuspawner.inventory.model.Inventory`, which keeps a few hundred
 bytes per GPU node or GPU pod and nothing of the others. A page view reads
@@ -25,6 +26,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .. import kube
 from .model import Inventory, NodeRecord, PodRecord, node_record, pod_record
 
 #: Pods that finished hold nothing; the API server filters them out for us.
@@ -34,18 +36,13 @@ NODES_PERMISSION = (
     "cluster-wide 'list' and 'watch' on 'nodes' (the ClusterRole gpuspawner-hub-inventory "
     "in config/rbac.yaml)"
 )
+#: The back-off between two tries of a watch that failed: it never gives up.
+FOREVER = kube.RetryPolicy(timeout=None, first_delay=0.5, max_delay=30)
+
 PODS_PERMISSION = (
     "cluster-wide 'list' and 'watch' on 'pods' (the ClusterRole gpuspawner-hub-inventory "
     "in config/rbac.yaml)"
 )
-
-
-class Forbidden(Exception):
-    """The API server answered 403."""
-
-
-def _status_of(error: BaseException) -> int | None:
-    return getattr(error, "status", None)
 
 
 async def _lines(content: Any):
@@ -81,6 +78,7 @@ class _Watch:
         page_size: int = 500,
         watch_timeout: int = 300,
         request_timeout: float = 60,
+        retry: kube.RetryPolicy | None = None,
     ):
         self.kind = kind
         self.list_call = list_call
@@ -92,43 +90,25 @@ class _Watch:
         self.page_size = page_size
         self.watch_timeout = watch_timeout
         self.request_timeout = request_timeout
+        self.retry = retry or kube.RetryPolicy(timeout=request_timeout)
         self.synced = asyncio.Event()
         self.events = 0
-
-    async def _json(self, **kwargs: Any) -> dict:
-        response = await self.list_call(
-            _preload_content=False, _request_timeout=self.request_timeout, **kwargs
-        )
-        try:
-            if response.status == 403:
-                raise Forbidden(self.kind)
-            if response.status >= 400:
-                raise RuntimeError(f"listing {self.kind} failed: HTTP {response.status}")
-            return json.loads(await response.read())
-        finally:
-            response.release()
 
     async def list_all(self) -> str:
         """List every object in pages; returns the list's resourceVersion.
 
-        Each page is reduced to compact records (``on_page``) and dropped before
-        the next is fetched, so a large cluster's full list is never in memory.
+        Each page is reduced to compact records and dropped before the next is
+        fetched, so a large cluster's full list is never in memory.
         """
-        items: list[Any] = []
-        token = None
-        while True:
-            kwargs: dict[str, Any] = {"limit": self.page_size}
-            if self.field_selector:
-                kwargs["field_selector"] = self.field_selector
-            if token:
-                kwargs["_continue"] = token
-            body = await self._json(**kwargs)
-            items.extend(self.to_record(raw) for raw in body.get("items") or [])
-            meta = body.get("metadata") or {}
-            token = meta.get("continue")
-            if not token:
-                self.on_list(items)
-                return meta.get("resourceVersion", "")
+        kwargs: dict[str, Any] = {}
+        if self.field_selector:
+            kwargs["field_selector"] = self.field_selector
+        reader = kube.Reader(self.retry, self.request_timeout, self.page_size, self.log)
+        listing = await reader.list_all(
+            self.list_call, what=f"Listing {self.kind}", reduce=self.to_record, **kwargs
+        )
+        self.on_list(listing.items)
+        return listing.resource_version
 
     async def watch(self, resource_version: str) -> str | None:
         """Follow changes until the server ends the watch; None when a full list is needed."""
@@ -140,23 +120,18 @@ class _Watch:
         }
         if self.field_selector:
             kwargs["field_selector"] = self.field_selector
+        what = f"Watching {self.kind}"
         response = await self.list_call(
             _preload_content=False, _request_timeout=self.watch_timeout + 30, **kwargs
         )
         try:
-            if response.status == 403:
-                raise Forbidden(self.kind)
-            if response.status == 410:
-                return None
-            if response.status >= 400:
-                raise RuntimeError(f"watching {self.kind} failed: HTTP {response.status}")
+            kube.check_status(response, what)
             async for line in _lines(response.content):
                 event = json.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        return None  # too old: list again
-                    raise RuntimeError(f"watching {self.kind}: {obj.get('message')}")
+                    # A Status object: 410 when resource_version is too old.
+                    raise kube.error_for(obj.get("code"), obj, what)
                 resource_version = (obj.get("metadata") or {}).get(
                     "resourceVersion", resource_version
                 )
@@ -168,8 +143,9 @@ class _Watch:
             response.release()
 
     async def run(self) -> None:
-        """List, then watch; list again after errors, with back-off. Raises Forbidden."""
-        delay = 0.5
+        """List, then watch, for ever: list again when the watch expires, and after errors
+        with the back-off of :data:`FOREVER`. Raises :class:`~gpuspawner.kube.Refused`."""
+        delays = FOREVER.delays()
         resource_version: str | None = None
         failing = False
         while True:
@@ -178,25 +154,24 @@ class _Watch:
                     resource_version = await self.list_all()
                     self.synced.set()
                 resource_version = await self.watch(resource_version)
-                delay = 0.5
+                delays = FOREVER.delays()
                 if failing:
                     self.log.info("Watching %s for the GPU inventory again", self.kind)
                     failing = False
-            except Forbidden:
-                raise
-            except asyncio.CancelledError:
+            except kube.Expired:
+                resource_version = None  # too old: list again, at once
+            except (kube.Refused, asyncio.CancelledError):
                 raise
             except Exception as e:
-                if _status_of(e) == 403:
-                    raise Forbidden(self.kind) from None
+                # Not only Retryable: a reflector has no caller to give up to, so even an
+                # unexpected answer is retried (slowly), logged once until it works again.
                 if not failing:
                     self.log.warning(
                         "Watching %s for the GPU inventory failed, retrying: %s", self.kind, e
                     )
                     failing = True
                 resource_version = None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30)
+                await asyncio.sleep(next(delays))
 
 
 class InventoryReflector:
@@ -346,7 +321,7 @@ class InventoryReflector:
     async def _run_nodes(self) -> None:
         try:
             await self.nodes_watch.run()
-        except Forbidden:
+        except kube.Refused:
             self._missing(
                 f"GPU availability is not shown and requests are not checked against it: "
                 f"the hub may not list nodes. It needs {NODES_PERMISSION}."
@@ -355,7 +330,7 @@ class InventoryReflector:
     async def _run_pods(self) -> None:
         try:
             await self.pods_watch.run()
-        except Forbidden:
+        except kube.Refused:
             if not self.all_namespaces:
                 self._missing(
                     f"GPU availability is not shown: the hub may not list pods in namespace "

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..labels import ANNOTATION_GPU_RESOURCE, LABEL_GPUS, VALIDATION_CONTAINER_NAME
+from ..labels import VALIDATION_CONTAINER_NAME
+from ..serverpod import ServerPod, is_gpu_resource
 from .gpucheck import EXIT_CODES
 
 _NOT_STARTABLE = 127
@@ -139,23 +140,20 @@ def check_failure(
 
 def _requested_units(pod: dict[str, Any], container_name: str) -> tuple[int | None, str | None]:
     """(count, resource name) of GPUs the check container requests, from the pod spec."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    resource = annotations.get(ANNOTATION_GPU_RESOURCE)
+    server = ServerPod.from_pod(pod)
     for container in (pod.get("spec") or {}).get("initContainers") or []:
         if container.get("name") != container_name:
             continue
         limits = (container.get("resources") or {}).get("limits") or {}
-        names = [resource] if resource in limits else [n for n in limits if "/" in n]
+        names = [server.gpu_resource] if server.gpu_resource in limits else list(limits)
         for name in names:
+            if not is_gpu_resource(name, (server.gpu_resource,)):
+                continue
             try:
                 return int(limits[name]), name
             except (TypeError, ValueError):
                 continue
-    try:
-        return int(labels[LABEL_GPUS]), resource
-    except (KeyError, TypeError, ValueError):
-        return None, resource
+    return server.gpus or None, server.gpu_resource
 
 
 def describe_waiting(

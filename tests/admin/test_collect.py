@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from gpuspawner.admin.collect import Collector
-from gpuspawner.culler.hub import HubError
-from gpuspawner.culler.prometheus import GPUQueries, PrometheusClient
+from gpuspawner.admin.collect import Collector, KubeReader
+from gpuspawner.kube import KubeClient, Reader, RetryPolicy
+from gpuspawner.services.hub import HubError
+from gpuspawner.services.prometheus import GPUQueries, PrometheusClient
 
 from ..culler.dcgm import DCGMExporter
 from ..culler.promserver import start_prometheus
+from ..kubeapi import StandInApi
 from .conftest import ADMIN, _load
 
 
@@ -95,3 +97,32 @@ async def test_utilisation_from_a_real_prometheus(users, tmp_path):
     # the busiest of the pod's GPUs, averaged over the window
     assert ann.utilisation == 0.6
     assert report.user("student").servers[0].utilisation is None
+
+
+async def test_a_refused_pod_list_is_a_note_not_an_empty_cluster(users, tmp_path, monkeypatch):
+    """The real client against a stand-in API server: a 403 on pods is said, never shown as no pods."""
+    server = await StandInApi(pods=_load("all-pods.json"), nodes=_load("nodes.json")).start()
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path)))
+    client = KubeClient("jupyterhub", Reader(RetryPolicy(timeout=1, first_delay=0.01)))
+    collector = Collector(Hub(users), KubeReader(client), str(ADMIN / "catalog.yaml"))
+    try:
+        allowed = await collector.report(fresh=True)
+        server.forbidden = {"pods"}
+        refused = await collector.report(fresh=True)
+    finally:
+        await client.close()
+        await server.stop()
+    assert allowed.problems == ()
+    assert {t.key: (t.allocatable, t.in_use) for t in allowed.types} == {
+        "a100": (8, 3),
+        "h100": (8, 4),
+    }
+    assert allowed.user("ann").servers[0].pod
+    assert refused.problems == (
+        "The cluster could not be read: Listing pods (all) in all namespaces failed with "
+        'HTTP 403: pods is forbidden: User "system:serviceaccount:jupyterhub:hub" cannot list '
+        'resource "pods" in API group "" in the namespace "jupyterhub"',
+    )
+    assert [(t.key, t.nodes, t.in_use) for t in refused.types] == [("a100", 0, 0), ("h100", 0, 0)]
+    assert refused.user("ann").servers[0].pod == ""

@@ -22,6 +22,7 @@ from gpuspawner.culler import policy as P
 
 from ..conftest import FIXTURES
 from ..hub.hubprocess import free_port
+from ..kubeapi import StandInApi
 from .faultproxy import FaultProxy
 from .hubtools import (
     NAMESPACE,
@@ -190,20 +191,19 @@ async def test_gpu_signal_busy_idle_and_missing(hub, culler_token, exporter, pro
     assert server_state(hub, "nometrics") == "running"
 
 
-class FixturePods:
-    """Stands in for the Kubernetes pod list: recorded-shape pods from the fixture."""
-
-    def __init__(self, pods):
-        self.pods = pods
-        self.requests = 0
-
-    async def list_pods(self):
-        self.requests += 1
-        return self.pods
+@pytest.fixture
+async def kubeapi(tmp_path, monkeypatch):
+    """A stand-in Kubernetes API server the culler finds through $KUBECONFIG, as a user's would."""
+    server = await StandInApi().start()
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path)))
+    yield server
+    await server.stop()
 
 
 async def test_pressure_culls_longest_idle_of_the_waiting_type(
-    hub, culler_token, exporter, prometheus
+    hub, culler_token, exporter, prometheus, kubeapi
 ):
     start_servers(hub, {"busyold": A100, "p1": A100, "p2": A100, "p3": A100, "h1": H100})
     # busyold is the longest idle by Jupyter but its GPU is busy: never picked.
@@ -221,14 +221,20 @@ async def test_pressure_culls_longest_idle_of_the_waiting_type(
         prometheus_url=prometheus.url,
         timeout=3600,
         pressure_timeout=1,
+        kubernetes="on",
     )
     waiting_two = [
         p for p in PODS if p["metadata"]["name"] in ("jupyter-wait1", "jupyter-wait2--exp")
     ]
 
     dry = make_culler(hub, culler_token, dry_run=True, **settings)
-    dry.pods = FixturePods(waiting_two)  # 2 a100 GPUs waiting
+    kubeapi.objects["pods"] = waiting_two  # 2 a100 GPUs waiting
     d = by_name(await dry.cull_pass())
+    await dry.pods.close()
+    assert kubeapi.requests[-1] == (
+        "/api/v1/namespaces/jupyterhub/pods",
+        {"labelSelector": "gpuspawner.io/managed=true", "limit": "500"},
+    )
     assert {u for u, x in d.items() if x.action == P.CULL} == {"p1", "p2"}
     assert all(d[u].reason == P.REASON_PRESSURE for u in ("p1", "p2"))
     assert d["busyold"].action == P.KEEP and d["h1"].action == P.KEEP
@@ -241,13 +247,40 @@ async def test_pressure_culls_longest_idle_of_the_waiting_type(
         assert server_state(hub, user) == "running"  # dry run: nothing stopped
 
     app = make_culler(hub, culler_token, **settings)
-    app.pods = FixturePods(waiting_two[:1])  # 1 a100 GPU waiting
+    kubeapi.objects["pods"] = waiting_two[:1]  # 1 a100 GPU waiting
     d = by_name(await app.cull_pass())
+    await app.pods.close()
     assert [u for u, x in d.items() if x.action == P.CULL] == ["p1"]
     wait_stopped(hub, "p1")
     for user in ("p2", "p3", "busyold", "h1"):
         assert server_state(hub, user) == "running"
     assert metric(app, "gpuspawner_culler_gpus_reclaimed_total", gpu_type="a100") == 1
+
+
+async def test_a_refused_pod_list_is_an_error_not_an_empty_cluster(
+    hub, culler_token, kubeapi, capfd
+):
+    """HTTP 403 from the API server: counted and logged as a Kubernetes error, never read as "no pods"."""
+    kubeapi.objects["pods"] = [p for p in PODS if p["metadata"]["name"] == "jupyter-wait1"]
+    app = make_culler(hub, culler_token, kubernetes="on", pressure_timeout=1)
+    try:
+        assert await app.cull_pass() is not None
+        assert metric(app, "gpuspawner_culler_errors_total", source="kubernetes") == 0
+        assert metric(app, "gpuspawner_culler_pressure_waiting_gpus", gpu_type="a100") == 1
+
+        kubeapi.always = 403
+        before = len(kubeapi.requests)
+        capfd.readouterr()
+        assert await app.cull_pass() is not None
+    finally:
+        await app.pods.close()
+    assert len(kubeapi.requests) == before + 1  # a refusal is not retried
+    assert metric(app, "gpuspawner_culler_errors_total", source="kubernetes") == 1
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
+    assert any(
+        "failed with HTTP 403" in w and 'cannot list resource "pods"' in w and "no pressure" in w
+        for w in warnings
+    ), warnings
 
 
 async def test_dry_run_and_warning_period(hub, culler_token):

@@ -4,34 +4,11 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
-from gpuspawner.culler.prometheus import (
-    GPUQueries,
-    PrometheusClient,
-    PrometheusError,
-    parse_vector,
-)
+from gpuspawner.culler.prometheus import gpu_view
+from gpuspawner.services.prometheus import GPUQueries, PrometheusClient
 
 from .dcgm import DCGMExporter
 from .promserver import start_prometheus
-
-
-def test_names_are_checked_so_nothing_is_injected_into_promql():
-    with pytest.raises(ValueError):
-        GPUQueries(pod_label='pod"} or vector(1) #')
-    with pytest.raises(ValueError):
-        GPUQueries(util_metric="1abc")
-    q = GPUQueries(pod_label="exported_pod", namespace_label="exported_namespace")
-    assert 'exported_pod!=""' in q.fresh_query()
-    assert "by (exported_namespace, exported_pod)" in q.last_busy_query()
-
-
-def test_error_answers_raise():
-    with pytest.raises(PrometheusError):
-        parse_vector({"status": "error", "errorType": "bad_data", "error": "parse error"})
-    with pytest.raises(PrometheusError):
-        parse_vector({"status": "success", "data": {"resultType": "matrix", "result": []}})
 
 
 async def test_exported_labels_without_honor_labels(tmp_path):
@@ -62,7 +39,7 @@ async def test_exported_labels_without_honor_labels(tmp_path):
                 freshness=5,
             ),
         )
-        view = await exported.gpu_view()
+        view = await gpu_view(exported)
         assert set(view.samples) == {
             ("jupyterhub", "jupyter-alice"),
             ("jupyterhub", "jupyter-bob"),
@@ -73,7 +50,7 @@ async def test_exported_labels_without_honor_labels(tmp_path):
         assert exported.requests == 2
 
         plain = PrometheusClient(prometheus.url, GPUQueries(window=60, step=1, freshness=5))
-        view = await plain.gpu_view()
+        view = await gpu_view(plain)
         # only the exporter's own pod label is left: none of the notebook pods match
         assert ("jupyterhub", "jupyter-alice") not in view.samples
     finally:

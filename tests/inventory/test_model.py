@@ -20,7 +20,6 @@ from gpuspawner.inventory.model import (
     Inventory,
     demand_for,
     inventory_from,
-    is_gpu_resource,
     node_record,
     parse_quantity,
     pod_record,
@@ -108,15 +107,6 @@ def test_mig_and_other_vendors_are_inventoried(nodes):
     assert node_record(by_name(nodes)["gpu-a100-shared"]).allocatable == {
         "nvidia.com/gpu.shared": 16
     }
-
-
-def test_resource_names():
-    assert is_gpu_resource("nvidia.com/gpu")
-    assert is_gpu_resource("nvidia.com/mig-2g.20gb")
-    assert is_gpu_resource("gpu.intel.com/i915")
-    assert not is_gpu_resource("cpu")
-    assert not is_gpu_resource("example.com/fpga")
-    assert is_gpu_resource("example.com/fpga", extra={"example.com/fpga"})
 
 
 @pytest.mark.parametrize(

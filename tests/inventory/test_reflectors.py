@@ -12,6 +12,7 @@ import copy
 import json
 import logging
 
+from gpuspawner import kube
 from gpuspawner.inventory.reflectors import InventoryReflector
 
 from ..conftest import FIXTURES
@@ -52,12 +53,17 @@ class ScriptedApi:
         self.objects = {"nodes": nodes, "pods": pods}
         self.watches = {"nodes": list(node_watches), "pods": list(pod_watches)}
         self.forbidden = set(forbidden)
+        #: statuses the next list requests (not watches) get instead of a page
+        self.list_failures: list[int] = []
         self.calls = []
 
     async def _answer(self, kind, **kwargs):
         self.calls.append((kind, kwargs))
         if kind in self.forbidden:
             return Response(403, {"code": 403})
+        if self.list_failures and not kwargs.get("watch"):
+            status = self.list_failures.pop(0)
+            return Response(status, {"code": status, "message": "etcdserver: request timed out"})
         if kwargs.get("watch"):
             script = self.watches[kind.split(":")[0]]
             if not script:
@@ -197,3 +203,48 @@ async def test_forbidden_nodes_and_pods_warn_once_each_and_fall_back(caplog):
     )
     assert reflector.pods_scope == "namespace jupyterhub"
     assert [kind for kind, _ in api.calls].count("nodes") == 1  # a 403 is not retried
+
+
+async def test_a_failed_page_is_retried_without_starting_the_list_again():
+    nodes, pods = items("recorded-nodes.json"), items("recorded-pods.json")
+    api = ScriptedApi(nodes, pods)
+    reflector = InventoryReflector(api, namespace="jupyterhub", page_size=2)
+    reflector.nodes_watch.retry = kube.RetryPolicy(timeout=5, first_delay=0.01)
+    # the first page of nodes arrives, the second fails twice (500, then 429), then arrives
+    first_page = await reflector.nodes_watch.list_call(limit=2, _preload_content=False)
+    api.calls.clear()
+    token = json.loads(await first_page.read())["metadata"]["continue"]
+    original = api._answer
+
+    async def flaky(kind, **kwargs):
+        if kind == "nodes" and kwargs.get("_continue") == token and api.list_failures == []:
+            api.list_failures[:] = [500, 429]
+            api._answer = original
+        return await original(kind, **kwargs)
+
+    api._answer = flaky
+    await reflector.nodes_watch.list_all()
+    continues = [kw.get("_continue") for kind, kw in api.calls if kind == "nodes"]
+    assert continues[0] is None  # listed once from the start…
+    assert continues[1:] == [token] * 3 + continues[4:]  # …its second page asked three times
+    assert None not in continues[1:]
+    calm = InventoryReflector(ScriptedApi(nodes, pods), namespace="jupyterhub")
+    await calm.nodes_watch.list_all()
+    assert set(reflector.inventory.nodes) == set(calm.inventory.nodes)
+
+
+async def test_a_forbidden_watch_event_is_a_missing_permission(caplog):
+    forbidden = {"code": 403, "reason": "Forbidden", "message": "nodes is forbidden"}
+    api = ScriptedApi(
+        items("recorded-nodes.json"),
+        items("recorded-pods.json"),
+        node_watches=[Response(200, lines=[{"type": "ERROR", "object": forbidden}])],
+    )
+    reflector = InventoryReflector(api, namespace="jupyterhub")
+    reflector.start()
+    try:
+        await settle(reflector, lambda: reflector.nodes_forbidden)
+    finally:
+        await reflector.stop()
+    watches = [kw for kind, kw in api.calls if kind == "nodes" and kw.get("watch")]
+    assert len(watches) == 1  # not retried
