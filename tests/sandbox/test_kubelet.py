@@ -145,9 +145,12 @@ def wait_phase(api, namespace: str, name: str, *phases: str) -> dict:
 
 
 def container_log(kubelet, pod: dict, container: str, restart: int = 0) -> str:
+    """The container's log so far ("" until the kubelet has created the file)."""
     meta = pod["metadata"]
     pod_dir = kubelet["state"] / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
-    return (pod_dir / "containers" / container / f"{restart}.log").read_text()
+    path = pod_dir / "containers" / container / f"{restart}.log"
+    # "Running" is reported as the process is started; the file may follow a moment later.
+    return path.read_text() if path.exists() else ""
 
 
 def on_node(node: str, **spec) -> dict:
