@@ -178,15 +178,13 @@ root = {_toml_str(str(paths.containerd_root))}
 state = {_toml_str(str(paths.containerd_state))}
 # Never pick up the host's containerd drop-ins.
 imports = []
+disabled_plugins = ["io.containerd.nri.v1.nri"]
 
 [grpc]
   address = {_toml_str(str(paths.containerd_socket))}
 
 [ttrpc]
   address = {_toml_str(str(paths.containerd_socket) + ".ttrpc")}
-
-[plugins."io.containerd.nri.v1.nri"]
-  disable = true
 
 [plugins."io.containerd.grpc.v1.cri"]
   # The streaming server (exec/attach/port-forward) on loopback, any free port.

@@ -166,9 +166,14 @@ class RealNodes:
             for index, name in enumerate(self.names):
                 began[name] = time.monotonic()
                 self._start_node(name, index, archives, deadline)
-            for name in self.names:
-                self._wait_ready(name, deadline)
-                self.started_in[name] = time.monotonic() - began[name]
+            # Nodes register in parallel; each one's time is its own start to its Ready.
+            while len(self.started_in) < len(self.names):
+                for name in self.names:
+                    if name not in self.started_in:
+                        self._check(name, deadline, "the node to be Ready")
+                        if self.node_ready(name):
+                            self.started_in[name] = time.monotonic() - began[name]
+                time.sleep(0.2)
         except BaseException:
             self.stop()
             raise
@@ -402,27 +407,26 @@ class RealNodes:
         return proc
 
     def _wait(self, name: str, deadline: float, what: str, check) -> None:
-        while True:
-            for key, proc in self.processes.items():
-                if key.startswith(f"{name}/") and proc.poll() is not None:
-                    component = key.split("/", 1)[1]
-                    log_path = self.paths(name).logs / f"{component}.log"
-                    raise NodeError(
-                        f"{component} of node {name} exited with code {proc.returncode} "
-                        f"while waiting for {what}; last lines of {log_path}:\n{log_tail(log_path)}"
-                    )
-            if check():
-                return
-            if time.monotonic() > deadline:
-                log_path = self.paths(name).logs / "kubelet.log"
-                raise NodeError(
-                    f"Node {name}: {what} not ready in time; last lines of {log_path}:\n"
-                    f"{log_tail(log_path)}"
-                )
+        while not check():
+            self._check(name, deadline, what)
             time.sleep(0.2)
 
-    def _wait_ready(self, name: str, deadline: float) -> None:
-        self._wait(name, deadline, "the node to be Ready", lambda: self.node_ready(name))
+    def _check(self, name: str, deadline: float, what: str) -> None:
+        """Fail at once if a process of the node exited, or when time is up."""
+        for key, proc in self.processes.items():
+            if key.startswith(f"{name}/") and proc.poll() is not None:
+                component = key.split("/", 1)[1]
+                log_path = self.paths(name).logs / f"{component}.log"
+                raise NodeError(
+                    f"{component} of node {name} exited with code {proc.returncode} "
+                    f"while waiting for {what}; last lines of {log_path}:\n{log_tail(log_path)}"
+                )
+        if time.monotonic() > deadline:
+            log_path = self.paths(name).logs / "kubelet.log"
+            raise NodeError(
+                f"Node {name}: {what} not ready in time; last lines of {log_path}:\n"
+                f"{log_tail(log_path)}"
+            )
 
     def node_ready(self, name: str) -> bool:
         try:
@@ -433,6 +437,9 @@ class RealNodes:
             c.get("type") == "Ready" and c.get("status") == "True"
             for c in node.get("status", {}).get("conditions", [])
         )
+
+    def node_ip(self, name: str) -> str:
+        return NodeNetwork(self.names.index(name)).node_ip
 
     def forward_drops(self) -> int:
         """Packets our forward rule dropped (pods reaching outside the pod ranges)."""

@@ -60,6 +60,29 @@ def control_plane_binary(pytestconfig=None) -> Path:
             raise  # unreachable: sandbox_unavailable raises
 
 
+def node_binaries(pytestconfig=None):
+    """Build (or find cached) the kubelet, containerd, CNI plugins and image programs.
+
+    Skips or fails (in CI) through :func:`sandbox_unavailable` when real nodes
+    cannot run here: no Go, no runc, or not root.
+    """
+    from . import nodebuild
+
+    if os.geteuid() != 0:
+        sandbox_unavailable("real nodes need root (mount namespaces, cgroups, bridges)")
+    with _capture_disabled(pytestconfig):
+        try:
+            nodebuild.find_runc()
+            return nodebuild.build_all(out=sys.stderr)
+        except build.GoMissing as e:
+            sandbox_unavailable(str(e))
+        except build.BuildError as e:
+            if str(e) != nodebuild.RUNC_MISSING:
+                raise
+            sandbox_unavailable(str(e))
+    raise AssertionError("unreachable: sandbox_unavailable raises")
+
+
 @contextlib.contextmanager
 def running_control_plane(
     state_dir: Path, pytestconfig=None, binary: Path | None = None

@@ -62,7 +62,7 @@ def test_containerd_config_keeps_everything_private():
     assert images["pinned_images"]["sandbox"] == nodeconfig.PAUSE_IMAGE
     assert images["registry"]["config_path"] == str(PATHS.registry_hosts)
     assert plugins["io.containerd.transfer.v1.local"]["config_path"] == str(PATHS.registry_hosts)
-    assert plugins["io.containerd.nri.v1.nri"]["disable"] is True
+    assert config["disabled_plugins"] == ["io.containerd.nri.v1.nri"]
     assert plugins["io.containerd.grpc.v1.cri"]["stream_server_address"] == "127.0.0.1"
 
 
