@@ -39,6 +39,7 @@ from .hoststate import cgroup_mounts, read_sysctl, sysctl_path
 from .kubeapi import ApiError, KubeApi
 from .nodebuild import NodeBinaries, go_arch
 from .nodeconfig import NodeNetwork, NodePaths
+from .topology import NodeSpec
 
 STATE_FILE = "nodes.json"
 
@@ -55,13 +56,13 @@ class NodeError(Exception):
     """Real nodes could not be started; the message says why and what to do."""
 
 
-def startable(node: Any) -> bool:
+def startable(node: NodeSpec) -> bool:
     """Whether this module can run a topology node yet: CPU-only nodes.
 
     GPU nodes need the device plugin and NVIDIA's runtime (issue 11); this is
     the seam where they join.
     """
-    return getattr(node, "gpu", None) is None
+    return not node.gpus
 
 
 def _die_with_parent() -> None:
