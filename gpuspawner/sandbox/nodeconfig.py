@@ -42,6 +42,9 @@ DEAD_REGISTRY = "http://127.0.0.1:9"
 #: /run/containerd/s).
 PRIVATE_HOST_DIRS = ("/var/lib/kubelet", "/var/log/containers", "/var/lib/cni", "/run/containerd")
 
+#: containerd's socket, as seen inside each node's own mount namespace.
+NODE_CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
+
 #: What the kubelet sets on the host when it starts; recorded before the
 #: first node starts and put back after the last one stops.
 KUBELET_SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops")
@@ -100,7 +103,11 @@ class NodePaths:
 
     @property
     def containerd_socket(self) -> Path:
-        return self.root / "containerd" / "containerd.sock"
+        # Inside the node's mount namespace, where /run/containerd is the
+        # node's own directory: a short, fixed path (a unix socket's path has
+        # at most 107 bytes, and state directories can be deep), and the
+        # place every kubelet and tool looks first.
+        return NODE_CONTAINERD_SOCKET
 
     @property
     def containerd_config(self) -> Path:

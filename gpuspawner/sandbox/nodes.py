@@ -23,6 +23,7 @@ import ctypes
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -326,7 +327,7 @@ class RealNodes:
             "containerd",
             [*enter, str(self.binaries.containerd), "--config", str(paths.containerd_config)],
         )
-        ctr = [str(self.binaries.ctr), "--address", str(paths.containerd_socket)]
+        ctr = [*enter, str(self.binaries.ctr), "--address", str(paths.containerd_socket)]
         self._wait(
             name,
             deadline,
@@ -621,8 +622,13 @@ def teardown(state_dir: Path) -> list[str]:
     if not state:
         return []
     names = list(state.get("nodes", {}))
+    problems = []
     for name in reversed(names):
-        _teardown_node(name, state["nodes"][name])
+        try:
+            _teardown_node(name, state["nodes"][name])
+        except NodeError as e:
+            # Undo everything else anyway; the record stays for another try.
+            problems.append(f"node {name}: {e}")
     if state.get("chain"):
         chain = nodeconfig.FORWARD_CHAIN
         while _run(["iptables", "-D", "FORWARD", "-j", chain], check=False).returncode == 0:
@@ -640,9 +646,15 @@ def teardown(state_dir: Path) -> list[str]:
     for created in reversed(state.get("created_dirs", [])):
         with contextlib.suppress(OSError):
             os.rmdir(created)
+    if problems:
+        raise NodeError(
+            "Real nodes were stopped, but the host is not fully restored ("
+            + "; ".join(problems)
+            + "); run `gpuspawner-sandbox down` again once that is resolved."
+        )
     root = Path(state["root"])
     if root.is_dir() and not _has_mounts(root):
-        _rmtree(root)
+        shutil.rmtree(root, ignore_errors=True)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     return names
 
@@ -655,12 +667,6 @@ def _has_mounts(path: Path) -> bool:
     )
 
 
-def _rmtree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def status(state_dir: Path) -> dict[str, dict[str, bool]]:
     """Node -> component -> alive, for the nodes recorded in state_dir."""
     state = read_state(Path(state_dir).resolve())
@@ -670,7 +676,3 @@ def status(state_dir: Path) -> dict[str, dict[str, bool]]:
         name: {c: _is_ours(pid, rec["root"]) for c, pid in rec.get("pids", {}).items()}
         for name, rec in state.get("nodes", {}).items()
     }
-
-
-def log_path(state_dir: Path, node: str, component: str) -> Path:
-    return NodePaths(Path(state_dir).resolve() / "nodes" / node).logs / f"{component}.log"

@@ -44,6 +44,9 @@ def test_containerd_config_keeps_everything_private():
     assert config["root"] == "/state/nodes/cpu-0/containerd/root"
     assert config["state"] == "/state/nodes/cpu-0/containerd/state"
     assert config["grpc"]["address"] == str(PATHS.containerd_socket)
+    # A short path in the node's own /run/containerd (unix socket paths are limited).
+    assert str(PATHS.containerd_socket).startswith("/run/containerd/")
+    assert "/run/containerd" in nodeconfig.PRIVATE_HOST_DIRS
     plugins = config["plugins"]
     runtime = plugins["io.containerd.cri.v1.runtime"]
     # Pitfall 1: root lacks CAP_SYS_RESOURCE here.

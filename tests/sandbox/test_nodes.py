@@ -8,6 +8,7 @@ module-scoped: nothing may use the nodes after that test).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import ipaddress
 import time
 import urllib.request
@@ -235,6 +236,23 @@ def test_failed_init_container_message_comes_through_the_real_kubelet(
     assert ipaddress.ip_address(pod["status"]["podIP"]) in nodeconfig.NodeNetwork(1).subnet
 
 
+def test_a_missing_image_fails_at_once_on_loopback(real_nodes, control_plane, namespace):
+    api = control_plane.admin_api()
+    missing = _container("main", "sleep", "1")
+    missing.update(image=f"{nodeconfig.IMAGE_REGISTRY}/missing:v1", imagePullPolicy="IfNotPresent")
+    api.post(f"/api/v1/namespaces/{namespace}/pods", _pod("missing", NODES[0], [missing]))
+
+    def pull_failed():
+        statuses = _get_pod(api, namespace, "missing")["status"].get("containerStatuses", [])
+        waiting = statuses[0]["state"].get("waiting", {}) if statuses else {}
+        # (ImagePullBackOff, in between, carries no reason of its own.)
+        return waiting if waiting.get("reason") == "ErrImagePull" else None
+
+    waiting = wait_for("the pull to fail", pull_failed)
+    # containerd tried the dead loopback registry, nothing else.
+    assert nodeconfig.DEAD_REGISTRY.split("//", 1)[1] in waiting["message"], waiting
+
+
 def test_nothing_was_forwarded_out_of_the_pod_ranges(real_nodes):
     forward = nodes._run(["iptables", "-S", "FORWARD"]).stdout
     assert f"-A FORWARD -j {nodeconfig.FORWARD_CHAIN}" in forward.splitlines()
@@ -258,3 +276,17 @@ def test_down_restores_the_host(real_nodes, control_plane):
         with pytest.raises(ApiError) as e:
             control_plane.admin_api().get(f"/api/v1/nodes/{name}")
         assert e.value.status == 404
+
+
+def test_a_failed_start_leaves_the_host_as_it_was(pytestconfig, control_plane, tmp_path):
+    """After the module's nodes are down: a node whose kubelet dies at once."""
+    binaries = testing.node_binaries(pytestconfig)
+    broken = dataclasses.replace(binaries, k8s=Path("/bin/false"))
+    roots = [nodeconfig.cgroup_root("broken-0")]
+    before = hoststate.snapshot(tmp_path / "nodes", roots)
+    running = nodes.RealNodes(tmp_path, control_plane, broken, ["broken-0"])
+    with pytest.raises(nodes.NodeError, match=r"kubelet of node broken-0 exited with code 1"):
+        running.start(timeout=60)
+    # Its containerd, mount namespace, cgroups, bridge and our chain had been made.
+    assert hoststate.differences(before, hoststate.snapshot(tmp_path / "nodes", roots)) == []
+    assert nodes.read_state(tmp_path) is None
