@@ -158,10 +158,6 @@ class NodePaths:
         return self.root / "logs"
 
     @property
-    def images(self) -> Path:
-        return self.root / "images"
-
-    @property
     def ready_file(self) -> Path:
         return self.root / "mounts.ready"
 
