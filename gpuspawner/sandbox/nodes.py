@@ -273,6 +273,8 @@ class RealNodes:
             "cgroups": [],
             "pids": {},
             "mntns": None,
+            # The shim's path tells our shims from strangers' if the holder is gone.
+            "shim": str(self.binaries.containerd_dir / "containerd-shim-runc-v2"),
         }
         self.state["nodes"][name] = rec
         self._save()
@@ -527,10 +529,17 @@ def _cgroup_pids(tops: Iterable[str]) -> set[int]:
     return pids
 
 
-def _namespace_pids(mntns: str) -> set[int]:
+def _namespace_pids(mntns: str, only: tuple[str, ...] | None = None) -> set[int]:
+    """Processes in a mount namespace; with ``only``, just those running one of those files."""
     pids = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and _mntns(int(entry.name)) == mntns:
+            if only is not None:
+                try:
+                    if os.readlink(entry / "exe") not in only:
+                        continue
+                except OSError:
+                    continue
             pids.add(int(entry.name))
     return pids
 
@@ -568,7 +577,12 @@ def _teardown_node(name: str, rec: dict[str, Any]) -> None:
     if "containerd" in pids:
         _stop_pid(pids["containerd"], marker)
     if rec.get("mntns"):
-        _kill_until_empty(lambda: _namespace_pids(rec["mntns"]))
+        # While the holder lives the namespace is certainly the node's; once
+        # it is gone the kernel may reuse the number for someone else's, so
+        # then only our own shims are killed there.
+        holder = pids.get("holder")
+        only = None if holder and _is_ours(holder, marker) else (rec.get("shim", ""),)
+        _kill_until_empty(lambda: _namespace_pids(rec["mntns"], only))
     if "holder" in pids:
         _stop_pid(pids["holder"], marker, grace=1)
     for top in rec.get("cgroups", []):
