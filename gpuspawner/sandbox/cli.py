@@ -122,6 +122,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     if any(recorded_status(state_dir).values()):
         print(f"The sandbox in {state_dir} is already running (see `gpuspawner-sandbox status`).")
         return 1
+    if args.real_nodes and os.geteuid() != 0:
+        print(
+            "error: --real-nodes needs root (mount namespaces, cgroups, bridges); "
+            "run it with sudo, or leave it out for the emulated nodes.",
+            file=sys.stderr,
+        )
+        return 1
     binaries = nodebuild.build_all() if args.real_nodes else None
     binary = binaries.k8s if binaries else build.build()
     cp = ControlPlane(state_dir, binary)

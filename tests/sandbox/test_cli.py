@@ -97,3 +97,11 @@ def test_up_real_nodes_status_down(pytestconfig, tmp_path, capsys):
     assert "Stopped the real nodes cli-cpu-0 and restored the host." in capsys.readouterr().out
     assert hoststate.differences(before, hoststate.snapshot(state / "nodes", roots)) == []
     assert cli.main(["--state-dir", str(state), "status"]) == 3
+
+
+def test_up_real_nodes_without_root_is_one_sentence(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli.os, "geteuid", lambda: 1000)
+    assert cli.main(["--state-dir", str(tmp_path), "up", "--real-nodes"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --real-nodes needs root") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []  # nothing built, started or written
