@@ -236,6 +236,22 @@ def test_failed_init_container_message_comes_through_the_real_kubelet(
     assert ipaddress.ip_address(pod["status"]["podIP"]) in nodeconfig.NodeNetwork(1).subnet
 
 
+def test_memory_limit_is_enforced_by_the_runtime(real_nodes, control_plane, namespace):
+    api = control_plane.admin_api()
+    greedy = _container("greedy", "alloc", "128", resources={"limits": {"memory": "32Mi"}})
+    api.post(
+        f"/api/v1/namespaces/{namespace}/pods",
+        _pod("greedy", NODES[1], [greedy], restartPolicy="Never"),
+    )
+    pod = wait_for(
+        "the pod to fail",
+        lambda: (p := _get_pod(api, namespace, "greedy"))["status"].get("phase") == "Failed" and p,
+    )
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["state"]["terminated"]["reason"] == "OOMKilled"
+    assert status["state"]["terminated"]["exitCode"] == 137
+
+
 def test_a_missing_image_fails_at_once_on_loopback(real_nodes, control_plane, namespace):
     api = control_plane.admin_api()
     missing = _container("main", "sleep", "1")

@@ -5,6 +5,7 @@
 //	tool fail CODE MESSAGE          write MESSAGE to /dev/termination-log, exit CODE
 //	tool info                       print hostname=, pid=, memory_limit=, routes=
 //	tool serve PORT                 answer HTTP GET with the same lines as info
+//	tool alloc MIB                  touch MIB mebibytes of memory, then sleep
 package main
 
 import (
@@ -20,7 +21,7 @@ import (
 	"time"
 )
 
-const usage = "usage: tool sleep [SECONDS|infinity] | fail CODE MESSAGE | info | serve PORT"
+const usage = "usage: tool sleep [SECONDS|infinity] | fail CODE MESSAGE | info | serve PORT | alloc MIB"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -37,6 +38,8 @@ func main() {
 		fmt.Print(info())
 	case "serve":
 		os.Exit(serve(args))
+	case "alloc":
+		os.Exit(alloc(args))
 	default:
 		fmt.Fprintln(os.Stderr, usage)
 		os.Exit(2)
@@ -185,4 +188,28 @@ func serve(args []string) int {
 		fmt.Fprintf(os.Stderr, "serve: %v\n", err)
 		return 1
 	}
+}
+
+// alloc holds MIB mebibytes of written memory (so it is really resident),
+// then sleeps: under a lower memory limit the kernel kills it first.
+func alloc(args []string) int {
+	if len(args) != 1 {
+		fmt.Fprintln(os.Stderr, "usage: tool alloc MIB")
+		return 2
+	}
+	mib, err := strconv.Atoi(args[0])
+	if err != nil || mib < 0 {
+		fmt.Fprintf(os.Stderr, "alloc: %q is not a number of MiB\n", args[0])
+		return 2
+	}
+	held := make([][]byte, 0, mib)
+	for i := 0; i < mib; i++ {
+		chunk := make([]byte, 1<<20)
+		for j := 0; j < len(chunk); j += 4096 {
+			chunk[j] = 1
+		}
+		held = append(held, chunk)
+	}
+	fmt.Printf("holding %d MiB\n", len(held))
+	return sleep([]string{"infinity"})
 }
