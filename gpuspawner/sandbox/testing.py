@@ -97,6 +97,29 @@ def running_control_plane(
 
 
 @contextlib.contextmanager
+def running_real_nodes(
+    state_dir: Path,
+    cp: ControlPlane,
+    names: list[str],
+    pytestconfig=None,
+    *,
+    taints: tuple[str, ...] = (),
+):
+    """Real nodes (kubelet, containerd, runc, CNI) on a running control plane; stopped after.
+
+    Builds what is missing first; skips (fails in CI) where real nodes cannot run.
+    """
+    from .nodes import RealNodes
+
+    nodes = RealNodes(state_dir, cp, node_binaries(pytestconfig), names, taints=taints)
+    nodes.start()
+    try:
+        yield nodes
+    finally:
+        nodes.stop()
+
+
+@contextlib.contextmanager
 def temporary_namespace(cp: ControlPlane, prefix: str = "test") -> Iterator[str]:
     """A fresh namespace whose default ServiceAccount exists; deleted afterwards.
 

@@ -53,18 +53,15 @@ def wait_for(what: str, check, timeout: float = 120, interval: float = 0.3):
 
 @pytest.fixture(scope="module")
 def real_nodes(pytestconfig, control_plane, tmp_path_factory):
-    binaries = testing.node_binaries(pytestconfig)
+    testing.node_binaries(pytestconfig)  # build (with progress) before the snapshot
     state_dir = tmp_path_factory.mktemp("real-nodes")
     roots = [nodeconfig.cgroup_root(n) for n in NODES]
     before = hoststate.snapshot(state_dir / "nodes", roots)
-    running = nodes.RealNodes(
-        state_dir, control_plane, binaries, NODES, taints=[f"{TAINT_KEY}=true:NoSchedule"]
-    )
-    running.start()
-    try:
+    taints = (f"{TAINT_KEY}=true:NoSchedule",)
+    with testing.running_real_nodes(
+        state_dir, control_plane, list(NODES), pytestconfig, taints=taints
+    ) as running:
         yield Running(running, before, roots)
-    finally:
-        running.stop()
 
 
 def _pod(name: str, node: str, containers: list[dict], **spec: Any) -> dict:
