@@ -151,6 +151,15 @@ def test_nodes_register_ready_with_node_identities(real_nodes, control_plane):
             "system:nodes"
         ]
         # The Node authorizer ties each kubelet to its own Node: its lease is renewed.
+        # Everything a node listens on is loopback or its own bridge address.
+        for component in ("kubelet", "containerd"):
+            pid = real_nodes.nodes.state["nodes"][name]["pids"][component]
+            listening = testing.listening_addresses(pid)
+            assert listening, component
+            for address, _ in listening:
+                ip = ipaddress.ip_address(address)
+                assert ip.is_loopback or ip in nodeconfig.POD_RANGE, (component, address)
+
         lease_path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}"
         lease = wait_for(f"{name}'s lease", lambda p=lease_path: _get_or_none(api, p))
         assert lease["spec"]["holderIdentity"] == name
