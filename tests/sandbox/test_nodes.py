@@ -109,12 +109,17 @@ def _ready(pod: dict) -> bool:
     )
 
 
-def _container_cgroup(node: str, container_id: str) -> Path:
-    """The container's memory cgroup directory on the host (cgroupfs driver)."""
-    memory = next(m for m in hoststate.cgroup_mounts() if m.name == "memory")
-    found = list((memory / nodeconfig.cgroup_root(node).strip("/")).rglob(container_id))
+def _container_cgroup(node: str, container_id: str) -> tuple[Path, str]:
+    """The container's memory cgroup directory on the host and its limit file.
+
+    cgroup v1 (our machines: the memory hierarchy) or v2 (the unified one).
+    """
+    mounts = hoststate.cgroup_mounts()
+    v1 = [m for m in mounts if m.name == "memory"]
+    base, limit_file = (v1[0], "memory.limit_in_bytes") if v1 else (mounts[0], "memory.max")
+    found = list((base / nodeconfig.cgroup_root(node).strip("/")).rglob(container_id))
     assert len(found) == 1, found
-    return found[0]
+    return found[0], limit_file
 
 
 def _fetch(url: str) -> str:
@@ -196,8 +201,8 @@ def test_pod_is_a_real_container_in_its_own_namespaces(real_nodes, control_plane
     assert all(not r.startswith("0.0.0.0/0") for r in info["routes"].split(","))
 
     container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
-    cgroup = _container_cgroup(NODES[0], container_id)
-    assert int((cgroup / "memory.limit_in_bytes").read_text()) == limit
+    cgroup, limit_file = _container_cgroup(NODES[0], container_id)
+    assert int((cgroup / limit_file).read_text()) == limit
     (host_pid,) = [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
     assert Path(f"/proc/{host_pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"/tool", b"serve"]
     for ns in ("pid", "mnt", "net", "uts"):
