@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 setup: $(VENV)/.installed node_modules/.installed
 
-# Debian packages the suite needs that pip and npm cannot give (Prometheus, Chromium).
+# Debian packages the suite needs that pip and npm cannot give (Prometheus, Chromium, runc).
 system-packages:
 	@sh scripts/install-system-packages.sh
 

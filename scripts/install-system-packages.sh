@@ -5,11 +5,13 @@
 #
 #   prometheus  - the real Prometheus the culler's tests start on 127.0.0.1
 #   chromium    - the headless browser the admin page's tests drive (playwright, no download)
+#   runc        - the OCI runtime under the sandbox's real nodes (containerd's runc shim runs it)
 set -eu
 
 missing=""
 command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || missing="$missing prometheus"
 command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || missing="$missing chromium"
+command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || missing="$missing runc"
 
 if [ -z "$missing" ]; then
     exit 0

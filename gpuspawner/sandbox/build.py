@@ -174,7 +174,7 @@ def build(
 
     total = _count_packages(go, module_dir, env)
     print(
-        f"Building the control plane (k8s.io/kubernetes {version} + etcd) into {target}; "
+        f"Building the control plane and kubelet (k8s.io/kubernetes {version} + etcd) into {target}; "
         f"from a cold Go cache this compiles {total or 'about 2,500'} packages and takes many minutes "
         f"(Go's cache in {_go_env(go, 'GOCACHE', env)} makes later builds fast).",
         file=out,
@@ -194,10 +194,39 @@ def build(
         str(tmp),
         ".",
     ]
+    try:
+        compiled, elapsed = run_go(cmd, module_dir, env, out, total=total, verbose=verbose)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(target)
+    _prune(target)
+    print(
+        f"Built {target.name} in {elapsed:.0f}s ({compiled} packages compiled).",
+        file=out,
+        flush=True,
+    )
+    return target
+
+
+def run_go(
+    cmd: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    out: TextIO,
+    *,
+    total: int | None = None,
+    verbose: bool = False,
+) -> tuple[int, float]:
+    """Run a ``go build -v``/``go install -v`` command, printing progress.
+
+    Returns (packages compiled, seconds); raises BuildError with the compiler's
+    last lines when it fails.
+    """
     started = time.monotonic()
     proc = subprocess.Popen(
         cmd,
-        cwd=module_dir,
+        cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -224,7 +253,7 @@ def build(
         for line in proc.stdout:
             line = line.rstrip("\n")
             # `go build -v` prints one bare import path per package compiled;
-            # anything else (compiler errors) is kept for the error message.
+            # anything else (compiler errors, downloads) is kept for the error message.
             if re.fullmatch(r"[\w.\-/~+]+", line):
                 compiled += 1
                 if verbose:
@@ -235,7 +264,6 @@ def build(
     except BaseException:
         proc.kill()
         proc.wait()
-        tmp.unlink(missing_ok=True)
         raise
     finally:
         done.set()
@@ -243,17 +271,9 @@ def build(
 
     elapsed = time.monotonic() - started
     if rc != 0:
-        tmp.unlink(missing_ok=True)
         detail = "\n".join(tail[-20:])
-        raise BuildError(f"`go build` failed after {elapsed:.0f}s (exit {rc}):\n{detail}")
-    tmp.replace(target)
-    _prune(target)
-    print(
-        f"Built {target.name} in {elapsed:.0f}s ({compiled} packages compiled).",
-        file=out,
-        flush=True,
-    )
-    return target
+        raise BuildError(f"`go` failed after {elapsed:.0f}s (exit {rc}):\n{detail}")
+    return compiled, elapsed
 
 
 def _go_env(go: str, name: str, env: dict[str, str]) -> str:

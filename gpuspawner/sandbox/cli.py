@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import build
+from . import build, nodebuild, nodes
 from .controlplane import (
     STOP_GRACE,
     ControlPlane,
@@ -122,7 +122,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     if any(recorded_status(state_dir).values()):
         print(f"The sandbox in {state_dir} is already running (see `gpuspawner-sandbox status`).")
         return 1
-    binary = build.build()
+    if args.real_nodes and os.geteuid() != 0:
+        print(
+            "error: --real-nodes needs root (mount namespaces, cgroups, bridges); "
+            "run it with sudo, or leave it out for the emulated nodes.",
+            file=sys.stderr,
+        )
+        return 1
+    binaries = nodebuild.build_all() if args.real_nodes else None
+    binary = binaries.k8s if binaries else build.build()
     cp = ControlPlane(state_dir, binary)
     cp.die_with_parent = args.foreground
     print("Starting etcd, kube-apiserver, kube-scheduler and kube-controller-manager…", flush=True)
@@ -131,8 +139,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"Control plane ready in {time.monotonic() - started:.1f}s at {cp.api_url}")
 
     kubelet = None
+    real = None
     if args.no_kubelet:
         pass
+    elif binaries is not None:
+        real = start_real_nodes(state_dir, cp, binaries, args)
     elif kubelet_available():
         try:
             kubelet = start_kubelet(state_dir, cp.admin_kubeconfig, args.topology)
@@ -164,16 +175,58 @@ def cmd_up(args: argparse.Namespace) -> int:
     finally:
         if kubelet is not None:
             stop_kubelet(state_dir)
+        if real is not None:
+            real.stop()
         cp.stop()
+
+
+def start_real_nodes(
+    state_dir: Path, cp: ControlPlane, binaries: nodebuild.NodeBinaries, args: argparse.Namespace
+) -> nodes.RealNodes:
+    """Start the topology's CPU-only nodes as real nodes; stops the control plane on failure."""
+    from .topology import TopologyError, load_topology
+
+    try:
+        topology = load_topology(args.topology)
+    except (OSError, TopologyError) as e:
+        cp.stop()
+        raise nodes.NodeError(f"Cannot read the topology: {e}") from None
+    names = [n.name for n in topology.nodes if nodes.startable(n)]
+    skipped = [n.name for n in topology.nodes if not nodes.startable(n)]
+    if skipped:
+        print(
+            f"Not started (GPU nodes do not run as real nodes yet): {', '.join(skipped)}.",
+            flush=True,
+        )
+    if not names:
+        cp.stop()
+        raise nodes.NodeError(
+            "The topology has no CPU-only node to start as a real node; add one "
+            "(a node without `gpu:`) or leave out --real-nodes."
+        )
+    real = nodes.RealNodes(state_dir, cp, binaries, names)
+    real.die_with_parent = args.foreground
+    print(f"Starting real nodes (kubelet, containerd, runc, CNI): {', '.join(names)}…", flush=True)
+    try:
+        real.start(timeout=args.timeout)
+    except BaseException:
+        cp.stop()
+        raise
+    for name in names:
+        print(f"  {name} Ready in {real.started_in[name]:.1f}s (node IP {real.node_ip(name)})")
+    return real
 
 
 def cmd_down(args: argparse.Namespace) -> int:
     state_dir = args.state_dir.resolve()
+    real = nodes.teardown(state_dir)
     had_kubelet = stop_kubelet(state_dir)
     stopped = stop_recorded(state_dir)
-    if not stopped and not had_kubelet:
+    if not stopped and not had_kubelet and not real:
         print(f"Nothing was running in {state_dir}.")
         return 0
+    if real:
+        print(f"Stopped the real nodes {', '.join(real)} and restored the host.")
     names = (["kubelet"] if had_kubelet else []) + stopped
     print(f"Stopped {', '.join(names)}.")
     return 0
@@ -191,9 +244,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     kubelet = kubelet_pid(state_dir)
     if (state_dir / KUBELET_STATE).exists() or kubelet:
         print(f"{'kubelet':<26} {'running' if kubelet else 'NOT RUNNING'}")
+    real = nodes.status(state_dir)
+    for node, parts in real.items():
+        for part, alive in parts.items():
+            print(f"{f'{node}/{part}':<26} {'running' if alive else 'NOT RUNNING'}")
     print(f"API server: {state['api_url']}")
     print(f"export KUBECONFIG={state['admin_kubeconfig']}")
-    return 0 if all(components.values()) else 1
+    healthy = all(components.values()) and all(a for p in real.values() for a in p.values())
+    return 0 if healthy else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,6 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     up.add_argument("--no-kubelet", action="store_true", help="start the control plane only")
     up.add_argument(
+        "--real-nodes",
+        action="store_true",
+        help="run the topology's CPU-only nodes as real nodes (the kubelet, containerd, runc "
+        "and CNI; needs root) instead of the emulated kubelet; GPU nodes are not started yet",
+    )
+    up.add_argument(
         "--foreground", action="store_true", help="stay attached; Ctrl-C stops everything"
     )
     sub.add_parser("down", help="stop everything `up` started")
@@ -238,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"up": cmd_up, "down": cmd_down, "status": cmd_status}
     try:
         return handlers[args.command](args)
-    except (build.BuildError, ControlPlaneError) as e:
+    except (build.BuildError, ControlPlaneError, nodes.NodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 

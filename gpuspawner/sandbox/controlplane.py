@@ -424,6 +424,11 @@ class ControlPlane:
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--proxy-client-cert-file={p.front_proxy_client.cert}",
             f"--proxy-client-key-file={p.front_proxy_client.key}",
+            # `kubectl logs`/`exec` reach real nodes' kubelets on their node IP
+            # (a bridge address of ours), as the API server's own client.
+            f"--kubelet-client-certificate={p.clients['apiserver-kubelet-client'].cert}",
+            f"--kubelet-client-key={p.clients['apiserver-kubelet-client'].key}",
+            "--kubelet-preferred-address-types=InternalIP",
             "--authorization-mode=Node,RBAC",
             # On top of the default admission plugins (ServiceAccount,
             # NamespaceLifecycle, LimitRanger, PodSecurity, ResourceQuota, ...).

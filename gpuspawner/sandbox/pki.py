@@ -39,6 +39,9 @@ CLIENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "admin": ("sandbox-admin", ("system:masters",)),
     "kube-scheduler": ("system:kube-scheduler", ()),
     "kube-controller-manager": ("system:kube-controller-manager", ()),
+    # The API server's identity towards kubelets (logs, exec, port-forward),
+    # named as kubeadm names it; real kubelets authorise it by webhook.
+    "apiserver-kubelet-client": ("kube-apiserver-kubelet-client", ("system:masters",)),
 }
 
 

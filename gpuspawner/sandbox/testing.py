@@ -60,6 +60,29 @@ def control_plane_binary(pytestconfig=None) -> Path:
             raise  # unreachable: sandbox_unavailable raises
 
 
+def node_binaries(pytestconfig=None):
+    """Build (or find cached) the kubelet, containerd, CNI plugins and image programs.
+
+    Skips or fails (in CI) through :func:`sandbox_unavailable` when real nodes
+    cannot run here: no Go, no runc, or not root.
+    """
+    from . import nodebuild
+
+    if os.geteuid() != 0:
+        sandbox_unavailable("real nodes need root (mount namespaces, cgroups, bridges)")
+    with _capture_disabled(pytestconfig):
+        try:
+            nodebuild.find_runc()
+            return nodebuild.build_all(out=sys.stderr)
+        except build.GoMissing as e:
+            sandbox_unavailable(str(e))
+        except build.BuildError as e:
+            if str(e) != nodebuild.RUNC_MISSING:
+                raise
+            sandbox_unavailable(str(e))
+    raise AssertionError("unreachable: sandbox_unavailable raises")
+
+
 @contextlib.contextmanager
 def running_control_plane(
     state_dir: Path, pytestconfig=None, binary: Path | None = None
@@ -71,6 +94,29 @@ def running_control_plane(
         yield cp
     finally:
         cp.stop()
+
+
+@contextlib.contextmanager
+def running_real_nodes(
+    state_dir: Path,
+    cp: ControlPlane,
+    names: list[str],
+    pytestconfig=None,
+    *,
+    taints: tuple[str, ...] = (),
+):
+    """Real nodes (kubelet, containerd, runc, CNI) on a running control plane; stopped after.
+
+    Builds what is missing first; skips (fails in CI) where real nodes cannot run.
+    """
+    from .nodes import RealNodes
+
+    nodes = RealNodes(state_dir, cp, node_binaries(pytestconfig), names, taints=taints)
+    nodes.start()
+    try:
+        yield nodes
+    finally:
+        nodes.stop()
 
 
 @contextlib.contextmanager

@@ -7,13 +7,15 @@
 //	k8s kube-apiserver ...
 //	k8s kube-scheduler ...
 //	k8s kube-controller-manager ...
+//	k8s kubelet ...
 //
-// One binary shares the (long) compile of everything the three Kubernetes
+// One binary shares the (long) compile of everything the four Kubernetes
 // commands have in common. Each component still runs as its own process: they
 // register global feature gates, flags and signal handlers, which must not mix.
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"net/url"
@@ -33,9 +35,10 @@ import (
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
-const usage = "usage: k8s etcd|kube-apiserver|kube-scheduler|kube-controller-manager [flags]"
+const usage = "usage: k8s etcd|kube-apiserver|kube-scheduler|kube-controller-manager|kubelet [flags]"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -51,6 +54,8 @@ func main() {
 		os.Exit(runCobra(scheduler.NewSchedulerCommand()))
 	case "kube-controller-manager":
 		os.Exit(runCobra(controllermanager.NewControllerManagerCommand()))
+	case "kubelet":
+		os.Exit(runCobra(kubelet.NewKubeletCommand(context.Background())))
 	default:
 		fmt.Fprintf(os.Stderr, "unknown component %q\n%s\n", os.Args[1], usage)
 		os.Exit(2)

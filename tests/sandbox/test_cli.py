@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from gpuspawner.sandbox import cli, testing
+from gpuspawner.sandbox import cli, hoststate, nodeconfig, testing
 
 
 def test_status_when_nothing_runs(tmp_path, capsys):
@@ -65,3 +65,43 @@ def test_up_status_down_leave_no_process(control_plane_binary, tmp_path, capsys)
         time.sleep(0.1)
     assert testing.processes_mentioning(str(state)) == []
     assert cli.main(["--state-dir", str(state), "status"]) == 3
+
+
+def test_up_real_nodes_status_down(pytestconfig, tmp_path, capsys):
+    """`up --real-nodes` runs the topology's CPU-only nodes for real; `down` restores the host."""
+    testing.node_binaries(pytestconfig)  # skips (fails in CI) without root, Go or runc
+    topology = tmp_path / "topology.yaml"
+    topology.write_text(
+        "nodes:\n"
+        "  - {name: cli-gpu-0, gpu: {model: A100-SXM4-80GB, count: 1}}\n"
+        "  - {name: cli-cpu-0}\n"
+    )
+    state = tmp_path / "state"
+    roots = [nodeconfig.cgroup_root("cli-cpu-0")]
+    before = hoststate.snapshot(state / "nodes", roots)
+    try:
+        args = ["--state-dir", str(state), "up", "--real-nodes", "--topology", str(topology)]
+        assert cli.main(args) == 0
+        out = capsys.readouterr().out
+        assert "GPU nodes do not run as real nodes yet): cli-gpu-0." in out
+        assert "cli-cpu-0 Ready in" in out
+
+        assert cli.main(["--state-dir", str(state), "status"]) == 0
+        status = capsys.readouterr().out
+        for part in ("holder", "containerd", "kubelet"):
+            assert f"cli-cpu-0/{part} " in status
+        assert "NOT RUNNING" not in status
+        assert "cli-gpu-0" not in status
+    finally:
+        assert cli.main(["--state-dir", str(state), "down"]) == 0
+    assert "Stopped the real nodes cli-cpu-0 and restored the host." in capsys.readouterr().out
+    assert hoststate.differences(before, hoststate.snapshot(state / "nodes", roots)) == []
+    assert cli.main(["--state-dir", str(state), "status"]) == 3
+
+
+def test_up_real_nodes_without_root_is_one_sentence(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli.os, "geteuid", lambda: 1000)
+    assert cli.main(["--state-dir", str(tmp_path), "up", "--real-nodes"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --real-nodes needs root") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []  # nothing built, started or written

@@ -1,0 +1,148 @@
+"""Real nodes: start-up time and idle memory per node and per pod.
+
+    sudo .venv/bin/python benchmarks/real_nodes.py [--nodes 2] [--pods 5]
+
+Starts the sandbox's real control plane, then ``--nodes`` real nodes (the
+kubelet, containerd, runc, CNI; gpuspawner.sandbox.nodes), and measures:
+
+* each node's start-up: from creating its directories, cgroups and bridge to
+  the Node being Ready in the API (nodes start one after the other, so the
+  figure includes the node's own image import);
+* idle memory (RSS from /proc) of each node's containerd and kubelet after 20 s;
+* memory per running pod: ``--pods`` pods (the test tool's ``sleep``) on the
+  first node, the increase of all processes of that node (shims, pause and
+  the containers themselves) divided by the number of pods;
+* CPU of an idle node (containerd + kubelet), over 20 s.
+
+Writes Markdown to stdout. Needs root; builds what is missing first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gpuspawner.sandbox import nodebuild, nodeconfig, nodes
+from gpuspawner.sandbox.controlplane import ControlPlane
+
+IDLE_SECONDS = 20
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def node_pids(rn: nodes.RealNodes, name: str) -> set[int]:
+    """Every process of the node: its mount namespace (containerd, kubelet, shims) and its pods."""
+    rec = rn.state["nodes"][name]
+    found = nodes._namespace_pids(rec["mntns"]) | nodes._cgroup_pids(rec["cgroups"])
+    return {p for p in found if nodes._alive(p)}
+
+
+def total_rss(pids: set[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            total += rss_kib(pid)
+        except OSError:
+            pass
+    return total
+
+
+def pod(name: str, node: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "sleep",
+                    "image": nodeconfig.TOOL_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "args": ["sleep", "infinity"],
+                }
+            ],
+        },
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--pods", type=int, default=5)
+    args = parser.parse_args()
+    binaries = nodebuild.build_all()
+    names = [f"bench-{i}" for i in range(args.nodes)]
+    hz = os.sysconf("SC_CLK_TCK")
+    with tempfile.TemporaryDirectory(prefix="real-nodes-bench-") as tmp:
+        with ControlPlane(Path(tmp), binaries.k8s) as cp:
+            cp.wait_for_service_account("default")
+            with nodes.RealNodes(Path(tmp), cp, binaries, names) as rn:
+                time.sleep(IDLE_SECONDS)
+                rows = []
+                for name in names:
+                    pids = rn.state["nodes"][name]["pids"]
+                    ticks = {c: cpu_ticks(pids[c]) for c in ("containerd", "kubelet")}
+                    rows.append((name, {c: rss_kib(pids[c]) for c in ticks}, ticks))
+                time.sleep(IDLE_SECONDS)
+                cpu = {
+                    name: sum(
+                        cpu_ticks(rn.state["nodes"][name]["pids"][c]) - t for c, t in ticks.items()
+                    )
+                    / hz
+                    / IDLE_SECONDS
+                    for name, _, ticks in rows
+                }
+
+                first = names[0]
+                before = total_rss(node_pids(rn, first))
+                api = cp.admin_api()
+                for i in range(args.pods):
+                    api.post("/api/v1/namespaces/default/pods", pod(f"idle-{i}", first))
+                deadline = time.monotonic() + 180
+                while time.monotonic() < deadline:
+                    items = api.get("/api/v1/namespaces/default/pods")["items"]
+                    if sum(p["status"].get("phase") == "Running" for p in items) == args.pods:
+                        break
+                    time.sleep(0.5)
+                else:
+                    print("pods did not all run within 180 s", file=sys.stderr)
+                    return 1
+                time.sleep(5)
+                after = total_rss(node_pids(rn, first))
+                per_pod = (after - before) / args.pods
+                started = dict(rn.started_in)
+
+    print(f"Machine: {os.cpu_count()} CPUs, {platform.machine()}, Linux {platform.release()}\n")
+    print("| node | start → Ready | containerd RSS | kubelet RSS | idle CPU (both) |")
+    print("|---|---|---|---|---|")
+    for name, rss, _ in rows:
+        print(
+            f"| {name} | {started[name]:.1f} s | {rss['containerd'] / 1024:.0f} MiB "
+            f"| {rss['kubelet'] / 1024:.0f} MiB | {cpu[name] * 100:.1f} % of a core |"
+        )
+    print(
+        f"\nPer running pod ({args.pods} `sleep` pods on {first}; shim + pause + container): "
+        f"{per_pod / 1024:.1f} MiB"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

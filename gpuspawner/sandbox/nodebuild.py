@@ -1,0 +1,281 @@
+"""Build what a real node runs besides the kubelet: containerd, its runc shim,
+the CNI plugins, and the programs inside our own pause and test images.
+
+The kubelet itself is a component of the control plane's multi-call binary
+(:mod:`gpuspawner.sandbox.build`, ``k8s kubelet``), which shares its compile.
+containerd and the CNI plugins have their own ``go.mod`` files and are built
+from them, unchanged, with ``go install module/cmd/x@version`` (the Go module
+proxy serves them; nothing is vendored). runc is Debian's package
+(``scripts/install-system-packages.sh``).
+
+Everything lands in ``<cache>/bin/<name>-<version>-<hash>/``, where the hash
+covers what decides the binaries (packages, tags, flags, or our sources); a
+directory that exists is reused, a changed pin builds a new one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import platform
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from . import build
+
+#: Our Go module with the pause and test-tool programs (standard library only).
+IMAGE_MODULE_DIR = build.REPO_ROOT / "sandbox" / "nodeimages"
+IMAGE_PROGRAMS = ("pause", "tool")
+
+#: Debian's runc (the package scripts/install-system-packages.sh installs).
+RUNC_CANDIDATES = ("/usr/sbin/runc", "/usr/bin/runc")
+RUNC_MISSING = (
+    "runc is needed for real nodes: install Debian's package "
+    "(sh scripts/install-system-packages.sh, or apt-get install runc)."
+)
+
+
+@dataclass(frozen=True)
+class GoInstall:
+    """One ``go install`` of packages of a module at a version, with build tags."""
+
+    packages: tuple[str, ...]
+    tags: tuple[str, ...] = ()
+    ldflags: tuple[str, ...] = ("-s", "-w")
+
+
+@dataclass(frozen=True)
+class GoTool:
+    """Binaries installed from a Go module at a pinned version into one directory."""
+
+    name: str
+    module: str
+    version: str
+    installs: tuple[GoInstall, ...]
+    #: Rough cold-build time on 2 cores, printed so nobody thinks it hangs.
+    cold_estimate: str
+
+    @property
+    def binaries(self) -> tuple[str, ...]:
+        return tuple(p.rsplit("/", 1)[-1] for i in self.installs for p in i.packages)
+
+
+CONTAINERD_MODULE = "github.com/containerd/containerd/v2"
+CONTAINERD_VERSION = "v2.4.2"
+
+CONTAINERD = GoTool(
+    name="containerd",
+    module=CONTAINERD_MODULE,
+    version=CONTAINERD_VERSION,
+    installs=(
+        GoInstall(
+            ("cmd/containerd", "cmd/ctr"),
+            ldflags=("-s", "-w", f"-X {CONTAINERD_MODULE}/version.Version={CONTAINERD_VERSION}"),
+        ),
+        # The shim needs no gRPC server (it speaks ttrpc); containerd builds it so.
+        GoInstall(("cmd/containerd-shim-runc-v2",), tags=("no_grpc",)),
+    ),
+    cold_estimate="about 4 minutes",
+)
+
+CNI_PLUGINS = GoTool(
+    name="cni-plugins",
+    module="github.com/containernetworking/plugins",
+    version="v1.10.0",
+    installs=(
+        GoInstall(("plugins/main/bridge", "plugins/ipam/host-local", "plugins/main/loopback")),
+    ),
+    cold_estimate="about 20 seconds",
+)
+
+NODE_TOOLS = (CONTAINERD, CNI_PLUGINS)
+
+
+@dataclass(frozen=True)
+class NodeBinaries:
+    """Paths of everything a real node runs."""
+
+    k8s: Path  # the multi-call binary; `k8s kubelet` is the kubelet
+    containerd_dir: Path  # containerd, ctr, containerd-shim-runc-v2
+    cni_dir: Path
+    images_dir: Path  # pause, tool (static; packed into OCI images)
+    runc: Path
+
+    @property
+    def containerd(self) -> Path:
+        return self.containerd_dir / "containerd"
+
+    @property
+    def ctr(self) -> Path:
+        return self.containerd_dir / "ctr"
+
+
+def tool_hash(tool: GoTool) -> str:
+    """A short digest of everything that decides a tool's binaries."""
+    return hashlib.sha256(repr(tool).encode()).hexdigest()[:12]
+
+
+def tool_dir(tool: GoTool, cache: Path | None = None) -> Path:
+    cache = cache if cache is not None else build.cache_dir()
+    return cache / "bin" / f"{tool.name}-{tool.version}-{tool_hash(tool)}"
+
+
+def images_source_hash(module_dir: Path = IMAGE_MODULE_DIR) -> str:
+    """A short digest of our image programs' sources (every file of the module)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in module_dir.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(module_dir)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def images_dir(module_dir: Path = IMAGE_MODULE_DIR, cache: Path | None = None) -> Path:
+    cache = cache if cache is not None else build.cache_dir()
+    return cache / "bin" / f"nodeimages-{images_source_hash(module_dir)}"
+
+
+def install_commands(go: str, tool: GoTool, jobs: int = 2) -> list[list[str]]:
+    """The ``go install`` command lines that build a tool (pure)."""
+    cmds = []
+    for inst in tool.installs:
+        cmd = [go, "install", "-v", f"-p={jobs}", "-trimpath"]
+        if inst.tags:
+            cmd.append("-tags=" + ",".join(inst.tags))
+        cmd.append("-ldflags=" + " ".join(inst.ldflags))
+        cmd += [f"{tool.module}/{pkg}@{tool.version}" for pkg in inst.packages]
+        cmds.append(cmd)
+    return cmds
+
+
+def _go_env() -> dict[str, str]:
+    # Static binaries, never a downloaded toolchain; modules come from the proxy.
+    return dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local")
+
+
+def _complete(directory: Path, names: tuple[str, ...]) -> bool:
+    return all((directory / n).is_file() for n in names)
+
+
+def _prune(current: Path, stem: str) -> None:
+    """Delete directories of the same tool built from an older pin or source."""
+    for old in current.parent.glob(f"{stem}-*"):
+        if old != current and old.is_dir() and not old.name.endswith(".tmp"):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def build_tool(tool: GoTool, cache: Path | None = None, *, out: TextIO | None = None) -> Path:
+    """Install a tool's binaries into its cache directory if missing; return the directory."""
+    out = out if out is not None else sys.stderr
+    target = tool_dir(tool, cache)
+    if _complete(target, tool.binaries):
+        return target
+    go = build.find_go()
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    env = dict(_go_env(), GOBIN=str(tmp))
+    print(
+        f"Building {tool.name} {tool.version} ({', '.join(tool.binaries)}) from {tool.module}; "
+        f"from a cold Go cache this takes {tool.cold_estimate}.",
+        file=out,
+        flush=True,
+    )
+    compiled = 0
+    elapsed = 0.0
+    try:
+        for cmd in install_commands(go, tool):
+            # Outside any module: `go install pkg@version` uses that module's own go.mod.
+            n, t = build.run_go(cmd, tmp, env, out)
+            compiled, elapsed = compiled + n, elapsed + t
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    _prune(target, tool.name)
+    print(
+        f"Built {tool.name} in {elapsed:.0f}s ({compiled} packages compiled).", file=out, flush=True
+    )
+    return target
+
+
+def build_image_programs(
+    module_dir: Path = IMAGE_MODULE_DIR, cache: Path | None = None, *, out: TextIO | None = None
+) -> Path:
+    """Build the pause and test-tool programs (static) if missing; return their directory."""
+    out = out if out is not None else sys.stderr
+    target = images_dir(module_dir, cache)
+    if _complete(target, IMAGE_PROGRAMS):
+        return target
+    go = build.find_go()
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    print(f"Building the node images' programs ({', '.join(IMAGE_PROGRAMS)})…", file=out)
+    cmd = [go, "build", "-v", "-trimpath", "-ldflags=-s -w", "-o", str(tmp) + "/"]
+    cmd += [f"./{name}" for name in IMAGE_PROGRAMS]
+    try:
+        build.run_go(cmd, module_dir, _go_env(), out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    _prune(target, "nodeimages")
+    return target
+
+
+def find_runc() -> Path:
+    """Debian's runc (or any runc on PATH)."""
+    for candidate in (*RUNC_CANDIDATES, shutil.which("runc")):
+        if candidate and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    raise build.BuildError(RUNC_MISSING)
+
+
+def go_arch(machine: str | None = None) -> str:
+    """The GOARCH (= OCI architecture) of this machine, e.g. ``amd64``."""
+    machine = (machine or platform.machine()).lower()
+    return {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm"}.get(machine, machine)
+
+
+def build_all(cache: Path | None = None, *, out: TextIO | None = None) -> NodeBinaries:
+    """Build (or find cached) everything real nodes need."""
+    out = out if out is not None else sys.stderr
+    runc = find_runc()
+    k8s = build.build(cache=cache, out=out)
+    dirs = {tool.name: build_tool(tool, cache, out=out) for tool in NODE_TOOLS}
+    return NodeBinaries(
+        k8s=k8s,
+        containerd_dir=dirs[CONTAINERD.name],
+        cni_dir=dirs[CNI_PLUGINS.name],
+        images_dir=build_image_programs(cache=cache, out=out),
+        runc=runc,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpuspawner.sandbox.nodebuild",
+        description="Build the real nodes' kubelet, containerd, CNI plugins and image programs.",
+    )
+    parser.parse_args(argv)
+    try:
+        binaries = build_all()
+    except build.BuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("Build interrupted; nothing incomplete was cached.", file=sys.stderr)
+        return 130
+    for name, value in vars(binaries).items():
+        print(f"{name}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,409 @@
+"""What a real node is configured with, rendered from data (no I/O here).
+
+One node = its own containerd, kubelet, cgroup root, bridge and directories
+on this machine (see :mod:`gpuspawner.sandbox.nodes`, which writes these files
+and starts the processes). The settings are the ones that mattered in the
+trial on a machine of our kind (``shared/notes/real-nodes.md``); each
+non-obvious one says why next to it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Every pod network lives inside this range; the forward-drop rule drops
+#: anything forwarded from it to a destination outside it.
+POD_RANGE = ipaddress.ip_network("10.244.0.0/16")
+
+#: Bridges are named <prefix><index>; an interface name has at most 15 bytes.
+BRIDGE_PREFIX = "gsbr"
+
+#: Our own iptables chain in the filter table, jumped to from FORWARD.
+FORWARD_CHAIN = "GPUSPAWNER-PODS"
+
+#: Images that exist only on this machine: ``.invalid`` can never resolve, and
+#: containerd's registry configuration sends every pull to a dead loopback
+#: port anyway, so a missing image fails at once instead of reaching out.
+IMAGE_REGISTRY = "gpuspawner.invalid"
+PAUSE_IMAGE = f"{IMAGE_REGISTRY}/pause:v1"
+TOOL_IMAGE = f"{IMAGE_REGISTRY}/tool:v1"
+DEAD_REGISTRY = "http://127.0.0.1:9"
+
+#: Host paths the kubelet and containerd use whatever they are told; each
+#: node's mount namespace gets its own directory bind-mounted over each.
+#: /var/lib/kubelet holds device-plugins/ (two kubelets fought over it),
+#: /var/log/containers the kubelet's log symlinks, /var/lib/cni libcni's
+#: result cache, /run/containerd the shims' sockets (containerd hard-codes
+#: /run/containerd/s).
+PRIVATE_HOST_DIRS = ("/var/lib/kubelet", "/var/log/containers", "/var/lib/cni", "/run/containerd")
+
+#: containerd's socket, as seen inside each node's own mount namespace.
+NODE_CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
+
+#: What the kubelet sets on the host when it starts; recorded before the
+#: first node starts and put back after the last one stops.
+KUBELET_SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops")
+#: Networking sysctls nothing of ours should change; recorded and put back too.
+NETWORK_SYSCTLS = ("net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables")
+
+
+class NodeConfigError(ValueError):
+    """A node cannot be configured as asked; the message says why."""
+
+
+@dataclass(frozen=True)
+class NodeNetwork:
+    """A node's pod network: bridge name, pod subnet, and the bridge's address (= node IP)."""
+
+    index: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index <= 255:
+            raise NodeConfigError(
+                f"Node index {self.index} is out of range: at most 256 nodes fit in {POD_RANGE}."
+            )
+
+    @property
+    def bridge(self) -> str:
+        return f"{BRIDGE_PREFIX}{self.index}"
+
+    @property
+    def subnet(self) -> ipaddress.IPv4Network:
+        return ipaddress.ip_network(f"10.244.{self.index}.0/24")
+
+    @property
+    def node_ip(self) -> str:
+        # The kubelet refuses a loopback node IP; the bridge's own address is
+        # ours, reachable from the host, and never leaves the machine.
+        return str(self.subnet.network_address + 1)
+
+    @property
+    def bridge_cidr(self) -> str:
+        return f"{self.node_ip}/{self.subnet.prefixlen}"
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    """Every directory and file of one node, under its own root."""
+
+    root: Path
+
+    @property
+    def containerd_root(self) -> Path:
+        return self.root / "containerd" / "root"
+
+    @property
+    def containerd_state(self) -> Path:
+        return self.root / "containerd" / "state"
+
+    @property
+    def containerd_socket(self) -> Path:
+        # Inside the node's mount namespace, where /run/containerd is the
+        # node's own directory: a short, fixed path (a unix socket's path has
+        # at most 107 bytes, and state directories can be deep), and the
+        # place every kubelet and tool looks first.
+        return NODE_CONTAINERD_SOCKET
+
+    @property
+    def containerd_config(self) -> Path:
+        return self.root / "containerd" / "config.toml"
+
+    @property
+    def registry_hosts(self) -> Path:
+        return self.root / "containerd" / "certs.d"
+
+    @property
+    def runc_root(self) -> Path:
+        return self.root / "runc"
+
+    @property
+    def cni_conf_dir(self) -> Path:
+        return self.root / "cni" / "net.d"
+
+    @property
+    def cni_data_dir(self) -> Path:
+        return self.root / "cni" / "host-local"
+
+    @property
+    def kubelet_config(self) -> Path:
+        return self.root / "kubelet-config.yaml"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubelet.kubeconfig"
+
+    @property
+    def cert_dir(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.root / "pod-logs"
+
+    @property
+    def volume_plugins(self) -> Path:
+        return self.root / "volume-plugins"
+
+    @property
+    def resolv_conf(self) -> Path:
+        return self.root / "resolv.conf"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def ready_file(self) -> Path:
+        return self.root / "mounts.ready"
+
+    def private_dir(self, host_dir: str) -> Path:
+        """The node's own directory that is bind-mounted over ``host_dir``."""
+        return self.root / "private" / host_dir.strip("/").replace("/", "_")
+
+
+def _toml_str(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def containerd_config(paths: NodePaths, runc: Path, cni_bin_dir: Path) -> str:
+    """containerd's config.toml (version 3) for one node."""
+    runtime = 'plugins."io.containerd.cri.v1.runtime"'
+    images = 'plugins."io.containerd.cri.v1.images"'
+    return f"""\
+# Written by gpuspawner.sandbox.nodes for one sandbox node; private paths only.
+version = 3
+root = {_toml_str(str(paths.containerd_root))}
+state = {_toml_str(str(paths.containerd_state))}
+# Never pick up the host's containerd drop-ins.
+imports = []
+disabled_plugins = ["io.containerd.nri.v1.nri"]
+
+[grpc]
+  address = {_toml_str(str(paths.containerd_socket))}
+
+[ttrpc]
+  address = {_toml_str(str(paths.containerd_socket) + ".ttrpc")}
+
+[plugins."io.containerd.grpc.v1.cri"]
+  # The streaming server (exec/attach/port-forward) on loopback, any free port.
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[{images}]
+  snapshotter = "overlayfs"
+
+[{images}.pinned_images]
+  sandbox = {_toml_str(PAUSE_IMAGE)}
+
+[{images}.registry]
+  config_path = {_toml_str(str(paths.registry_hosts))}
+
+[{runtime}]
+  # Root here lacks CAP_SYS_RESOURCE: without this runc fails every pod
+  # when the kubelet asks for oom_score_adj -998/-997.
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  enable_selinux = false
+
+[{runtime}.cni]
+  bin_dirs = [{_toml_str(str(cni_bin_dir))}]
+  conf_dir = {_toml_str(str(paths.cni_conf_dir))}
+  max_conf_num = 1
+
+[{runtime}.containerd]
+  default_runtime_name = "runc"
+
+[{runtime}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[{runtime}.containerd.runtimes.runc.options]
+  BinaryName = {_toml_str(str(runc))}
+  Root = {_toml_str(str(paths.runc_root))}
+  SystemdCgroup = false
+
+[plugins."io.containerd.transfer.v1.local"]
+  config_path = {_toml_str(str(paths.registry_hosts))}
+"""
+
+
+def registry_hosts_toml() -> str:
+    """certs.d/_default/hosts.toml: every registry is a dead loopback port."""
+    return f"""\
+# No registry is reachable from the sandbox: pulls fail at once, on loopback.
+server = {_toml_str(DEAD_REGISTRY)}
+
+[host.{_toml_str(DEAD_REGISTRY)}]
+  capabilities = ["pull", "resolve"]
+"""
+
+
+def cni_conflist(net: NodeNetwork, data_dir: Path) -> dict[str, Any]:
+    """The node's CNI network: bridge + host-local + loopback, no default route, no NAT."""
+    return {
+        "cniVersion": "1.0.0",
+        "name": "gpuspawner-pods",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": net.bridge,
+                # The bridge and its address are ours (created before the
+                # node starts): the plugin neither addresses the bridge nor
+                # turns on IP forwarding, and gives pods no gateway.
+                "isGateway": False,
+                "isDefaultGateway": False,
+                "ipMasq": False,
+                "hairpinMode": False,
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": str(data_dir),
+                    # Only the subnet's own (connected) route: pods reach
+                    # their node's bridge and nothing beyond it.
+                    "ranges": [
+                        [
+                            {
+                                "subnet": str(net.subnet),
+                                "rangeStart": str(net.subnet.network_address + 10),
+                                "rangeEnd": str(net.subnet.broadcast_address - 1),
+                            }
+                        ]
+                    ],
+                    "routes": [],
+                },
+            },
+            {"type": "loopback"},
+        ],
+    }
+
+
+def kubelet_configuration(
+    paths: NodePaths,
+    net: NodeNetwork,
+    *,
+    node: str,
+    client_ca: Path,
+    healthz_port: int,
+    kubelet_port: int = 10250,
+) -> dict[str, Any]:
+    """The KubeletConfiguration for one node."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        # Our machines have the cgroup v1 hybrid hierarchy; the kubelet
+        # refuses v1 unless told otherwise.
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs",
+        # Each node's pods in their own cgroup subtree (pre-created by nodes.py).
+        "cgroupRoot": cgroup_root(node),
+        "cgroupsPerQOS": True,
+        "containerRuntimeEndpoint": f"unix://{paths.containerd_socket}",
+        "podLogsDir": str(paths.pod_logs),
+        "volumePluginDir": str(paths.volume_plugins),
+        "address": net.node_ip,
+        "port": kubelet_port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": healthz_port,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(client_ca)},
+        },
+        "authorization": {"mode": "Webhook"},
+        # Pods resolve nothing outside: the only nameserver is a dead loopback.
+        "resolvConf": str(paths.resolv_conf),
+        # Images exist only locally: never garbage-collect them.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        # A shared development machine: evict only when really short.
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+            "imagefs.available": "1%",
+        },
+        "failSwapOn": False,
+        "serializeImagePulls": False,
+        "registerNode": True,
+        "staticPodPath": "",
+        # Lets `down` restore the host: the kubelet sets the kernel's panic
+        # sysctls itself (recorded and put back by nodes.py).
+        "protectKernelDefaults": False,
+        "clusterDomain": "cluster.local",
+    }
+
+
+def kubelet_args(
+    paths: NodePaths,
+    net: NodeNetwork,
+    *,
+    node: str,
+    labels: Mapping[str, str] | None = None,
+    taints: Sequence[str] = (),
+) -> list[str]:
+    """The kubelet's command-line flags (after ``k8s kubelet``).
+
+    ``taints`` are ``key=value:Effect`` strings the node registers with.
+    """
+    args = [
+        f"--config={paths.kubelet_config}",
+        f"--kubeconfig={paths.kubeconfig}",
+        f"--hostname-override={node}",
+        f"--node-ip={net.node_ip}",
+        # The node's own directory is mounted here in its mount namespace.
+        "--root-dir=/var/lib/kubelet",
+        f"--cert-dir={paths.cert_dir}",
+    ]
+    if labels:
+        args.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())))
+    if taints:
+        args.append("--register-with-taints=" + ",".join(taints))
+    return args
+
+
+def resolv_conf() -> str:
+    """The pods' resolv.conf: a loopback nameserver that answers nothing."""
+    return "nameserver 127.0.0.1\n"
+
+
+def mount_script(paths: NodePaths, host_dirs: tuple[str, ...] = PRIVATE_HOST_DIRS) -> str:
+    """The shell script the node's mount-namespace holder runs (sh -c).
+
+    It bind-mounts the node's private directories over the shared host paths,
+    then marks itself ready and waits until it is killed; the node's
+    containerd and kubelet join its mount namespace.
+    """
+    lines = ["set -eu"]
+    for host_dir in host_dirs:
+        lines.append(f"mount --bind {_sh(str(paths.private_dir(host_dir)))} {_sh(host_dir)}")
+    lines.append(f": > {_sh(str(paths.ready_file))}")
+    # The shell stays (its command line names the node, so `down` can tell
+    # it is ours); it sleeps until it is killed.
+    lines.append("while :; do sleep 3600; done")
+    return "\n".join(lines) + "\n"
+
+
+def _sh(value: str) -> str:
+    return "'" + value.replace("'", "'\\''") + "'"
+
+
+def forward_rules(chain: str = FORWARD_CHAIN) -> list[list[str]]:
+    """iptables rules (filter table) of our chain: drop pod traffic leaving the pod ranges.
+
+    Pods have no default route, so nothing should ever match; the rules'
+    counters prove it.
+    """
+    pods = str(POD_RANGE)
+    return [
+        ["-A", chain, "-s", pods, "!", "-d", pods, "-j", "DROP"],
+        ["-A", chain, "-i", f"{BRIDGE_PREFIX}+", "!", "-d", pods, "-j", "DROP"],
+    ]
+
+
+def cgroup_root(node: str) -> str:
+    """The node's cgroup root (the kubelet's ``cgroupRoot``), in every hierarchy."""
+    return f"/gpuspawner-{node}"

@@ -1,0 +1,692 @@
+"""Real Kubernetes nodes on this machine: the kubelet, containerd, runc and CNI.
+
+Each node is a set of host processes sharing one private mount namespace
+(``unshare --mount --propagation slave``): its own containerd (private root,
+state, socket), the kubelet (``k8s kubelet`` from the control plane's
+binary) with a ``system:node:<name>`` client certificate, a cgroup root
+``/gpuspawner-<node>`` in every hierarchy, and a bridge ``gsbr<N>`` whose
+address 10.244.N.1 is the node IP. Pods get their own network namespace on
+that bridge with no default route; an iptables chain of ours drops anything
+forwarded from the pod range to elsewhere, and its counter is readable.
+
+Everything started and changed is recorded in ``<state_dir>/nodes.json``
+before it happens, so :func:`teardown` (from this process or from
+``gpuspawner-sandbox down``) stops it all and puts the host back as it was,
+even after a failed start. GPU nodes (device plugin, NVIDIA runtime) are not
+here yet: :func:`startable` says which topology nodes this module can run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import nodeconfig, ociimage
+from .controlplane import ControlPlane, free_port, log_tail
+from .hoststate import cgroup_mounts, read_sysctl, sysctl_path
+from .kubeapi import ApiError, KubeApi
+from .nodebuild import NodeBinaries, go_arch
+from .nodeconfig import NodeNetwork, NodePaths
+from .topology import NodeSpec
+
+STATE_FILE = "nodes.json"
+
+#: Seconds each process gets to exit after SIGTERM before it is killed.
+STOP_GRACE = 10.0
+
+#: iptables chains the kubelet creates (and we remove again when we created them).
+KUBELET_CHAIN_PREFIX = "KUBE-"
+
+_PR_SET_PDEATHSIG = 1
+
+
+class NodeError(Exception):
+    """Real nodes could not be started; the message says why and what to do."""
+
+
+def startable(node: NodeSpec) -> bool:
+    """Whether this module can run a topology node yet: CPU-only nodes.
+
+    GPU nodes need the device plugin and NVIDIA's runtime (issue 11); this is
+    the seam where they join.
+    """
+    return not node.gpus
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _run(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(list(cmd), capture_output=True, text=True, timeout=60)
+    if check and result.returncode != 0:
+        raise NodeError(f"`{shlex.join(cmd)}` failed: {result.stderr.strip() or result.stdout}")
+    return result
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _mntns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
+
+
+# -- the record --------------------------------------------------------------------
+
+
+def read_state(state_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(state_dir) / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_state(state_dir: Path, state: dict[str, Any]) -> None:
+    path = Path(state_dir) / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(path)
+
+
+# -- starting ----------------------------------------------------------------------
+
+
+class RealNodes:
+    """Real nodes registered to a running control plane. A context manager."""
+
+    #: Tests and `up --foreground` want the processes to die with us; `up` does not.
+    die_with_parent: bool = True
+
+    def __init__(
+        self,
+        state_dir: Path,
+        control_plane: ControlPlane,
+        binaries: NodeBinaries,
+        names: Iterable[str],
+        *,
+        taints: Sequence[str] = (),
+    ):
+        self.state_dir = Path(state_dir).resolve()
+        self.root = self.state_dir / "nodes"
+        self.cp = control_plane
+        self.binaries = binaries
+        self.names = list(names)
+        self.taints = tuple(taints)
+        self.state: dict[str, Any] = {}
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.started_in: dict[str, float] = {}
+
+    def __enter__(self) -> RealNodes:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def paths(self, name: str) -> NodePaths:
+        return NodePaths(self.root / name)
+
+    def api(self) -> KubeApi:
+        return self.cp.admin_api()
+
+    def start(self, timeout: float = 180) -> None:
+        """Start every node and wait until all are Ready; on failure undo everything."""
+        if os.geteuid() != 0:
+            raise NodeError("Real nodes need root (mount namespaces, cgroups, bridges).")
+        if read_state(self.state_dir):
+            raise NodeError(
+                f"Real nodes recorded in {self.state_dir} may still run; "
+                "stop them first (gpuspawner-sandbox down)."
+            )
+        deadline = time.monotonic() + timeout
+        try:
+            self._begin()
+            archives = self._write_images()
+            began = {}
+            for index, name in enumerate(self.names):
+                began[name] = time.monotonic()
+                self._start_node(name, index, archives, deadline)
+            # Nodes register in parallel; each one's time is its own start to its Ready.
+            while len(self.started_in) < len(self.names):
+                for name in self.names:
+                    if name not in self.started_in:
+                        self._check(name, deadline, "the node to be Ready")
+                        if self.node_ready(name):
+                            self.started_in[name] = time.monotonic() - began[name]
+                time.sleep(0.2)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop every node, delete its Node object, restore the host (see :func:`teardown`)."""
+        teardown(self.state_dir)
+        for name in self.names:
+            # The control plane outlives the nodes (tests, `down` of nodes
+            # only): a stopped node's object would only hold pods bound to it.
+            with contextlib.suppress(Exception):
+                self.api().delete(f"/api/v1/nodes/{name}")
+        for proc in self.processes.values():
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=1)
+        self.processes.clear()
+
+    # -- the record, host-wide part --------------------------------------------
+
+    def _save(self) -> None:
+        _write_state(self.state_dir, self.state)
+
+    def _begin(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.state = {
+            "root": str(self.root),
+            # Recorded before anything of ours runs, put back by teardown.
+            "sysctls": {
+                n: read_sysctl(n)
+                for n in (*nodeconfig.KUBELET_SYSCTLS, *nodeconfig.NETWORK_SYSCTLS)
+            },
+            "iptables": {tool: _chains(tool) for tool in ("iptables", "ip6tables")},
+            "created_dirs": [],
+            "chain": False,
+            "nodes": {},
+        }
+        self._save()
+        for host_dir in nodeconfig.PRIVATE_HOST_DIRS:
+            if not os.path.lexists(host_dir):
+                # Mount points must exist; remember to remove them again.
+                created = _makedirs(Path(host_dir))
+                self.state["created_dirs"] += [str(p) for p in created]
+                self._save()
+        self._add_forward_chain()
+
+    def _add_forward_chain(self) -> None:
+        chain = nodeconfig.FORWARD_CHAIN
+        if _run(["iptables", "-n", "-L", chain], check=False).returncode == 0:
+            raise NodeError(
+                f"The iptables chain {chain} exists already: real nodes of another sandbox "
+                "run, or were not stopped (gpuspawner-sandbox down)."
+            )
+        self.state["chain"] = True
+        self._save()
+        _run(["iptables", "-N", chain])
+        for rule in nodeconfig.forward_rules(chain):
+            _run(["iptables", *rule])
+        _run(["iptables", "-I", "FORWARD", "1", "-j", chain])
+
+    def _write_images(self) -> list[Path]:
+        images = self.root / "images"
+        images.mkdir(parents=True, exist_ok=True)
+        arch = go_arch()
+        programs = self.binaries.images_dir
+        specs = [
+            ociimage.ImageSpec(
+                ref=nodeconfig.PAUSE_IMAGE,
+                files={"pause": ((programs / "pause").read_bytes(), 0o755)},
+                entrypoint=["/pause"],
+                architecture=arch,
+            ),
+            ociimage.ImageSpec(
+                ref=nodeconfig.TOOL_IMAGE,
+                files={"tool": ((programs / "tool").read_bytes(), 0o755)},
+                entrypoint=["/tool"],
+                cmd=["sleep", "infinity"],
+                architecture=arch,
+            ),
+        ]
+        paths = []
+        for spec in specs:
+            path = images / (spec.ref.rsplit("/", 1)[-1].replace(":", "-") + ".tar")
+            path.write_bytes(ociimage.image_archive(spec))
+            paths.append(path)
+        return paths
+
+    # -- one node ----------------------------------------------------------------
+
+    def _start_node(self, name: str, index: int, archives: list[Path], deadline: float) -> None:
+        paths, net = self.paths(name), NodeNetwork(index)
+        rec: dict[str, Any] = {
+            "index": index,
+            "root": str(paths.root),
+            "bridge": None,
+            "cgroups": [],
+            "pids": {},
+            "mntns": None,
+            # The shim's path tells our shims from strangers' if the holder is gone.
+            "shim": str(self.binaries.containerd_dir / "containerd-shim-runc-v2"),
+        }
+        self.state["nodes"][name] = rec
+        self._save()
+        self._write_files(name, paths, net)
+
+        for mount in cgroup_mounts():
+            top = mount / nodeconfig.cgroup_root(name).strip("/")
+            if top.exists():
+                raise NodeError(
+                    f"The cgroup {top} exists already: a node named {name} runs or was not "
+                    "stopped (gpuspawner-sandbox down)."
+                )
+            rec["cgroups"].append(str(top))
+            self._save()
+            top.mkdir()
+            # A new cpuset cgroup has no CPUs or memory nodes until given its parent's.
+            for knob in ("cpuset.cpus", "cpuset.mems"):
+                if (mount / knob).exists():
+                    (top / knob).write_text((mount / knob).read_text())
+
+        if _run(["ip", "link", "show", net.bridge], check=False).returncode == 0:
+            raise NodeError(
+                f"The bridge {net.bridge} exists already: real nodes of another sandbox run, "
+                "or were not stopped (gpuspawner-sandbox down)."
+            )
+        rec["bridge"] = net.bridge
+        self._save()
+        _run(["ip", "link", "add", net.bridge, "type", "bridge"])
+        _run(["ip", "addr", "add", net.bridge_cidr, "dev", net.bridge])
+        _run(["ip", "link", "set", net.bridge, "up"])
+
+        holder = self._spawn(
+            name,
+            "holder",
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "slave",
+                "sh",
+                "-c",
+                nodeconfig.mount_script(paths),
+            ],
+        )
+        self._wait(name, deadline, "its mount namespace", paths.ready_file.exists)
+        rec["mntns"] = _mntns(holder.pid)
+        self._save()
+
+        enter = ["nsenter", f"--mount=/proc/{holder.pid}/ns/mnt", "--"]
+        self._spawn(
+            name,
+            "containerd",
+            [*enter, str(self.binaries.containerd), "--config", str(paths.containerd_config)],
+        )
+        ctr = [*enter, str(self.binaries.ctr), "--address", str(paths.containerd_socket)]
+        self._wait(
+            name,
+            deadline,
+            "containerd",
+            lambda: _run([*ctr, "version"], check=False).returncode == 0,
+        )
+        for archive in archives:
+            _run([*ctr, "-n", "k8s.io", "images", "import", str(archive)])
+
+        self._spawn(
+            name,
+            "kubelet",
+            [
+                *enter,
+                str(self.binaries.k8s),
+                "kubelet",
+                *nodeconfig.kubelet_args(paths, net, node=name, taints=self.taints),
+            ],
+        )
+
+    def _write_files(self, name: str, paths: NodePaths, net: NodeNetwork) -> None:
+        for d in (
+            paths.containerd_root,
+            paths.containerd_state,
+            paths.runc_root,
+            paths.cni_conf_dir,
+            paths.cni_data_dir,
+            paths.cert_dir,
+            paths.pod_logs,
+            paths.volume_plugins,
+            paths.logs,
+            paths.registry_hosts / "_default",
+            *(paths.private_dir(h) for h in nodeconfig.PRIVATE_HOST_DIRS),
+        ):
+            d.mkdir(parents=True, exist_ok=True)
+        paths.containerd_config.write_text(
+            nodeconfig.containerd_config(paths, self.binaries.runc, self.binaries.cni_dir)
+        )
+        (paths.registry_hosts / "_default" / "hosts.toml").write_text(
+            nodeconfig.registry_hosts_toml()
+        )
+        (paths.cni_conf_dir / "10-gpuspawner.conflist").write_text(
+            json.dumps(nodeconfig.cni_conflist(net, paths.cni_data_dir), indent=2) + "\n"
+        )
+        paths.resolv_conf.write_text(nodeconfig.resolv_conf())
+        config = nodeconfig.kubelet_configuration(
+            paths, net, node=name, client_ca=self.cp.ca_file, healthz_port=free_port()
+        )
+        paths.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
+        kubeconfig = self.cp.client_kubeconfig(
+            f"system:node:{name}", ["system:nodes"], name=f"node-{name}"
+        )
+        paths.kubeconfig.write_bytes(kubeconfig.read_bytes())
+        paths.kubeconfig.chmod(0o600)
+
+    def _spawn(self, name: str, component: str, cmd: list[str]) -> subprocess.Popen:
+        log_path = self.paths(name).logs / f"{component}.log"
+        env = dict(os.environ)
+        # The shim is found next to containerd; proxies have no business here.
+        env["PATH"] = f"{self.binaries.containerd_dir}:{env.get('PATH', '/usr/sbin:/usr/bin')}"
+        for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+            env.pop(var, None)
+        preexec = None
+        if self.die_with_parent and threading.current_thread() is threading.main_thread():
+            preexec = _die_with_parent
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=preexec,
+                env=env,
+            )
+        self.processes[f"{name}/{component}"] = proc
+        self.state["nodes"][name]["pids"][component] = proc.pid
+        self._save()
+        return proc
+
+    def _wait(self, name: str, deadline: float, what: str, check) -> None:
+        while not check():
+            self._check(name, deadline, what)
+            time.sleep(0.2)
+
+    def _check(self, name: str, deadline: float, what: str) -> None:
+        """Fail at once if a process of the node exited, or when time is up."""
+        for key, proc in self.processes.items():
+            if key.startswith(f"{name}/") and proc.poll() is not None:
+                component = key.split("/", 1)[1]
+                log_path = self.paths(name).logs / f"{component}.log"
+                raise NodeError(
+                    f"{component} of node {name} exited with code {proc.returncode} "
+                    f"while waiting for {what}; last lines of {log_path}:\n{log_tail(log_path)}"
+                )
+        if time.monotonic() > deadline:
+            log_path = self.paths(name).logs / "kubelet.log"
+            raise NodeError(
+                f"Node {name}: {what} not ready in time; last lines of {log_path}:\n"
+                f"{log_tail(log_path)}"
+            )
+
+    def node_ready(self, name: str) -> bool:
+        try:
+            node = self.api().get(f"/api/v1/nodes/{name}")
+        except (ApiError, OSError):
+            return False
+        return any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in node.get("status", {}).get("conditions", [])
+        )
+
+    def node_ip(self, name: str) -> str:
+        return NodeNetwork(self.names.index(name)).node_ip
+
+    def forward_drops(self) -> int:
+        """Packets our forward rule dropped (pods reaching outside the pod ranges)."""
+        return forward_drops()
+
+
+def forward_drops(chain: str = nodeconfig.FORWARD_CHAIN) -> int:
+    """The sum of the packet counters of our forward-drop chain's rules."""
+    out = _run(["iptables", "-n", "-v", "-x", "-L", chain]).stdout
+    total = 0
+    for line in out.splitlines()[2:]:
+        fields = line.split()
+        if fields and fields[0].isdigit():
+            total += int(fields[0])
+    return total
+
+
+def _makedirs(path: Path) -> list[Path]:
+    """mkdir -p, returning the directories it created (outermost first)."""
+    created = []
+    for parent in reversed([path, *path.parents]):
+        if not parent.exists():
+            parent.mkdir()
+            created.append(parent)
+    return created
+
+
+def _chains(tool: str) -> dict[str, list[str]]:
+    """Table -> chain names, from ``<tool>-save``."""
+    out = subprocess.run([f"{tool}-save"], capture_output=True, text=True, timeout=30).stdout
+    tables: dict[str, list[str]] = {}
+    table = None
+    for line in out.splitlines():
+        if line.startswith("*"):
+            table = line[1:]
+            tables[table] = []
+        elif line.startswith(":") and table is not None:
+            tables[table].append(line[1:].split()[0])
+    return tables
+
+
+# -- stopping and restoring ------------------------------------------------------------
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def _stop_pid(pid: int, marker: str, grace: float = STOP_GRACE) -> None:
+    """SIGTERM a recorded process if it is still ours, SIGKILL after the grace period."""
+    if not _is_ours(pid, marker):
+        return
+    _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pid):
+        _signal(pid, signal.SIGKILL)
+        _wait_gone([pid])
+
+
+def _is_ours(pid: int, marker: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return marker.encode() in cmdline and _alive(pid)
+
+
+def _wait_gone(pids: Iterable[int], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _cgroup_pids(tops: Iterable[str]) -> set[int]:
+    pids = set()
+    for top in tops:
+        for directory, _, _ in os.walk(top):
+            with contextlib.suppress(OSError):
+                pids.update(int(p) for p in Path(directory, "cgroup.procs").read_text().split())
+    return pids
+
+
+def _namespace_pids(mntns: str, only: tuple[str, ...] | None = None) -> set[int]:
+    """Processes in a mount namespace; with ``only``, just those running one of those files."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _mntns(int(entry.name)) == mntns:
+            if only is not None:
+                try:
+                    if os.readlink(entry / "exe") not in only:
+                        continue
+                except OSError:
+                    continue
+            pids.add(int(entry.name))
+    return pids
+
+
+def _kill_until_empty(find, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while (pids := {p for p in find() if _alive(p)}) and time.monotonic() < deadline:
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
+def _remove_cgroup(top: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while os.path.isdir(top):
+        for directory, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+        if time.monotonic() > deadline:
+            raise NodeError(f"Cannot remove the cgroup {top}: processes still in it.")
+        time.sleep(0.1)
+
+
+def _teardown_node(name: str, rec: dict[str, Any]) -> None:
+    marker = rec["root"]
+    pids = rec.get("pids", {})
+    # The kubelet first, so it restarts nothing; then the pods' processes
+    # (in the node's cgroups), then containerd, then whatever is left in the
+    # node's mount namespace (shims, the namespace holder). With the last of
+    # them the namespace goes, and with it every mount and pod network
+    # namespace inside it.
+    if "kubelet" in pids:
+        _stop_pid(pids["kubelet"], marker)
+    _kill_until_empty(lambda: _cgroup_pids(rec.get("cgroups", [])))
+    if "containerd" in pids:
+        _stop_pid(pids["containerd"], marker)
+    if rec.get("mntns"):
+        # While the holder lives the namespace is certainly the node's; once
+        # it is gone the kernel may reuse the number for someone else's, so
+        # then only our own shims are killed there.
+        holder = pids.get("holder")
+        only = None if holder and _is_ours(holder, marker) else (rec.get("shim", ""),)
+        _kill_until_empty(lambda: _namespace_pids(rec["mntns"], only))
+    if "holder" in pids:
+        _stop_pid(pids["holder"], marker, grace=1)
+    for top in rec.get("cgroups", []):
+        _remove_cgroup(top)
+    bridge = rec.get("bridge")
+    if bridge and _run(["ip", "link", "show", bridge], check=False).returncode == 0:
+        # Pod veths go with their network namespaces; any left behind go now.
+        listed = _run(["ip", "-o", "link", "show", "master", bridge], check=False).stdout
+        for line in listed.splitlines():
+            veth = line.split(":", 2)[1].strip().split("@", 1)[0]
+            _run(["ip", "link", "del", veth], check=False)
+        _run(["ip", "link", "del", bridge])
+
+
+def _restore_iptables(before: dict[str, dict[str, list[str]]]) -> None:
+    """Remove the kubelet's chains (and the rules jumping to them) that were not there before."""
+    for tool, tables in before.items():
+        now = _chains(tool)
+        for table, chains in now.items():
+            new = [
+                c
+                for c in chains
+                if c.startswith(KUBELET_CHAIN_PREFIX) and c not in tables.get(table, [])
+            ]
+            if not new:
+                continue
+            saved = subprocess.run(
+                [f"{tool}-save", "-t", table], capture_output=True, text=True, timeout=30
+            ).stdout
+            for line in saved.splitlines():
+                if not line.startswith("-A "):
+                    continue
+                args = shlex.split(line)
+                target = args[args.index("-j") + 1] if "-j" in args else None
+                if args[1] not in new and target in new:
+                    _run([tool, "-t", table, "-D", *args[1:]], check=False)
+            for chain in new:
+                _run([tool, "-t", table, "-F", chain], check=False)
+            for chain in new:
+                _run([tool, "-t", table, "-X", chain], check=False)
+
+
+def teardown(state_dir: Path) -> list[str]:
+    """Stop the real nodes recorded in state_dir and restore the host; returns their names.
+
+    Safe to call more than once and after a partial start: it undoes what the
+    record says was done, in reverse.
+    """
+    state_dir = Path(state_dir).resolve()
+    state = read_state(state_dir)
+    if not state:
+        return []
+    names = list(state.get("nodes", {}))
+    problems = []
+    for name in reversed(names):
+        try:
+            _teardown_node(name, state["nodes"][name])
+        except NodeError as e:
+            # Undo everything else anyway; the record stays for another try.
+            problems.append(f"node {name}: {e}")
+    if state.get("chain"):
+        chain = nodeconfig.FORWARD_CHAIN
+        while _run(["iptables", "-D", "FORWARD", "-j", chain], check=False).returncode == 0:
+            pass
+        _run(["iptables", "-F", chain], check=False)
+        _run(["iptables", "-X", chain], check=False)
+    _restore_iptables(state.get("iptables", {}))
+    for name, value in state.get("sysctls", {}).items():
+        # Only what the kubelet changes: the networking ones are recorded to
+        # prove we leave them alone, and others on the machine may change them.
+        if name not in nodeconfig.KUBELET_SYSCTLS:
+            continue
+        if value is not None and read_sysctl(name) != value:
+            sysctl_path(name).write_text(value + "\n")
+    for created in reversed(state.get("created_dirs", [])):
+        with contextlib.suppress(OSError):
+            os.rmdir(created)
+    if problems:
+        raise NodeError(
+            "Real nodes were stopped, but the host is not fully restored ("
+            + "; ".join(problems)
+            + "); run `gpuspawner-sandbox down` again once that is resolved."
+        )
+    root = Path(state["root"])
+    if root.is_dir() and not _has_mounts(root):
+        shutil.rmtree(root, ignore_errors=True)
+    (state_dir / STATE_FILE).unlink(missing_ok=True)
+    return names
+
+
+def _has_mounts(path: Path) -> bool:
+    prefix = str(path).rstrip("/") + "/"
+    return any(
+        line.split(" ")[4].startswith(prefix)
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+    )
+
+
+def status(state_dir: Path) -> dict[str, dict[str, bool]]:
+    """Node -> component -> alive, for the nodes recorded in state_dir."""
+    state = read_state(Path(state_dir).resolve())
+    if not state:
+        return {}
+    return {
+        name: {c: _is_ours(pid, rec["root"]) for c, pid in rec.get("pids", {}).items()}
+        for name, rec in state.get("nodes", {}).items()
+    }

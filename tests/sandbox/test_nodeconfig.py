@@ -1,0 +1,147 @@
+"""What real nodes are configured with: containerd, CNI, kubelet (rendered from data)."""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuspawner.sandbox import nodeconfig
+from gpuspawner.sandbox.nodeconfig import NodeNetwork, NodePaths
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+PATHS = NodePaths(Path("/state/nodes/cpu-0"))
+NET = NodeNetwork(3)
+
+
+def test_network_per_node_index():
+    assert NET.bridge == "gsbr3"
+    assert str(NET.subnet) == "10.244.3.0/24"
+    assert NET.node_ip == "10.244.3.1"
+    assert NET.bridge_cidr == "10.244.3.1/24"
+    assert NET.subnet.subnet_of(nodeconfig.POD_RANGE)
+    assert len(NodeNetwork(255).bridge) <= 15  # Linux interface names
+
+
+def test_network_index_out_of_range_is_one_sentence():
+    with pytest.raises(nodeconfig.NodeConfigError, match="at most 256 nodes"):
+        NodeNetwork(256)
+
+
+def test_containerd_config_keeps_everything_private():
+    config = tomllib.loads(
+        nodeconfig.containerd_config(PATHS, Path("/usr/sbin/runc"), Path("/cache/cni"))
+    )
+    assert config["version"] == 3
+    assert config["imports"] == []
+    assert config["root"] == "/state/nodes/cpu-0/containerd/root"
+    assert config["state"] == "/state/nodes/cpu-0/containerd/state"
+    assert config["grpc"]["address"] == str(PATHS.containerd_socket)
+    # A short path in the node's own /run/containerd (unix socket paths are limited).
+    assert str(PATHS.containerd_socket).startswith("/run/containerd/")
+    assert "/run/containerd" in nodeconfig.PRIVATE_HOST_DIRS
+    plugins = config["plugins"]
+    runtime = plugins["io.containerd.cri.v1.runtime"]
+    # Pitfall 1: root lacks CAP_SYS_RESOURCE here.
+    assert runtime["restrict_oom_score_adj"] is True
+    assert runtime["netns_mounts_under_state_dir"] is True
+    runc = runtime["containerd"]["runtimes"]["runc"]
+    assert runc["runtime_type"] == "io.containerd.runc.v2"
+    assert runc["options"] == {
+        "BinaryName": "/usr/sbin/runc",
+        "Root": str(PATHS.runc_root),
+        "SystemdCgroup": False,
+    }
+    assert runtime["cni"]["bin_dirs"] == ["/cache/cni"]
+    assert runtime["cni"]["conf_dir"] == str(PATHS.cni_conf_dir)
+    images = plugins["io.containerd.cri.v1.images"]
+    assert images["pinned_images"]["sandbox"] == nodeconfig.PAUSE_IMAGE
+    assert images["registry"]["config_path"] == str(PATHS.registry_hosts)
+    assert plugins["io.containerd.transfer.v1.local"]["config_path"] == str(PATHS.registry_hosts)
+    assert config["disabled_plugins"] == ["io.containerd.nri.v1.nri"]
+    assert plugins["io.containerd.grpc.v1.cri"]["stream_server_address"] == "127.0.0.1"
+
+
+def test_registry_is_a_dead_loopback_port():
+    hosts = tomllib.loads(nodeconfig.registry_hosts_toml())
+    server = hosts["server"]
+    assert ipaddress.ip_address(server.split("//")[1].split(":")[0]).is_loopback
+    assert list(hosts["host"]) == [server]
+
+
+def test_cni_gives_no_default_route_no_gateway_no_nat():
+    conf = nodeconfig.cni_conflist(NET, Path("/state/ipam"))
+    bridge, loopback = conf["plugins"]
+    assert loopback == {"type": "loopback"}
+    assert bridge["type"] == "bridge" and bridge["bridge"] == "gsbr3"
+    assert bridge["isGateway"] is False
+    assert bridge["isDefaultGateway"] is False
+    assert bridge["ipMasq"] is False
+    ipam = bridge["ipam"]
+    assert ipam["type"] == "host-local"
+    assert ipam["routes"] == []
+    assert ipam["dataDir"] == "/state/ipam"
+    (rng,) = ipam["ranges"][0]
+    assert rng["subnet"] == "10.244.3.0/24"
+    start = ipaddress.ip_address(rng["rangeStart"])
+    assert start in NET.subnet and str(start) != NET.node_ip
+
+
+def test_kubelet_configuration_from_the_trial():
+    config = nodeconfig.kubelet_configuration(
+        PATHS, NET, node="cpu-0", client_ca=Path("/pki/ca.crt"), healthz_port=12345
+    )
+    assert config["kind"] == "KubeletConfiguration"
+    assert config["failCgroupV1"] is False
+    assert config["cgroupDriver"] == "cgroupfs"
+    assert config["cgroupRoot"] == nodeconfig.cgroup_root("cpu-0") == "/gpuspawner-cpu-0"
+    assert config["containerRuntimeEndpoint"] == f"unix://{PATHS.containerd_socket}"
+    assert config["address"] == "10.244.3.1"
+    assert config["readOnlyPort"] == 0
+    assert config["healthzBindAddress"] == "127.0.0.1" and config["healthzPort"] == 12345
+    assert config["authentication"]["x509"]["clientCAFile"] == "/pki/ca.crt"
+    assert config["authentication"]["anonymous"]["enabled"] is False
+    assert config["authorization"]["mode"] == "Webhook"
+    assert config["resolvConf"] == str(PATHS.resolv_conf)
+    assert config["imageGCHighThresholdPercent"] == 100
+    assert config["failSwapOn"] is False
+
+
+def test_kubelet_args_name_the_node_and_its_ip():
+    args = nodeconfig.kubelet_args(PATHS, NET, node="cpu-0", labels={"b": "2", "a": "1"})
+    assert "--hostname-override=cpu-0" in args
+    assert "--node-ip=10.244.3.1" in args
+    assert "--root-dir=/var/lib/kubelet" in args
+    assert f"--kubeconfig={PATHS.kubeconfig}" in args
+    assert "--node-labels=a=1,b=2" in args
+    tainted = nodeconfig.kubelet_args(PATHS, NET, node="cpu-0", taints=["a=b:NoSchedule"])
+    assert "--register-with-taints=a=b:NoSchedule" in tainted
+    assert not any(
+        a.startswith("--node-labels") for a in nodeconfig.kubelet_args(PATHS, NET, node="x")
+    )
+
+
+def test_mount_script_binds_every_private_dir_then_signals_ready():
+    paths = NodePaths(Path("/state/it's here"))
+    script = nodeconfig.mount_script(paths)
+    lines = script.splitlines()
+    mounts = [shlex.split(line) for line in lines if line.startswith("mount ")]
+    assert [m[-1] for m in mounts] == list(nodeconfig.PRIVATE_HOST_DIRS)
+    assert all(m[:2] == ["mount", "--bind"] for m in mounts)
+    assert mounts[0][2] == str(paths.private_dir("/var/lib/kubelet"))
+    ready = next(i for i, line in enumerate(lines) if str(paths.ready_file.name) in line)
+    assert ready > max(i for i, line in enumerate(lines) if line.startswith("mount "))
+    assert lines[0] == "set -eu"
+
+
+def test_forward_rules_drop_only_what_leaves_the_pod_range():
+    rules = nodeconfig.forward_rules("CHAIN")
+    assert all(r[:2] == ["-A", "CHAIN"] and r[-2:] == ["-j", "DROP"] for r in rules)
+    assert all(["!", "-d", "10.244.0.0/16"] == r[r.index("!") : r.index("!") + 3] for r in rules)

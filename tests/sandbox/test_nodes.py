@@ -1,0 +1,319 @@
+"""Real nodes: the real kubelet, containerd, runc and CNI under the real control plane.
+
+One pair of nodes serves the module; its last test stops them and checks
+that the host is exactly as before they started (so the fixture is
+module-scoped: nothing may use the nodes after that test).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import ipaddress
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from gpuspawner.sandbox import hoststate, nodeconfig, nodes, testing
+from gpuspawner.sandbox.kubeapi import ApiError
+from gpuspawner.sandbox.topology import load_topology
+
+NODES = ("real-0", "real-1")
+#: The nodes share the session's control plane with the stand-in kubelet's
+#: tests; the taint keeps every other test's pods off them.
+TAINT_KEY = "gpuspawner.test/real-node"
+TOLERATION = [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+FAILED_CHECK = "GPU 0: fallen off the bus (nvidia-smi exit 15)"
+
+
+@dataclass
+class Running:
+    nodes: nodes.RealNodes
+    before: dict[str, Any]
+    roots: list[str]
+
+
+def wait_for(what: str, check, timeout: float = 120, interval: float = 0.3):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="module")
+def real_nodes(pytestconfig, control_plane, tmp_path_factory):
+    testing.node_binaries(pytestconfig)  # build (with progress) before the snapshot
+    state_dir = tmp_path_factory.mktemp("real-nodes")
+    roots = [nodeconfig.cgroup_root(n) for n in NODES]
+    before = hoststate.snapshot(state_dir / "nodes", roots)
+    taints = (f"{TAINT_KEY}=true:NoSchedule",)
+    with testing.running_real_nodes(
+        state_dir, control_plane, list(NODES), pytestconfig, taints=taints
+    ) as running:
+        yield Running(running, before, roots)
+
+
+def _pod(name: str, node: str, containers: list[dict], **spec: Any) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": TOLERATION,
+            "terminationGracePeriodSeconds": 2,
+            "containers": containers,
+            **spec,
+        },
+    }
+
+
+def _container(name: str, *args: str, **extra: Any) -> dict:
+    return {
+        "name": name,
+        "image": nodeconfig.TOOL_IMAGE,
+        "imagePullPolicy": "Never",
+        "args": list(args),
+        **extra,
+    }
+
+
+def _get_pod(api, namespace: str, name: str) -> dict:
+    return api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+
+def _get_or_none(api, path: str) -> dict | None:
+    try:
+        return api.get(path)
+    except ApiError as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def _ready(pod: dict) -> bool:
+    return any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in pod.get("status", {}).get("conditions", [])
+    )
+
+
+def _container_cgroup(node: str, container_id: str) -> tuple[Path, str]:
+    """The container's memory cgroup directory on the host and its limit file.
+
+    cgroup v1 (our machines: the memory hierarchy) or v2 (the unified one).
+    """
+    mounts = hoststate.cgroup_mounts()
+    v1 = [m for m in mounts if m.name == "memory"]
+    base, limit_file = (v1[0], "memory.limit_in_bytes") if v1 else (mounts[0], "memory.max")
+    found = list((base / nodeconfig.cgroup_root(node).strip("/")).rglob(container_id))
+    assert len(found) == 1, found
+    return found[0], limit_file
+
+
+def _fetch(url: str) -> str:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=5) as resp:
+        return resp.read().decode()
+
+
+def test_only_cpu_nodes_start_as_real_nodes_for_now():
+    topology = load_topology()
+    startable = [n.name for n in topology.nodes if nodes.startable(n)]
+    assert startable == [n.name for n in topology.nodes if not n.gpus]
+    assert "cpu-0" in startable and "gpu-a100-0" not in startable
+
+
+def test_nodes_register_ready_with_node_identities(real_nodes, control_plane):
+    api = control_plane.admin_api()
+    for index, name in enumerate(NODES):
+        node = api.get(f"/api/v1/nodes/{name}")
+        info = node["status"]["nodeInfo"]
+        assert info["kubeletVersion"] == "v1.37.2"
+        assert info["containerRuntimeVersion"].startswith("containerd://")
+        assert "2.4.2" in info["containerRuntimeVersion"]
+        addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
+        assert addresses["InternalIP"] == nodeconfig.NodeNetwork(index).node_ip
+        assert {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"} in node["spec"]["taints"]
+        assert real_nodes.nodes.node_ready(name)
+
+        kubeconfig = yaml.safe_load(real_nodes.nodes.paths(name).kubeconfig.read_text())
+        pem = base64.b64decode(kubeconfig["users"][0]["user"]["client-certificate-data"])
+        subject = x509.load_pem_x509_certificate(pem).subject
+        assert subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == f"system:node:{name}"
+        assert [a.value for a in subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)] == [
+            "system:nodes"
+        ]
+        # The Node authorizer ties each kubelet to its own Node: its lease is renewed.
+        # Everything a node listens on is loopback or its own bridge address.
+        for component in ("kubelet", "containerd"):
+            pid = real_nodes.nodes.state["nodes"][name]["pids"][component]
+            listening = testing.listening_addresses(pid)
+            assert listening, component
+            for address, _ in listening:
+                ip = ipaddress.ip_address(address)
+                assert ip.is_loopback or ip in nodeconfig.POD_RANGE, (component, address)
+
+        lease_path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}"
+        lease = wait_for(f"{name}'s lease", lambda p=lease_path: _get_or_none(api, p))
+        assert lease["spec"]["holderIdentity"] == name
+
+
+def test_pod_is_a_real_container_in_its_own_namespaces(real_nodes, control_plane, namespace):
+    api = control_plane.admin_api()
+    limit = 64 * 1024 * 1024
+    resources = {"limits": {"memory": "64Mi", "cpu": "100m"}}
+    probe = {"httpGet": {"port": 8080, "path": "/"}, "periodSeconds": 1}
+    api.post(
+        f"/api/v1/namespaces/{namespace}/pods",
+        _pod(
+            "server",
+            NODES[0],
+            [_container("tool", "serve", "8080", resources=resources, readinessProbe=probe)],
+        ),
+    )
+    pod = wait_for(
+        "the pod to be Ready", lambda: _ready(p := _get_pod(api, namespace, "server")) and p
+    )
+    pod_ip = pod["status"]["podIP"]
+    assert ipaddress.ip_address(pod_ip) in nodeconfig.NodeNetwork(0).subnet
+    assert pod["status"]["qosClass"] == "Guaranteed"
+
+    # The host (where the hub runs) reaches the pod on its own IP.
+    info = dict(line.split("=", 1) for line in _fetch(f"http://{pod_ip}:8080/").splitlines())
+    assert info["hostname"] == "server"
+    assert info["pid"] == "1"
+    assert info["pid1"] == "/tool serve 8080"
+    assert info["memory_limit"] == str(limit)
+    # No default route: only the pod's own subnet is reachable from inside.
+    assert info["routes"] == str(nodeconfig.NodeNetwork(0).subnet)
+    assert all(not r.startswith("0.0.0.0/0") for r in info["routes"].split(","))
+
+    container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    cgroup, limit_file = _container_cgroup(NODES[0], container_id)
+    assert int((cgroup / limit_file).read_text()) == limit
+    (host_pid,) = [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
+    assert Path(f"/proc/{host_pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"/tool", b"serve"]
+    for ns in ("pid", "mnt", "net", "uts"):
+        ours = Path(f"/proc/self/ns/{ns}").readlink()
+        assert Path(f"/proc/{host_pid}/ns/{ns}").readlink() != ours, ns
+
+
+def test_failed_init_container_message_comes_through_the_real_kubelet(
+    real_nodes, control_plane, namespace
+):
+    api = control_plane.admin_api()
+    api.post(
+        f"/api/v1/namespaces/{namespace}/pods",
+        _pod(
+            "check",
+            NODES[1],
+            [_container("main", "sleep", "infinity")],
+            initContainers=[_container("gpu-check", "fail", "3", FAILED_CHECK)],
+            restartPolicy="Never",
+        ),
+    )
+    pod = wait_for(
+        "the pod to fail",
+        lambda: (p := _get_pod(api, namespace, "check"))["status"].get("phase") == "Failed" and p,
+    )
+    (status,) = pod["status"]["initContainerStatuses"]
+    terminated = status["state"]["terminated"]
+    assert terminated["exitCode"] == 3
+    assert terminated["message"] == FAILED_CHECK
+    assert terminated["reason"] == "Error"
+    # The app container never started.
+    (main,) = pod["status"]["containerStatuses"]
+    assert "running" not in main["state"]
+    # `kubectl logs`: the API server fetches the log from the node's kubelet.
+    log = api.request(
+        "GET",
+        f"/api/v1/namespaces/{namespace}/pods/check/log",
+        query={"container": "gpu-check"},
+        raw=True,
+    ).body
+    assert FAILED_CHECK in log
+    assert ipaddress.ip_address(pod["status"]["podIP"]) in nodeconfig.NodeNetwork(1).subnet
+
+
+def test_memory_limit_is_enforced_by_the_runtime(real_nodes, control_plane, namespace):
+    api = control_plane.admin_api()
+    greedy = _container("greedy", "alloc", "128", resources={"limits": {"memory": "32Mi"}})
+    api.post(
+        f"/api/v1/namespaces/{namespace}/pods",
+        _pod("greedy", NODES[1], [greedy], restartPolicy="Never"),
+    )
+    pod = wait_for(
+        "the pod to fail",
+        lambda: (p := _get_pod(api, namespace, "greedy"))["status"].get("phase") == "Failed" and p,
+    )
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["state"]["terminated"]["reason"] == "OOMKilled"
+    assert status["state"]["terminated"]["exitCode"] == 137
+
+
+def test_a_missing_image_fails_at_once_on_loopback(real_nodes, control_plane, namespace):
+    api = control_plane.admin_api()
+    missing = _container("main", "sleep", "1")
+    missing.update(image=f"{nodeconfig.IMAGE_REGISTRY}/missing:v1", imagePullPolicy="IfNotPresent")
+    api.post(f"/api/v1/namespaces/{namespace}/pods", _pod("missing", NODES[0], [missing]))
+
+    def pull_failed():
+        statuses = _get_pod(api, namespace, "missing")["status"].get("containerStatuses", [])
+        waiting = statuses[0]["state"].get("waiting", {}) if statuses else {}
+        # (ImagePullBackOff, in between, carries no reason of its own.)
+        return waiting if waiting.get("reason") == "ErrImagePull" else None
+
+    waiting = wait_for("the pull to fail", pull_failed)
+    # containerd tried the dead loopback registry, nothing else.
+    assert nodeconfig.DEAD_REGISTRY.split("//", 1)[1] in waiting["message"], waiting
+
+
+def test_nothing_was_forwarded_out_of_the_pod_ranges(real_nodes):
+    forward = nodes._run(["iptables", "-S", "FORWARD"]).stdout
+    assert f"-A FORWARD -j {nodeconfig.FORWARD_CHAIN}" in forward.splitlines()
+    assert real_nodes.nodes.forward_drops() == 0
+
+
+def test_down_restores_the_host(real_nodes, control_plane):
+    """Runs last in this module: it stops the nodes."""
+    state_dir = real_nodes.nodes.state_dir
+    assert nodes.status(state_dir)
+    # The snapshot sees what running nodes change (so its equality below means something).
+    during = hoststate.snapshot(state_dir / "nodes", real_nodes.roots)
+    changed = {d.split(":", 1)[0] for d in hoststate.differences(real_nodes.before, during)}
+    assert {"processes", "cgroups", "links", "routes", "iptables", "sysctls"} <= changed
+    real_nodes.nodes.stop()
+    after = hoststate.snapshot(state_dir / "nodes", real_nodes.roots)
+    assert hoststate.differences(real_nodes.before, after) == []
+    assert testing.processes_mentioning(str(state_dir / "nodes")) == []
+    assert nodes.read_state(state_dir) is None
+    for name in NODES:
+        with pytest.raises(ApiError) as e:
+            control_plane.admin_api().get(f"/api/v1/nodes/{name}")
+        assert e.value.status == 404
+
+
+def test_a_failed_start_leaves_the_host_as_it_was(pytestconfig, control_plane, tmp_path):
+    """After the module's nodes are down: a node whose kubelet dies at once."""
+    binaries = testing.node_binaries(pytestconfig)
+    broken = dataclasses.replace(binaries, k8s=Path("/bin/false"))
+    roots = [nodeconfig.cgroup_root("broken-0")]
+    before = hoststate.snapshot(tmp_path / "nodes", roots)
+    running = nodes.RealNodes(tmp_path, control_plane, broken, ["broken-0"])
+    with pytest.raises(nodes.NodeError, match=r"kubelet of node broken-0 exited with code 1"):
+        running.start(timeout=60)
+    # Its containerd, mount namespace, cgroups, bridge and our chain had been made.
+    assert hoststate.differences(before, hoststate.snapshot(tmp_path / "nodes", roots)) == []
+    assert nodes.read_state(tmp_path) is None
