@@ -2,6 +2,7 @@
 their catalog entries.
 
     gpuspawner-images list
+    gpuspawner-images base  [--refresh] [--cache-dir DIR]
     gpuspawner-images build [NAME ...] [--catalog-out FILE]
     gpuspawner-images test  [NAME ...] [--cpu]
     gpuspawner-images push  [NAME ...]
@@ -25,8 +26,12 @@ import yaml
 
 from .. import __version__
 from . import engine
+from .base import BaseError, make_base, plan_base
 from .matrix import MATRIX_RELPATH, Matrix, MatrixError, find_repo_root, load_matrix
 from .plan import (
+    FULL_STAGE,
+    STAGES,
+    base_images,
     catalog_document,
     check_names,
     image_ref,
@@ -134,6 +139,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     sub.add_parser("list", parents=[common], help="show the matrix: image, tag, CUDA, framework")
+    base = sub.add_parser(
+        "base",
+        parents=[common],
+        help="make the matrix's Debian base images from Debian's packages (debootstrap)",
+    )
+    base.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="where the root filesystems are cached (default: .cache/images in the repository)",
+    )
+    base.add_argument("--refresh", action="store_true", help="run debootstrap again")
     b = sub.add_parser(
         "build", parents=[common], help="build images (all notebook images by default)"
     )
@@ -141,6 +157,23 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--no-cache", action="store_true", help="do not reuse cached layers")
     b.add_argument("--pull", action="store_true", help="pull a newer base image first")
     b.add_argument("--catalog-out", metavar="FILE", help="write catalog entries for what was built")
+    b.add_argument(
+        "--target",
+        choices=STAGES,
+        default=FULL_STAGE,
+        help=f"stop the notebook images at this stage (default: {FULL_STAGE}, the full image; "
+        "jupyter: JupyterLab without the framework)",
+    )
+    b.add_argument(
+        "--network",
+        metavar="MODE",
+        help="network of the build's RUN steps (e.g. host, for an engine without a bridge)",
+    )
+    b.add_argument(
+        "--hub-requirements",
+        metavar="FILE",
+        help="z2jh's pinned hub requirements.txt (default: the matrix's hub.requirements)",
+    )
     t = sub.add_parser("test", parents=[common], help="run the GPU smoke test in built images")
     t.add_argument("names", nargs="*", metavar="NAME")
     t.add_argument("--cpu", action="store_true", help="CPU-only mode even if GPUs are available")
@@ -180,7 +213,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         names = list(getattr(args, "names", []) or [])
         check_names(matrix, names)
         return VERBS[args.verb](args, matrix, root, names, out)
-    except (MatrixError, engine.EngineUnavailable) as e:
+    except (MatrixError, engine.EngineUnavailable, BaseError) as e:
         print(f"gpuspawner-images: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
     except OSError as e:
@@ -196,6 +229,28 @@ def cmd_list(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) ->
     return EXIT_OK
 
 
+def _hub_requirements(args: argparse.Namespace, matrix: Matrix, root: Path) -> str:
+    path = Path(args.hub_requirements or root / matrix.hub.requirements)
+    return str(path)
+
+
+def cmd_base(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
+    plans = [plan_base(image) for image in base_images(matrix)]
+    client = engine.connect()
+    cache = Path(args.cache_dir) if args.cache_dir else root / ".cache" / "images"
+    for plan in plans:
+        print(f"==> making {plan.image} from Debian {plan.suite}", file=out, flush=True)
+        image_id = make_base(
+            client,
+            plan,
+            cache,
+            lambda line, image=plan.image: print(f"[{image}] {line}", file=out, flush=True),
+            refresh=args.refresh,
+        )
+        print(f"==> {plan.image} is {image_id}", file=out, flush=True)
+    return EXIT_OK
+
+
 def cmd_build(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
     client = engine.connect()
     steps = plan_builds(
@@ -206,11 +261,14 @@ def cmd_build(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -
         created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         revision=_revision(root),
         package_version=__version__,
+        stage=args.target,
+        hub_requirements=_hub_requirements(args, matrix, root),
     )
     results: list[engine.BuildResult] = []
     failures: list[tuple[str, str]] = []
     for step in steps:
-        print(f"==> building {step.refs[0]} from {step.dockerfile}", file=out)
+        stage = f" (stage {step.target})" if step.target else ""
+        print(f"==> building {step.refs[0]} from {step.dockerfile}{stage}", file=out, flush=True)
         try:
             results.append(
                 engine.build(
@@ -219,6 +277,7 @@ def cmd_build(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -
                     lambda line, name=step.name: print(f"[{name}] {line}", file=out, flush=True),
                     nocache=args.no_cache,
                     pull=args.pull,
+                    network_mode=args.network,
                 )
             )
         except engine.EngineError as e:
@@ -302,6 +361,7 @@ def cmd_catalog(args, matrix: Matrix, root: Path, names: list[str], out: TextIO)
 
 VERBS = {
     "list": cmd_list,
+    "base": cmd_base,
     "build": cmd_build,
     "test": cmd_test,
     "push": cmd_push,
