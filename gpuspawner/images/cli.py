@@ -37,6 +37,7 @@ from .plan import (
     image_ref,
     plan_builds,
     plan_test,
+    prepuller_values,
     repository,
 )
 
@@ -114,12 +115,28 @@ def _revision(root: Path) -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
-def _write_catalog(document: dict[str, Any], output: str | None, out: TextIO) -> None:
+def _commented(text: str) -> str:
+    return "".join(f"# {line}\n" if line else "#\n" for line in text.splitlines())
+
+
+def _write_catalog(
+    document: dict[str, Any],
+    output: str | None,
+    out: TextIO,
+    prepuller: dict[str, Any] | None = None,
+) -> None:
     text = (
         "# Catalog entries written by gpuspawner-images from images/matrix.yaml.\n"
         "# Merge them into the catalog file; GPU types and limits are the admin's.\n"
         + yaml.safe_dump(document, sort_keys=False, width=100)
     )
+    if prepuller is not None:
+        # Commented out, so that the output stays a valid catalog file.
+        text += (
+            "\n# For zero-to-jupyterhub's values (config/z2jh-values.yaml), so that its image\n"
+            "# puller pulls these images on the (tainted) GPU nodes too; --z2jh prints it alone:\n"
+            + _commented(yaml.safe_dump(prepuller, sort_keys=False, width=100))
+        )
     if output is None or output == "-":
         out.write(text)
     else:
@@ -186,6 +203,11 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
     c.add_argument(
         "--only-built", action="store_true", help="only images the Docker engine has built"
+    )
+    c.add_argument(
+        "--z2jh",
+        action="store_true",
+        help="print only the zero-to-jupyterhub values that pre-pull these images on GPU nodes",
     )
     return parser
 
@@ -355,7 +377,15 @@ def cmd_catalog(args, matrix: Matrix, root: Path, names: list[str], out: TextIO)
         if not selected:
             print("gpuspawner-images: none of these images is built yet.", file=sys.stderr)
             return EXIT_FAILED
-    _write_catalog(catalog_document(matrix, selected, args.registry), args.output, out)
+    prepuller = prepuller_values(matrix, selected, args.registry)
+    if args.z2jh:
+        text = yaml.safe_dump(prepuller, sort_keys=False, width=100)
+        if args.output and args.output != "-":
+            Path(args.output).write_text(text)
+        else:
+            out.write(text)
+        return EXIT_OK
+    _write_catalog(catalog_document(matrix, selected, args.registry), args.output, out, prepuller)
     return EXIT_OK
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..catalog import DEFAULT_GPU_TOLERATIONS
 from ..labels import IMAGE_LABEL_CUDA, IMAGE_LABEL_DRIVER_FLOOR, IMAGE_LABEL_FRAMEWORK
 from .matrix import ImageSpec, Matrix, MatrixError
 
@@ -216,6 +217,27 @@ def catalog_document(
     matrix: Matrix, names: list[str] | None = None, registry: str | None = None
 ) -> dict[str, Any]:
     return {"images": catalog_entries(matrix, names, registry)}
+
+
+def prepuller_values(
+    matrix: Matrix, names: list[str] | None = None, registry: str | None = None
+) -> dict[str, Any]:
+    """zero-to-jupyterhub values that make its image puller pull these images on GPU nodes.
+
+    z2jh pre-pulls only `singleuser.image`, `profileList[].kubespawner_override.image` and
+    `prePuller.extraImages`, on nodes its tolerations allow: GPUSpawner's catalog images
+    are none of the first two, and GPU nodes are tainted, so both entries are needed.
+    """
+    images: dict[str, Any] = {}
+    for spec in matrix.select(names):
+        name, tag = image_ref(matrix, spec, registry).rsplit(":", 1)
+        images[f"gpuspawner-{spec.profile}"] = {"name": name, "tag": tag}
+    return {
+        "prePuller": {
+            "extraImages": images,
+            "extraTolerations": [dict(t) for t in DEFAULT_GPU_TOLERATIONS],
+        }
+    }
 
 
 def base_images(matrix: Matrix) -> list[str]:
