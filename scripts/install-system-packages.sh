@@ -5,11 +5,18 @@
 #
 #   prometheus  - the real Prometheus the culler's tests start on 127.0.0.1
 #   chromium    - the headless browser the admin page's tests drive (playwright, no download)
+#   docker.io, docker-registry, debootstrap - the image tests' private Docker engine, the
+#                 local registry `gpuspawner-images push` pushes to, and the tool that
+#                 makes the Debian base image from Debian's packages (tests/images)
 set -eu
 
 missing=""
 command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || missing="$missing prometheus"
 command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || missing="$missing chromium"
+# dpkg, not PATH: another docker CLI on PATH is not Debian's engine.
+[ -x /usr/sbin/dockerd ] || missing="$missing docker.io"
+[ -x /usr/bin/docker-registry ] || missing="$missing docker-registry"
+[ -x /usr/sbin/debootstrap ] || missing="$missing debootstrap"
 
 if [ -z "$missing" ]; then
     exit 0

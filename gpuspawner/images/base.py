@@ -13,6 +13,7 @@ it takes minutes, importing it seconds.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
@@ -201,6 +202,22 @@ def make_rootfs(plan: BasePlan, tarball: Path, emit: Emit) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def file_sha256(path: Path) -> str:
+    """The layer digest `docker import` gives an uncompressed tarball: its sha256."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _image_layers(client: Any, image: str) -> list[str] | None:
+    try:
+        return list(client.images.get(image).attrs["RootFS"]["Layers"])
+    except Exception:  # not there (or unreadable): import it
+        return None
+
+
 def make_base(
     client: Any, plan: BasePlan, cache_dir: Path, emit: Emit, *, refresh: bool = False
 ) -> str:
@@ -213,6 +230,13 @@ def make_base(
         make_rootfs(plan, tarball, emit)
     else:
         emit(f"reusing {tarball} (--refresh makes it again)")
+    layer = "sha256:" + file_sha256(tarball)
+    present = _image_layers(client, plan.image)
+    if present == [layer]:
+        # Importing again would give a new image ID (it carries the import's date) and so
+        # invalidate every cached layer built on it.
+        emit(f"{plan.image} is already this root filesystem ({layer[:19]}…)")
+        return client.images.get(plan.image).id
     repo, tag = plan.image.rsplit(":", 1)
     emit(f"importing {tarball} as {plan.image}")
     try:

@@ -194,8 +194,17 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("test", parents=[common], help="run the GPU smoke test in built images")
     t.add_argument("names", nargs="*", metavar="NAME")
     t.add_argument("--cpu", action="store_true", help="CPU-only mode even if GPUs are available")
+    t.add_argument(
+        "--target",
+        choices=STAGES,
+        default=FULL_STAGE,
+        help="the stage built with build --target (smaller stages are started and must turn healthy)",
+    )
     p = sub.add_parser("push", parents=[common], help="push built images to the registry")
     p.add_argument("names", nargs="*", metavar="NAME")
+    p.add_argument(
+        "--target", choices=STAGES, default=FULL_STAGE, help="the stage built with build --target"
+    )
     c = sub.add_parser(
         "catalog", parents=[common], help="print/write the catalog's images: entries"
     )
@@ -329,8 +338,13 @@ def cmd_test(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) ->
     failed = 0
     rows = []
     for spec in matrix.select([n for n in names if n != matrix.hub.name]):
-        run = plan_test(image_ref(matrix, spec, args.registry), gpu, cpu_only=args.cpu)
-        print(f"==> testing {run.image}: {run.reason}", file=out)
+        run = plan_test(
+            image_ref(matrix, spec, args.registry, args.target),
+            gpu,
+            cpu_only=args.cpu,
+            stage=args.target,
+        )
+        print(f"==> testing {run.image}: {run.reason}", file=out, flush=True)
         try:
             result = engine.run_test(client, run)
         except engine.EngineError as e:
@@ -349,7 +363,12 @@ def cmd_test(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) ->
 def cmd_push(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
     client = engine.connect()
     steps = plan_builds(
-        matrix, names, context=str(root), registry=args.registry, package_version=__version__
+        matrix,
+        names,
+        context=str(root),
+        registry=args.registry,
+        package_version=__version__,
+        stage=args.target,
     )
     failed = 0
     for step in steps:

@@ -203,6 +203,25 @@ def image_exists(client: Any, ref: str) -> bool:
     return True
 
 
+def wait_healthy(container: Any, timeout: float) -> tuple[bool, str]:
+    """Poll a started container's health until it is decided: (healthy, last status)."""
+    deadline = time.monotonic() + timeout
+    status = "starting"
+    while time.monotonic() < deadline:
+        container.reload()
+        state = container.attrs.get("State") or {}
+        if not state.get("Running"):
+            return False, f"exited with {state.get('ExitCode')}"
+        health = state.get("Health")
+        if health is None:
+            return False, "the image has no HEALTHCHECK"
+        status = health.get("Status", "starting")
+        if status != "starting":
+            return status == "healthy", status
+        time.sleep(2)
+    return False, f"still {status} after {timeout:.0f}s"
+
+
 def run_test(client: Any, run: TestRun, timeout: int = 900) -> TestResult:
     import docker
 
@@ -216,6 +235,9 @@ def run_test(client: Any, run: TestRun, timeout: int = 900) -> TestResult:
             )
             for r in run.device_requests
         ]
+    if run.mode == "serve":
+        # No network: the check runs inside the container, on its loopback.
+        kwargs["network_mode"] = "none"
     try:
         container = client.containers.run(run.image, run.command, detach=True, **kwargs)
     except docker.errors.ImageNotFound:
@@ -223,11 +245,15 @@ def run_test(client: Any, run: TestRun, timeout: int = 900) -> TestResult:
     except docker.errors.APIError as e:
         raise EngineError(f"cannot start {run.image}: {e.explanation or e}") from None
     try:
-        status = container.wait(timeout=timeout)
+        if run.mode == "serve":
+            healthy, status = wait_healthy(container, timeout)
+            output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+            return TestResult(run, 0 if healthy else 1, f"{output}\nhealth: {status}")
+        result = container.wait(timeout=timeout)
         output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+        return TestResult(run, int(result.get("StatusCode", 1)), output)
     finally:
         container.remove(force=True)
-    return TestResult(run, int(status.get("StatusCode", 1)), output)
 
 
 def push(client: Any, ref: str, emit: Emit) -> str:

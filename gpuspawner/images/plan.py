@@ -52,8 +52,8 @@ class TestRun:
     """One smoke-test container run."""
 
     image: str
-    mode: str  # "gpu" or "cpu"
-    command: list[str]
+    mode: str  # "gpu", "cpu", or "serve" (start as `docker run IMAGE` does, wait until healthy)
+    command: list[str] | None
     device_requests: list[dict[str, Any]] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
     reason: str = ""
@@ -164,8 +164,21 @@ def plan_builds(
     return steps
 
 
-def plan_test(image: str, nvidia_runtime: bool, cpu_only: bool = False) -> TestRun:
-    """How to run the smoke test: with every GPU when the engine can give them."""
+def plan_test(
+    image: str, nvidia_runtime: bool, cpu_only: bool = False, stage: str = FULL_STAGE
+) -> TestRun:
+    """How to test an image: the full image runs the smoke test, with every GPU when the
+    engine can give them; a smaller stage has no framework to test, so it is started
+    as `docker run IMAGE` would and must turn healthy (JupyterLab answers)."""
+    if stage != FULL_STAGE:
+        return TestRun(
+            image=image,
+            mode="serve",
+            command=None,
+            # Never inherit GPUs from a runtime that injects them by default.
+            environment={"NVIDIA_VISIBLE_DEVICES": "void"},
+            reason=f"the {stage} stage has no framework: started alone, it must turn healthy",
+        )
     if nvidia_runtime and not cpu_only:
         return TestRun(
             image=image,
