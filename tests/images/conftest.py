@@ -117,6 +117,8 @@ def built(engine, matrix):
     build = tool_on_engine(
         engine.host, "build", "--target", "jupyter", "--network", "host", *matrix.images, "hub"
     )
+    # pytest keeps a passing test's output to itself: the build's log stays readable here.
+    (CACHE / "last-build.log").write_text(base.stdout + build.stdout)
     assert build.returncode == 0, build.stdout[-5000:]
     return build.stdout
 
