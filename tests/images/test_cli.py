@@ -208,11 +208,16 @@ def test_test_verb_fails_on_an_image_that_never_turns_healthy(engine, built, doc
 
 def test_push_sends_the_images_to_a_local_registry(engine, built, registry, docker_client, matrix):
     target = f"{registry.address}/gpuspawner"
-    for spec in matrix.images.values():
+    pushed = [image_ref(matrix, spec, target, stage="jupyter") for spec in matrix.images.values()]
+    for spec, ref in zip(matrix.images.values(), pushed, strict=True):
         image = docker_client.images.get(image_ref(matrix, spec, stage="jupyter"))
-        repo, tag = image_ref(matrix, spec, target, stage="jupyter").rsplit(":", 1)
-        image.tag(repo, tag)
-    proc = tool_on_engine(engine.host, "push", "--registry", target, "--target", "jupyter")
+        image.tag(*ref.rsplit(":", 1))
+    try:
+        proc = tool_on_engine(engine.host, "push", "--registry", target, "--target", "jupyter")
+    finally:
+        # The engine's data root is kept across runs: leave no tags for a registry that is gone.
+        for ref in pushed:
+            docker_client.images.remove(ref)
     assert proc.returncode == cli.EXIT_OK, proc.stdout[-3000:]
     for spec in matrix.images.values():
         ref = image_ref(matrix, spec, target, stage="jupyter")
