@@ -88,6 +88,11 @@ class PrivateEngine:
 
     def start(self, timeout: float = 90) -> None:
         dockerd = _need("dockerd")
+        if os.geteuid() != 0:
+            raise HarnessError(
+                "the image tests start a private dockerd and run debootstrap, which need root: "
+                "run the suite as root (as CI does)"
+            )
         self.state.mkdir(parents=True, exist_ok=True)
         self.data_root.mkdir(parents=True, exist_ok=True)
         # One engine per data root: a second one would fail late and obscurely.
