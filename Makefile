@@ -8,11 +8,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup system-packages test lint demo bench clean
+.PHONY: setup system-packages test lint demo bench clean full-images
 
 setup: $(VENV)/.installed node_modules/.installed
 
-# Debian packages the suite needs that pip and npm cannot give (Prometheus, Chromium, runc).
+# Debian packages the suite needs that pip and npm cannot give (Prometheus, Chromium,
+# runc and iptables for the real nodes, Docker's engine and registry, debootstrap).
 system-packages:
 	@sh scripts/install-system-packages.sh
 
@@ -42,6 +43,12 @@ test: lint system-packages
 demo: setup
 	@command -v go >/dev/null || { echo "Go 1.26 or newer is needed to build the local control plane: install it (e.g. from go.dev/dl or your distribution) and run make demo again"; exit 1; }
 	$(VENV)/bin/gpuspawner-sandbox demo
+
+# Both full notebook images (PyTorch and TensorFlow with their CUDA wheels, ~4.5 GB from
+# PyPI) built and checked on the tests' private Docker engine; not part of `make test`
+# unless GPUSPAWNER_FULL_IMAGE_BUILD=1 is set (docs/images.md).
+full-images: setup system-packages
+	GPUSPAWNER_FULL_IMAGE_BUILD=1 $(VENV)/bin/pytest tests/images/test_full_build.py $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) benchmarks/spawn_overhead.py

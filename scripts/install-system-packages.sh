@@ -6,12 +6,21 @@
 #   prometheus  - the real Prometheus the culler's tests start on 127.0.0.1
 #   chromium    - the headless browser the admin page's tests drive (playwright, no download)
 #   runc        - the OCI runtime under the sandbox's real nodes (containerd's runc shim runs it)
+#   iptables    - the real nodes' forward-drop chain (and the kubelet's own chains)
+#   docker.io, docker-registry, debootstrap - the image tests' private Docker engine, the
+#                 local registry `gpuspawner-images push` pushes to, and the tool that
+#                 makes the Debian base image from Debian's packages (tests/images)
 set -eu
 
 missing=""
 command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || missing="$missing prometheus"
 command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || missing="$missing chromium"
 command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || missing="$missing runc"
+[ -x /usr/sbin/iptables ] || missing="$missing iptables"
+# dpkg, not PATH: another docker CLI on PATH is not Debian's engine.
+[ -x /usr/sbin/dockerd ] || missing="$missing docker.io"
+[ -x /usr/bin/docker-registry ] || missing="$missing docker-registry"
+[ -x /usr/sbin/debootstrap ] || missing="$missing debootstrap"
 
 if [ -z "$missing" ]; then
     exit 0

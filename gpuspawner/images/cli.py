@@ -2,6 +2,7 @@
 their catalog entries.
 
     gpuspawner-images list
+    gpuspawner-images base  [--refresh] [--cache-dir DIR]
     gpuspawner-images build [NAME ...] [--catalog-out FILE]
     gpuspawner-images test  [NAME ...] [--cpu]
     gpuspawner-images push  [NAME ...]
@@ -25,13 +26,18 @@ import yaml
 
 from .. import __version__
 from . import engine
+from .base import BaseError, make_base, plan_base
 from .matrix import MATRIX_RELPATH, Matrix, MatrixError, find_repo_root, load_matrix
 from .plan import (
+    FULL_STAGE,
+    STAGES,
+    base_images,
     catalog_document,
     check_names,
     image_ref,
     plan_builds,
     plan_test,
+    prepuller_values,
     repository,
 )
 
@@ -109,12 +115,28 @@ def _revision(root: Path) -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
-def _write_catalog(document: dict[str, Any], output: str | None, out: TextIO) -> None:
+def _commented(text: str) -> str:
+    return "".join(f"# {line}\n" if line else "#\n" for line in text.splitlines())
+
+
+def _write_catalog(
+    document: dict[str, Any],
+    output: str | None,
+    out: TextIO,
+    prepuller: dict[str, Any] | None = None,
+) -> None:
     text = (
         "# Catalog entries written by gpuspawner-images from images/matrix.yaml.\n"
         "# Merge them into the catalog file; GPU types and limits are the admin's.\n"
         + yaml.safe_dump(document, sort_keys=False, width=100)
     )
+    if prepuller is not None:
+        # Commented out, so that the output stays a valid catalog file.
+        text += (
+            "\n# For zero-to-jupyterhub's values (config/z2jh-values.yaml), so that its image\n"
+            "# puller pulls these images on the (tainted) GPU nodes too; --z2jh prints it alone:\n"
+            + _commented(yaml.safe_dump(prepuller, sort_keys=False, width=100))
+        )
     if output is None or output == "-":
         out.write(text)
     else:
@@ -134,6 +156,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     sub.add_parser("list", parents=[common], help="show the matrix: image, tag, CUDA, framework")
+    base = sub.add_parser(
+        "base",
+        parents=[common],
+        help="make the matrix's Debian base images from Debian's packages (debootstrap)",
+    )
+    base.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="where the root filesystems are cached (default: .cache/images in the repository)",
+    )
+    base.add_argument("--refresh", action="store_true", help="run debootstrap again")
     b = sub.add_parser(
         "build", parents=[common], help="build images (all notebook images by default)"
     )
@@ -141,11 +174,37 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--no-cache", action="store_true", help="do not reuse cached layers")
     b.add_argument("--pull", action="store_true", help="pull a newer base image first")
     b.add_argument("--catalog-out", metavar="FILE", help="write catalog entries for what was built")
+    b.add_argument(
+        "--target",
+        choices=STAGES,
+        default=FULL_STAGE,
+        help=f"stop the notebook images at this stage (default: {FULL_STAGE}, the full image; "
+        "jupyter: JupyterLab without the framework)",
+    )
+    b.add_argument(
+        "--network",
+        metavar="MODE",
+        help="network of the build's RUN steps (e.g. host, for an engine without a bridge)",
+    )
+    b.add_argument(
+        "--hub-requirements",
+        metavar="FILE",
+        help="z2jh's pinned hub requirements.txt (default: the matrix's hub.requirements)",
+    )
     t = sub.add_parser("test", parents=[common], help="run the GPU smoke test in built images")
     t.add_argument("names", nargs="*", metavar="NAME")
     t.add_argument("--cpu", action="store_true", help="CPU-only mode even if GPUs are available")
+    t.add_argument(
+        "--target",
+        choices=STAGES,
+        default=FULL_STAGE,
+        help="the stage built with build --target (smaller stages are started and must turn healthy)",
+    )
     p = sub.add_parser("push", parents=[common], help="push built images to the registry")
     p.add_argument("names", nargs="*", metavar="NAME")
+    p.add_argument(
+        "--target", choices=STAGES, default=FULL_STAGE, help="the stage built with build --target"
+    )
     c = sub.add_parser(
         "catalog", parents=[common], help="print/write the catalog's images: entries"
     )
@@ -153,6 +212,11 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
     c.add_argument(
         "--only-built", action="store_true", help="only images the Docker engine has built"
+    )
+    c.add_argument(
+        "--z2jh",
+        action="store_true",
+        help="print only the zero-to-jupyterhub values that pre-pull these images on GPU nodes",
     )
     return parser
 
@@ -180,7 +244,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         names = list(getattr(args, "names", []) or [])
         check_names(matrix, names)
         return VERBS[args.verb](args, matrix, root, names, out)
-    except (MatrixError, engine.EngineUnavailable) as e:
+    except (MatrixError, engine.EngineUnavailable, BaseError) as e:
         print(f"gpuspawner-images: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
     except OSError as e:
@@ -196,6 +260,28 @@ def cmd_list(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) ->
     return EXIT_OK
 
 
+def _hub_requirements(args: argparse.Namespace, matrix: Matrix, root: Path) -> str:
+    path = Path(args.hub_requirements or root / matrix.hub.requirements)
+    return str(path)
+
+
+def cmd_base(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
+    plans = [plan_base(image) for image in base_images(matrix)]
+    client = engine.connect()
+    cache = Path(args.cache_dir) if args.cache_dir else root / ".cache" / "images"
+    for plan in plans:
+        print(f"==> making {plan.image} from Debian {plan.suite}", file=out, flush=True)
+        image_id = make_base(
+            client,
+            plan,
+            cache,
+            lambda line, image=plan.image: print(f"[{image}] {line}", file=out, flush=True),
+            refresh=args.refresh,
+        )
+        print(f"==> {plan.image} is {image_id}", file=out, flush=True)
+    return EXIT_OK
+
+
 def cmd_build(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
     client = engine.connect()
     steps = plan_builds(
@@ -206,11 +292,14 @@ def cmd_build(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -
         created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         revision=_revision(root),
         package_version=__version__,
+        stage=args.target,
+        hub_requirements=_hub_requirements(args, matrix, root),
     )
     results: list[engine.BuildResult] = []
     failures: list[tuple[str, str]] = []
     for step in steps:
-        print(f"==> building {step.refs[0]} from {step.dockerfile}", file=out)
+        stage = f" (stage {step.target})" if step.target else ""
+        print(f"==> building {step.refs[0]} from {step.dockerfile}{stage}", file=out, flush=True)
         try:
             results.append(
                 engine.build(
@@ -219,6 +308,7 @@ def cmd_build(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -
                     lambda line, name=step.name: print(f"[{name}] {line}", file=out, flush=True),
                     nocache=args.no_cache,
                     pull=args.pull,
+                    network_mode=args.network,
                 )
             )
         except engine.EngineError as e:
@@ -248,8 +338,13 @@ def cmd_test(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) ->
     failed = 0
     rows = []
     for spec in matrix.select([n for n in names if n != matrix.hub.name]):
-        run = plan_test(image_ref(matrix, spec, args.registry), gpu, cpu_only=args.cpu)
-        print(f"==> testing {run.image}: {run.reason}", file=out)
+        run = plan_test(
+            image_ref(matrix, spec, args.registry, args.target),
+            gpu,
+            cpu_only=args.cpu,
+            stage=args.target,
+        )
+        print(f"==> testing {run.image}: {run.reason}", file=out, flush=True)
         try:
             result = engine.run_test(client, run)
         except engine.EngineError as e:
@@ -268,7 +363,12 @@ def cmd_test(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) ->
 def cmd_push(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
     client = engine.connect()
     steps = plan_builds(
-        matrix, names, context=str(root), registry=args.registry, package_version=__version__
+        matrix,
+        names,
+        context=str(root),
+        registry=args.registry,
+        package_version=__version__,
+        stage=args.target,
     )
     failed = 0
     for step in steps:
@@ -296,12 +396,21 @@ def cmd_catalog(args, matrix: Matrix, root: Path, names: list[str], out: TextIO)
         if not selected:
             print("gpuspawner-images: none of these images is built yet.", file=sys.stderr)
             return EXIT_FAILED
-    _write_catalog(catalog_document(matrix, selected, args.registry), args.output, out)
+    prepuller = prepuller_values(matrix, selected, args.registry)
+    if args.z2jh:
+        text = yaml.safe_dump(prepuller, sort_keys=False, width=100)
+        if args.output and args.output != "-":
+            Path(args.output).write_text(text)
+        else:
+            out.write(text)
+        return EXIT_OK
+    _write_catalog(catalog_document(matrix, selected, args.registry), args.output, out, prepuller)
     return EXIT_OK
 
 
 VERBS = {
     "list": cmd_list,
+    "base": cmd_base,
     "build": cmd_build,
     "test": cmd_test,
     "push": cmd_push,

@@ -8,10 +8,14 @@ results and one-sentence errors.
 from __future__ import annotations
 
 import os
+import tarfile
+import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from .plan import BuildStep, TestRun
 
@@ -120,28 +124,73 @@ def follow_push(events: Iterable[dict[str, Any]], emit: Emit) -> str:
 
 
 def build(
-    client: Any, step: BuildStep, emit: Emit, *, nocache: bool = False, pull: bool = False
+    client: Any,
+    step: BuildStep,
+    emit: Emit,
+    *,
+    nocache: bool = False,
+    pull: bool = False,
+    network_mode: str | None = None,
 ) -> BuildResult:
     start = time.monotonic()
     refs = step.refs
-    events = client.api.build(
-        path=step.context,
-        dockerfile=step.dockerfile,
-        tag=refs[0],
-        buildargs=step.buildargs,
-        labels=step.labels,
-        rm=True,
-        forcerm=True,
-        nocache=nocache,
-        pull=pull,
-        decode=True,
-    )
-    image_id = follow_build(events, emit)
+    kwargs: dict[str, Any] = {}
+    if step.target:
+        kwargs["target"] = step.target
+    if network_mode:
+        kwargs["network_mode"] = network_mode
+    with build_context(step) as context:
+        events = client.api.build(
+            fileobj=context,
+            custom_context=True,
+            dockerfile=step.dockerfile,
+            tag=refs[0],
+            buildargs=step.buildargs,
+            labels=step.labels,
+            rm=True,
+            forcerm=True,
+            nocache=nocache,
+            pull=pull,
+            decode=True,
+            **kwargs,
+        )
+        image_id = follow_build(events, emit)
     for ref in refs[1:]:
         repo, tag = ref.rsplit(":", 1)
         client.api.tag(image_id, repo, tag)
     size = int(client.images.get(image_id).attrs.get("Size", 0))
     return BuildResult(step, image_id, size, time.monotonic() - start)
+
+
+@contextmanager
+def build_context(step: BuildStep) -> Iterator[IO[bytes]]:
+    """The build context as a tar file: the context directory less .dockerignore's
+    exclusions (as `docker build` sends it), plus the step's extra files."""
+    from docker.utils.build import exclude_paths
+
+    root = Path(step.context)
+    ignore = root / ".dockerignore"
+    patterns = []
+    if ignore.is_file():
+        patterns = [
+            line.strip()
+            for line in ignore.read_text().splitlines()
+            if line.strip() and not line.startswith("#")
+        ]
+    with tempfile.TemporaryFile() as f:
+        with tarfile.open(fileobj=f, mode="w") as tar:
+            for rel in sorted(exclude_paths(str(root), patterns, dockerfile=step.dockerfile)):
+                if rel not in step.extra_files:
+                    tar.add(root / rel, arcname=rel, recursive=False)
+            for rel, local in step.extra_files.items():
+                try:
+                    tar.add(local, arcname=rel, recursive=False)
+                except OSError as e:
+                    raise EngineError(
+                        f"cannot read {local} for {step.name}'s build context: {e.strerror}"
+                    ) from None
+        f.seek(0)
+        yield f
 
 
 def image_exists(client: Any, ref: str) -> bool:
@@ -152,6 +201,25 @@ def image_exists(client: Any, ref: str) -> bool:
     except docker.errors.ImageNotFound:
         return False
     return True
+
+
+def wait_healthy(container: Any, timeout: float) -> tuple[bool, str]:
+    """Poll a started container's health until it is decided: (healthy, last status)."""
+    deadline = time.monotonic() + timeout
+    status = "starting"
+    while time.monotonic() < deadline:
+        container.reload()
+        state = container.attrs.get("State") or {}
+        if not state.get("Running"):
+            return False, f"exited with {state.get('ExitCode')}"
+        health = state.get("Health")
+        if health is None:
+            return False, "the image has no HEALTHCHECK"
+        status = health.get("Status", "starting")
+        if status != "starting":
+            return status == "healthy", status
+        time.sleep(2)
+    return False, f"still {status} after {timeout:.0f}s"
 
 
 def run_test(client: Any, run: TestRun, timeout: int = 900) -> TestResult:
@@ -167,6 +235,9 @@ def run_test(client: Any, run: TestRun, timeout: int = 900) -> TestResult:
             )
             for r in run.device_requests
         ]
+    if run.mode == "serve":
+        # No network: the check runs inside the container, on its loopback.
+        kwargs["network_mode"] = "none"
     try:
         container = client.containers.run(run.image, run.command, detach=True, **kwargs)
     except docker.errors.ImageNotFound:
@@ -174,11 +245,15 @@ def run_test(client: Any, run: TestRun, timeout: int = 900) -> TestResult:
     except docker.errors.APIError as e:
         raise EngineError(f"cannot start {run.image}: {e.explanation or e}") from None
     try:
-        status = container.wait(timeout=timeout)
+        if run.mode == "serve":
+            healthy, status = wait_healthy(container, timeout)
+            output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+            return TestResult(run, 0 if healthy else 1, f"{output}\nhealth: {status}")
+        result = container.wait(timeout=timeout)
         output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+        return TestResult(run, int(result.get("StatusCode", 1)), output)
     finally:
         container.remove(force=True)
-    return TestResult(run, int(status.get("StatusCode", 1)), output)
 
 
 def push(client: Any, ref: str, emit: Emit) -> str:

@@ -29,8 +29,24 @@ def runtime_dirs(env: dict[str, str]) -> list[Path]:
     return dirs
 
 
+def local_url(info: dict) -> str | None:
+    """Where to reach the server a runtime file describes, from inside its container.
+
+    The file's `url` names the host the server advertises (with `--ip=0.0.0.0` that is
+    the container's hostname, which need not resolve, e.g. with `--network none`);
+    the server is in this container, so loopback with its port and base URL is asked.
+    """
+    port = info.get("port")
+    if not port:
+        url = info.get("url")
+        return url if not url or url.endswith("/") else url + "/"
+    scheme = "https" if info.get("secure") else "http"
+    base = "/" + str(info.get("base_url") or "/").strip("/") + "/"
+    return f"{scheme}://127.0.0.1:{port}{base.replace('//', '/')}"
+
+
 def server_urls(dirs: list[Path]) -> list[str]:
-    """The `url` of every server runtime file found, newest file first."""
+    """Where to reach every server whose runtime file is found, newest file first."""
     files: list[Path] = []
     for d in dirs:
         files.extend(Path(p) for p in glob.glob(str(d / "jpserver-*.json")))
@@ -38,11 +54,12 @@ def server_urls(dirs: list[Path]) -> list[str]:
     urls = []
     for f in files:
         try:
-            url = json.loads(f.read_text()).get("url")
+            info = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
+        url = local_url(info) if isinstance(info, dict) else None
         if url:
-            urls.append(url if url.endswith("/") else url + "/")
+            urls.append(url)
     return urls
 
 

@@ -23,7 +23,7 @@ MATRIX_RELPATH = Path("images") / "matrix.yaml"
 MIN_DRIVER_FOR_CUDA_MAJOR: dict[int, str] = {12: "525.60.13", 13: "580.65.06"}
 
 #: Python of each supported base image (the frameworks' wheels are built per Python).
-BASE_IMAGE_PYTHON: dict[str, str] = {"ubuntu:24.04": "3.12"}
+BASE_IMAGE_PYTHON: dict[str, str] = {"debian:trixie-slim": "3.13", "ubuntu:24.04": "3.12"}
 
 _PROFILE_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 _IMAGE_NAME_RE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*$")
@@ -107,6 +107,8 @@ class HubSpec:
     base_image: str
     base_jupyterhub: str
     jupyterhub: str
+    #: z2jh's pinned hub requirements.txt (what k8s-hub ships), relative to the repository root.
+    requirements: str
 
     def build_args(self, package_version: str) -> dict[str, str]:
         return {
@@ -210,7 +212,10 @@ def parse_matrix(data: Any, source: str = "<matrix>") -> Matrix:
         raise MatrixError(f"{source}: hub must be a mapping")
     where = f"{source}: hub"
     hub = HubSpec(
-        **{k: _str(raw_hub, k, where) for k in ("name", "dockerfile", "z2jh_chart", "base_image")},
+        **{
+            k: _str(raw_hub, k, where)
+            for k in ("name", "dockerfile", "z2jh_chart", "base_image", "requirements")
+        },
         base_jupyterhub=_version(
             _str(raw_hub, "base_jupyterhub", where), f"{where}.base_jupyterhub"
         ),

@@ -9,10 +9,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..catalog import DEFAULT_GPU_TOLERATIONS
 from ..labels import IMAGE_LABEL_CUDA, IMAGE_LABEL_DRIVER_FLOOR, IMAGE_LABEL_FRAMEWORK
 from .matrix import ImageSpec, Matrix, MatrixError
 
 SMOKE_TEST_PATH = "/usr/local/bin/gpu-smoke-test"
+
+#: The notebook Dockerfiles' stages, smallest first; the last is the full image.
+STAGES = ("base", "jupyter", "framework")
+FULL_STAGE = STAGES[-1]
+#: Where the hub's Dockerfile finds z2jh's pinned requirements in its build context.
+HUB_REQUIREMENTS_IN_CONTEXT = "images/hub/z2jh-requirements.txt"
+#: Which stage an image was built to (absent from full images' Dockerfile labels).
+STAGE_LABEL = "io.gpuspawner.image.stage"
 
 
 @dataclass(frozen=True)
@@ -28,6 +37,10 @@ class BuildStep:
     labels: dict[str, str]
     cuda: str | None = None
     driver_floor: str | None = None
+    #: The Dockerfile stage to stop at (None: the last one).
+    target: str | None = None
+    #: Files sent in the build context that are not in the repository: {context path: local path}.
+    extra_files: dict[str, str] = field(default_factory=dict)
 
     @property
     def refs(self) -> list[str]:
@@ -39,8 +52,8 @@ class TestRun:
     """One smoke-test container run."""
 
     image: str
-    mode: str  # "gpu" or "cpu"
-    command: list[str]
+    mode: str  # "gpu", "cpu", or "serve" (start as `docker run IMAGE` does, wait until healthy)
+    command: list[str] | None
     device_requests: list[dict[str, Any]] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
     reason: str = ""
@@ -50,9 +63,20 @@ def repository(registry: str, name: str) -> str:
     return f"{registry.rstrip('/')}/{name}" if registry else name
 
 
-def image_ref(matrix: Matrix, spec: ImageSpec, registry: str | None = None) -> str:
+def stage_tag(spec: ImageSpec, stage: str = FULL_STAGE) -> str:
+    """The image's tag for a stage: the matrix's tag, with `-<stage>` unless it is the full image."""
+    if stage not in STAGES:
+        raise MatrixError(
+            f"{stage!r} is not a stage of the notebook images; known: {', '.join(STAGES)}"
+        )
+    return spec.tag if stage == FULL_STAGE else f"{spec.tag}-{stage}"
+
+
+def image_ref(
+    matrix: Matrix, spec: ImageSpec, registry: str | None = None, stage: str = FULL_STAGE
+) -> str:
     reg = matrix.registry if registry is None else registry
-    return f"{repository(reg, spec.name)}:{spec.tag}"
+    return f"{repository(reg, spec.name)}:{stage_tag(spec, stage)}"
 
 
 def build_labels(created: str, revision: str) -> dict[str, str]:
@@ -72,8 +96,14 @@ def plan_builds(
     created: str = "unknown",
     revision: str = "unknown",
     package_version: str = "0",
+    stage: str = FULL_STAGE,
+    hub_requirements: str | None = None,
 ) -> list[BuildStep]:
-    """The builds for `names` (notebook images and/or the hub; all notebook images if empty)."""
+    """The builds for `names` (notebook images and/or the hub; all notebook images if empty).
+
+    `stage` stops the notebook images at that Dockerfile stage; `hub_requirements`
+    is the local path of z2jh's pinned hub requirements, sent with the hub's context.
+    """
     reg = matrix.registry if registry is None else registry
     wanted = list(names or [])
     steps: list[BuildStep] = []
@@ -83,25 +113,31 @@ def plan_builds(
     specs = matrix.select(wanted) if wanted or not include_hub else []
     for spec in specs:
         args = {**spec.build_args(), "BUILD_DATE": created, "VCS_REF": revision}
-        labels = {
-            **build_labels(created, revision),
+        full = stage == FULL_STAGE
+        labels = {**build_labels(created, revision), STAGE_LABEL: stage}
+        if full:
             # Repeated from the Dockerfile's LABELs so that a Dockerfile edited by hand
-            # cannot build an image whose labels disagree with the matrix.
-            IMAGE_LABEL_CUDA: spec.cuda,
-            IMAGE_LABEL_DRIVER_FLOOR: spec.driver_floor,
-            IMAGE_LABEL_FRAMEWORK: f"{spec.framework}=={spec.framework_version}",
-        }
+            # cannot build an image whose labels disagree with the matrix. A smaller
+            # stage has no framework, so it must not claim one (or its CUDA).
+            labels.update(
+                {
+                    IMAGE_LABEL_CUDA: spec.cuda,
+                    IMAGE_LABEL_DRIVER_FLOOR: spec.driver_floor,
+                    IMAGE_LABEL_FRAMEWORK: f"{spec.framework}=={spec.framework_version}",
+                }
+            )
         steps.append(
             BuildStep(
                 name=spec.name,
                 dockerfile=spec.dockerfile,
                 context=context,
                 repository=repository(reg, spec.name),
-                tags=(spec.tag,),
+                tags=(stage_tag(spec, stage),),
                 buildargs=args,
                 labels=labels,
-                cuda=spec.cuda,
-                driver_floor=spec.driver_floor,
+                cuda=spec.cuda if full else None,
+                driver_floor=spec.driver_floor if full else None,
+                target=stage,
             )
         )
     if include_hub:
@@ -120,13 +156,29 @@ def plan_builds(
                     "VCS_REF": revision,
                 },
                 labels=build_labels(created, revision),
+                extra_files=(
+                    {HUB_REQUIREMENTS_IN_CONTEXT: hub_requirements} if hub_requirements else {}
+                ),
             )
         )
     return steps
 
 
-def plan_test(image: str, nvidia_runtime: bool, cpu_only: bool = False) -> TestRun:
-    """How to run the smoke test: with every GPU when the engine can give them."""
+def plan_test(
+    image: str, nvidia_runtime: bool, cpu_only: bool = False, stage: str = FULL_STAGE
+) -> TestRun:
+    """How to test an image: the full image runs the smoke test, with every GPU when the
+    engine can give them; a smaller stage has no framework to test, so it is started
+    as `docker run IMAGE` would and must turn healthy (JupyterLab answers)."""
+    if stage != FULL_STAGE:
+        return TestRun(
+            image=image,
+            mode="serve",
+            command=None,
+            # Never inherit GPUs from a runtime that injects them by default.
+            environment={"NVIDIA_VISIBLE_DEVICES": "void"},
+            reason=f"the {stage} stage has no framework: started alone, it must turn healthy",
+        )
     if nvidia_runtime and not cpu_only:
         return TestRun(
             image=image,
@@ -178,6 +230,33 @@ def catalog_document(
     matrix: Matrix, names: list[str] | None = None, registry: str | None = None
 ) -> dict[str, Any]:
     return {"images": catalog_entries(matrix, names, registry)}
+
+
+def prepuller_values(
+    matrix: Matrix, names: list[str] | None = None, registry: str | None = None
+) -> dict[str, Any]:
+    """zero-to-jupyterhub values that make its image puller pull these images on GPU nodes.
+
+    z2jh pre-pulls only `singleuser.image`, `profileList[].kubespawner_override.image` and
+    `prePuller.extraImages`, on nodes its tolerations allow: GPUSpawner's catalog images
+    are none of the first two, and GPU nodes are tainted, so both entries are needed.
+    """
+    images: dict[str, Any] = {}
+    for spec in matrix.select(names):
+        name, tag = image_ref(matrix, spec, registry).rsplit(":", 1)
+        images[f"gpuspawner-{spec.profile}"] = {"name": name, "tag": tag}
+    return {
+        "prePuller": {
+            "extraImages": images,
+            "extraTolerations": [dict(t) for t in DEFAULT_GPU_TOLERATIONS],
+        }
+    }
+
+
+def base_images(matrix: Matrix) -> list[str]:
+    """Every base image the matrix builds on, each once, in matrix order."""
+    seen = [spec.base_image for spec in matrix.images.values()] + [matrix.hub.base_image]
+    return list(dict.fromkeys(seen))
 
 
 def known_names(matrix: Matrix) -> list[str]:

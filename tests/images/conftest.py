@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,8 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from gpuspawner.images.matrix import Matrix, load_matrix
+
+from .dockerd import HarnessError, LocalRegistry, PrivateEngine, mounts_under
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -38,3 +43,86 @@ def package_jupyterhub_requirement() -> str:
 @pytest.fixture(scope="session")
 def matrix() -> Matrix:
     return load_matrix(REPO / "images" / "matrix.yaml")
+
+
+# --- the real engine: a private dockerd, a local registry, the built images ---------
+
+CACHE = REPO / ".cache" / "images"
+
+
+def tool_on_engine(
+    engine_host: str, *args: str, timeout: float = 3600
+) -> subprocess.CompletedProcess:
+    """`gpuspawner-images ARGS` as a user runs it, against the private engine.
+
+    Its output goes to the terminal as well (build steps print their progress) and is returned.
+    """
+    env = {**os.environ, "DOCKER_HOST": engine_host}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuspawner.images.cli", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.__stderr__.write(line)
+        lines.append(line)
+    rc = proc.wait(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, rc, "".join(lines), "")
+
+
+@pytest.fixture(scope="session")
+def engine(tmp_path_factory):
+    eng = PrivateEngine(state=tmp_path_factory.mktemp("engine"), data_root=CACHE / "engine")
+    try:
+        eng.start()
+    except HarnessError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        yield eng
+    finally:
+        eng.stop()
+        leaked = mounts_under(eng.data_root, eng.exec_root)
+        assert not leaked, f"mounts left behind by the private dockerd: {leaked}"
+
+
+@pytest.fixture(scope="session")
+def docker_client(engine):
+    client = engine.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory):
+    reg = LocalRegistry(state=tmp_path_factory.mktemp("registry"))
+    try:
+        reg.start()
+    except HarnessError as e:
+        pytest.fail(str(e), pytrace=False)
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture(scope="session")
+def built(engine, matrix):
+    """The base made with debootstrap, then the jupyter stage of every notebook image and
+    the hub image, built by `gpuspawner-images` (layers cached in .cache/images)."""
+    base = tool_on_engine(engine.host, "base")
+    assert base.returncode == 0, base.stdout[-3000:]
+    build = tool_on_engine(
+        engine.host, "build", "--target", "jupyter", "--network", "host", *matrix.images, "hub"
+    )
+    # pytest keeps a passing test's output to itself: the build's log stays readable here.
+    (CACHE / "last-build.log").write_text(base.stdout + build.stdout)
+    assert build.returncode == 0, build.stdout[-5000:]
+    return build.stdout
+
+
+# The full framework builds download gigabytes of wheels: only when asked (docs/images.md).
+FULL_BUILD_ENV = "GPUSPAWNER_FULL_IMAGE_BUILD"
+collect_ignore = [] if os.environ.get(FULL_BUILD_ENV) == "1" else ["test_full_build.py"]

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import re
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 import yaml
 
 from gpuspawner.catalog import load_catalog_file
 from gpuspawner.images import cli, engine
+from gpuspawner.images.plan import image_ref
 
-from .conftest import REPO
+from .conftest import REPO, tool_on_engine
 from .fakedocker import FakeClient, FakeEngine
 
 
@@ -126,46 +130,118 @@ def fake(monkeypatch):
     return state
 
 
-def test_build_prints_progress_and_a_summary(fake, matrix, tmp_path):
-    out = io.StringIO()
-    catalog = tmp_path / "built.yaml"
-    assert cli.main(["build", "--catalog-out", str(catalog)], out) == cli.EXIT_OK
-    text = out.getvalue()
-    assert [b["dockerfile"] for b in fake.builds] == [s.dockerfile for s in matrix.images.values()]
-    assert "[cuda-pytorch] Step 1/30 : ARG BASE_IMAGE=ubuntu:24.04" in text
-    summary = text[text.index("IMAGE  ") :].splitlines()
+# The verbs against the real engine: a private dockerd (tests/images/dockerd.py).
+
+
+def test_build_prints_what_it_builds_progress_and_a_summary(built, matrix):
+    text = built
+    for spec in matrix.images.values():
+        ref = image_ref(matrix, spec, stage="jupyter")
+        assert f"==> building {ref} from {spec.dockerfile} (stage jupyter)" in text
+    assert "[cuda-pytorch] Step 1/" in text and "[hub] Step 1/" in text
+    summary = text[text.rindex("IMAGE  ") :].splitlines()
     assert summary[0].split() == ["IMAGE", "CUDA", "SIZE", "TIME", "RESULT"]
-    rows = summary[2 : 2 + len(matrix.images)]
-    assert all("12.3 GB" in row and row.endswith("ok") for row in rows)
-    assert summary[2 + len(matrix.images)] == f"wrote 2 catalog entries to {catalog}"
-    assert list(yaml.safe_load(catalog.read_text())["images"]) == ["pytorch", "tensorflow"]
+    rows = summary[2:]
+    assert len(rows) == len(matrix.images) + 1
+    assert all(row.endswith("ok") and (" MB" in row or " GB" in row) for row in rows)
 
 
-def test_build_failure_is_summarised_and_fails(monkeypatch, matrix, tmp_path):
-    state = FakeEngine(
-        fail_build={"cuda-tensorflow": "The command 'pip install' returned a non-zero code: 1"}
+def test_build_failure_is_summarised_and_fails(engine, built, tmp_path):
+    """A Dockerfile whose RUN fails: the engine's message, a summary row, exit 1."""
+    (tmp_path / "images" / "broken").mkdir(parents=True)
+    (tmp_path / "images" / "broken" / "Dockerfile").write_text(
+        "ARG BASE_IMAGE=debian:trixie-slim\nFROM ${BASE_IMAGE} AS base\n"
+        "FROM base AS jupyter\nRUN echo about to fail && exit 3\nFROM jupyter AS framework\n"
     )
-    monkeypatch.setattr(engine, "connect", lambda timeout=10: FakeClient(state))
-    monkeypatch.chdir(REPO)
-    out = io.StringIO()
-    catalog = tmp_path / "built.yaml"
-    assert cli.main(["build", "--catalog-out", str(catalog)], out) == cli.EXIT_FAILED
-    text = out.getvalue()
+    raw = yaml.safe_load((REPO / "images" / "matrix.yaml").read_text())
+    raw["images"] = {
+        "broken": {
+            **raw["images"]["cuda-pytorch"],
+            "dockerfile": "images/broken/Dockerfile",
+            "constraints": None,
+        }
+    }
+    (tmp_path / "images" / "matrix.yaml").write_text(yaml.safe_dump(raw))
+    proc = tool_on_engine(
+        engine.host, "build", "--matrix", str(tmp_path / "images" / "matrix.yaml"),
+        "--target", "jupyter", "--network", "none",
+    )  # fmt: skip
+    assert proc.returncode == cli.EXIT_FAILED
+    assert "[broken] about to fail" in proc.stdout
     assert (
-        "==> cuda-tensorflow FAILED: The command 'pip install' returned a non-zero code: 1" in text
+        "==> broken FAILED: The command '/bin/sh -c echo about to fail && exit 3' returned a non-zero code: 3"
+        in proc.stdout
     )
-    # Only what was built goes into the catalog.
-    assert list(yaml.safe_load(catalog.read_text())["images"]) == ["pytorch"]
+    assert "Traceback" not in proc.stdout
 
 
-def test_test_verb_says_which_mode(fake, matrix):
-    out = io.StringIO()
-    assert cli.main(["test", "cuda-pytorch"], out) == cli.EXIT_OK
-    assert "CPU-only mode (asserts no GPU is visible)" in out.getvalue()
-    assert fake.runs[0]["command"] == ["/usr/local/bin/gpu-smoke-test", "--cpu"]
+def test_test_verb_starts_the_jupyter_stage_and_waits_until_healthy(engine, built, matrix):
+    proc = tool_on_engine(engine.host, "test", "--target", "jupyter", *matrix.images)
+    assert proc.returncode == cli.EXIT_OK, proc.stdout[-3000:]
+    assert "the jupyter stage has no framework: started alone, it must turn healthy" in proc.stdout
+    assert "health: healthy" in proc.stdout
+    table = proc.stdout[proc.stdout.rindex("IMAGE  ") :].splitlines()[2:]
+    assert [row.split()[1:] for row in table] == [["serve", "pass"]] * len(matrix.images)
+
+
+def test_test_verb_fails_on_an_image_that_never_turns_healthy(engine, built, docker_client, matrix):
+    """The same verb on an image whose server cannot start: the test fails."""
+    spec = matrix.images["cuda-pytorch"]
+    ref = image_ref(matrix, spec, registry="127.0.0.1:1/broken", stage="jupyter")
+    container = docker_client.containers.create(
+        image_ref(matrix, spec, stage="jupyter"), entrypoint=["true"]
+    )
+    try:
+        # The healthcheck stays; the server never starts (the entry point exits at once).
+        repo, tag = ref.rsplit(":", 1)
+        container.commit(repository=repo, tag=tag, conf={"Entrypoint": ["sleep", "600"]})
+    finally:
+        container.remove(force=True)
+    proc = tool_on_engine(
+        engine.host, "test", "--target", "jupyter", "--registry", "127.0.0.1:1/broken",
+        "cuda-pytorch",
+    )  # fmt: skip
+    docker_client.images.remove(ref, force=True)
+    assert proc.returncode == cli.EXIT_FAILED
+    assert "health: unhealthy" in proc.stdout
+
+
+def test_push_sends_the_images_to_a_local_registry(engine, built, registry, docker_client, matrix):
+    target = f"{registry.address}/gpuspawner"
+    pushed = [image_ref(matrix, spec, target, stage="jupyter") for spec in matrix.images.values()]
+    for spec, ref in zip(matrix.images.values(), pushed, strict=True):
+        image = docker_client.images.get(image_ref(matrix, spec, stage="jupyter"))
+        image.tag(*ref.rsplit(":", 1))
+    try:
+        proc = tool_on_engine(engine.host, "push", "--registry", target, "--target", "jupyter")
+    finally:
+        # The engine's data root is kept across runs: leave no tags for a registry that is gone.
+        for ref in pushed:
+            docker_client.images.remove(ref)
+    assert proc.returncode == cli.EXIT_OK, proc.stdout[-3000:]
+    for spec in matrix.images.values():
+        ref = image_ref(matrix, spec, target, stage="jupyter")
+        assert re.search(rf"==> pushed {re.escape(ref)} sha256:[0-9a-f]{{64}}", proc.stdout)
+        url = f"http://{registry.address}/v2/gpuspawner/{spec.name}/tags/list"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            assert json.load(resp)["tags"] == [ref.rsplit(":", 1)[1]]
+
+
+def test_push_of_an_unbuilt_image_fails_with_the_engines_reason(engine, built, registry):
+    proc = tool_on_engine(engine.host, "push", "--registry", f"{registry.address}/never-built")
+    assert proc.returncode == cli.EXIT_FAILED
+    assert "FAILED: " in proc.stdout and "Traceback" not in proc.stdout
+
+
+def test_catalog_only_built_asks_the_engine(engine, built, matrix):
+    """Only the jupyter stages are built here, so no full image is: a one-sentence refusal."""
+    proc = tool_on_engine(engine.host, "catalog", "--only-built")
+    assert proc.returncode == cli.EXIT_FAILED
+    assert "none of these images is built yet" in proc.stdout
 
 
 def test_test_verb_uses_gpus_with_the_nvidia_runtime(monkeypatch, matrix):
+    """An engine with the NVIDIA runtime cannot run here (no GPU): its answers are stood in."""
     state = FakeEngine(runtimes=("runc", "nvidia"))
     ref = f"{matrix.registry}/cuda-tensorflow:{matrix.images['cuda-tensorflow'].tag}"
     state.test_results[ref] = (1, b"RESULT: FAIL (1 of 3 checks failed)\n")
@@ -177,20 +253,6 @@ def test_test_verb_uses_gpus_with_the_nvidia_runtime(monkeypatch, matrix):
     assert "all GPUs requested" in text
     assert all(r["command"] == ["/usr/local/bin/gpu-smoke-test"] for r in state.runs)
     assert "FAIL (exit 1)" in text
-
-
-def test_push_pushes_every_tag(fake, matrix):
-    out = io.StringIO()
-    assert cli.main(["push", "--registry", "registry.test/x"], out) == cli.EXIT_OK
-    assert fake.pushes == [(f"registry.test/x/{s.name}", s.tag) for s in matrix.images.values()]
-
-
-def test_catalog_only_built(fake, matrix):
-    spec = matrix.images["cuda-pytorch"]
-    fake.present.add(f"{matrix.registry}/{spec.name}:{spec.tag}")
-    out = io.StringIO()
-    assert cli.main(["catalog", "--only-built"], out) == cli.EXIT_OK
-    assert list(yaml.safe_load(out.getvalue())["images"]) == ["pytorch"]
 
 
 def test_format_helpers():

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 
 import pytest
 from docker.utils.build import exclude_paths
 from dockerfile_parse import DockerfileParser
 
 from gpuspawner import labels
-from gpuspawner.images.plan import plan_builds
+from gpuspawner.images.plan import HUB_REQUIREMENTS_IN_CONTEXT, STAGE_LABEL, STAGES, plan_builds
 
 from .conftest import REPO
 
@@ -48,6 +49,26 @@ def instructions(parser: DockerfileParser, name: str) -> list[str]:
     return [i["value"] for i in parser.structure if i["instruction"] == name]
 
 
+def all_args(parser: DockerfileParser) -> dict[str, str]:
+    """Every stage's ARG defaults (dockerfile-parse's .args only sees the last stage)."""
+    found: dict[str, str] = {}
+    for value in instructions(parser, "ARG"):
+        name, _, default = value.partition("=")
+        if default or name not in found:
+            found[name] = default
+    return found
+
+
+def all_envs(parser: DockerfileParser, args: dict[str, str]) -> dict[str, str]:
+    """Every stage's ENV, later stages winning: the stages here build on each other."""
+    found: dict[str, str] = {}
+    for value in instructions(parser, "ENV"):
+        for word in shlex.split(value):
+            name, _, val = word.partition("=")
+            found[name] = resolve(val, {**args, **found})
+    return found
+
+
 def resolve(value: str, args: dict[str, str]) -> str:
     return re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m[1], m[0]), value)
 
@@ -70,13 +91,32 @@ def step(matrix, spec):
 
 
 def test_base_image_resolves_from_the_matrix(spec, step):
-    assert parse(spec.dockerfile, step.buildargs).baseimage == spec.base_image
+    assert parse(spec.dockerfile, step.buildargs).parent_images[0] == spec.base_image
     # A plain `docker build` without arguments builds the same base.
-    assert parse(spec.dockerfile).baseimage == spec.base_image
+    assert parse(spec.dockerfile).parent_images[0] == spec.base_image
+
+
+def test_stages_are_base_jupyter_framework(spec):
+    """`--target jupyter` stops before the framework; the full image is the last stage."""
+    froms = instructions(parse(spec.dockerfile), "FROM")
+    assert froms == ["${BASE_IMAGE} AS base", "base AS jupyter", "jupyter AS framework"]
+    assert tuple(f.split()[-1] for f in froms) == STAGES
+
+
+def shared_stages(path) -> str:
+    text = (REPO / path).read_text()
+    return text[text.index("# ---- base:") : text.index("# ---- framework:")]
+
+
+def test_base_and_jupyter_stages_are_the_same_in_every_notebook_image(matrix):
+    """One definition of what every notebook image shares, so one image's cache serves all."""
+    first, *others = [spec.dockerfile for spec in matrix.images.values()]
+    for other in others:
+        assert shared_stages(other) == shared_stages(first), other
 
 
 def test_arg_defaults_repeat_the_matrix(spec, step):
-    declared = parse(spec.dockerfile).args
+    declared = all_args(parse(spec.dockerfile))
     for name, value in step.buildargs.items():
         assert name in declared, f"{spec.dockerfile} does not declare ARG {name}"
         if name not in ("BUILD_DATE", "VCS_REF"):
@@ -84,27 +124,30 @@ def test_arg_defaults_repeat_the_matrix(spec, step):
 
 
 def test_every_declared_version_arg_comes_from_the_matrix(spec, step):
-    declared = set(parse(spec.dockerfile).args) | {"BASE_IMAGE"}
+    declared = set(all_args(parse(spec.dockerfile)))
     user_args = {"NB_USER", "NB_UID", "NB_GID"}
     assert declared - user_args == set(step.buildargs)
 
 
 def test_runs_as_jovyan_uid_1000_gid_100(spec, step):
     df = parse(spec.dockerfile, step.buildargs)
-    args = df.args
+    args = all_args(df)
     assert (args["NB_USER"], args["NB_UID"], args["NB_GID"]) == ("jovyan", "1000", "100")
     assert resolve(instructions(df, "USER")[-1], args) == "1000"
     useradd = [r for r in instructions(df, "RUN") if "useradd" in r]
     assert len(useradd) == 1
     assert '--uid "${NB_UID}"' in useradd[0] and '--gid "${NB_GID}"' in useradd[0]
-    # Ubuntu's own uid-1000 user would otherwise take jovyan's uid.
-    assert "userdel --remove ubuntu" in useradd[0]
+    # The environment and home are group-writable for any uid in NB_GID (docker-stacks).
+    assert 'fix-permissions "${VIRTUAL_ENV}" "/home/${NB_USER}"' in useradd[0]
 
 
 def test_nvidia_environment(spec, step):
     df = parse(spec.dockerfile, step.buildargs)
-    envs = df.envs
+    envs = all_envs(df, {**all_args(df), "PATH": ""})
     assert envs[labels.ENV_DRIVER_CAPABILITIES] == labels.DRIVER_CAPABILITIES
+    # Where managed Kubernetes mounts the driver's nvidia-smi and libraries.
+    assert "/usr/local/nvidia/bin" in envs["PATH"].split(":")
+    assert "/usr/local/nvidia/lib64" in envs["LD_LIBRARY_PATH"].split(":")
     assert envs["NVIDIA_REQUIRE_CUDA"] == spec.require_cuda
     assert labels.ENV_VISIBLE_DEVICES not in envs
     assert not any(labels.ENV_VISIBLE_DEVICES in e for e in instructions(df, "ENV"))
@@ -123,14 +166,19 @@ def test_labels(spec, step):
     assert found[labels.IMAGE_LABEL_FRAMEWORK] == f"{spec.framework}=={spec.framework_version}"
     # The tool sets the same labels at build time; they must agree with the Dockerfile's.
     for key, value in step.labels.items():
-        if key not in ("org.opencontainers.image.created", "org.opencontainers.image.revision"):
+        if key not in (
+            "org.opencontainers.image.created",
+            "org.opencontainers.image.revision",
+            STAGE_LABEL,
+        ):
             assert found[key] == value
 
 
 def test_entrypoint_command_and_healthcheck(spec):
     df = parse(spec.dockerfile)
     assert json.loads(instructions(df, "ENTRYPOINT")[-1]) == ["tini", "-g", "--"]
-    assert json.loads(instructions(df, "CMD")[-1]) == ["jupyterhub-singleuser"]
+    # docker-stacks' entry point: JupyterLab alone, or jupyterhub-singleuser under a hub.
+    assert json.loads(instructions(df, "CMD")[-1]) == ["start-notebook.sh"]
     (health,) = instructions(df, "HEALTHCHECK")
     assert "CMD" in health and "/usr/local/bin/notebook-healthcheck" in health
     copies = instructions(df, "COPY")
@@ -149,11 +197,12 @@ def test_pins_come_from_build_args(spec):
     assert "--constraint /tmp/framework-constraints.txt" in runs
 
 
-def test_framework_layer_comes_before_jupyter_layer(spec):
+def test_jupyter_layer_comes_before_the_framework_layer(spec):
+    """The jupyter stage is the small image, so the framework must come after it."""
     runs = instructions(parse(spec.dockerfile), "RUN")
     framework = next(i for i, r in enumerate(runs) if f"${{{spec.framework_arg}}}" in r)
     jupyter = next(i for i, r in enumerate(runs) if "JUPYTERLAB_VERSION" in r)
-    assert framework < jupyter
+    assert jupyter < framework
 
 
 ALL_DOCKERFILES = sorted(p.relative_to(REPO) for p in (REPO / "images").glob("*/Dockerfile"))
@@ -177,7 +226,11 @@ def test_copy_sources_reach_the_daemon(path):
     sent = exclude_paths(str(REPO), patterns)
     for value in instructions(parse(path), "COPY"):
         *sources, _dest = value.split()
+        if sources[0].startswith("--from="):
+            continue  # from an earlier stage, not the context
         for source in sources:
+            if source == HUB_REQUIREMENTS_IN_CONTEXT:
+                continue  # sent by gpuspawner-images from z2jh's sources (BuildStep.extra_files)
             assert (REPO / source).exists(), f"{path}: COPY {source} does not exist"
             if (REPO / source).is_file():
                 assert source in sent, f"{path}: .dockerignore excludes {source}"
@@ -190,15 +243,19 @@ def test_hub_image(matrix):
     hub = matrix.hub
     args = hub.build_args("0.1.0")
     df = parse(hub.dockerfile, args)
-    assert df.baseimage == hub.base_image
-    assert parse(hub.dockerfile).baseimage == hub.base_image
+    assert df.parent_images[0] == hub.base_image
+    assert parse(hub.dockerfile).parent_images[0] == hub.base_image
+    # z2jh's build and default stages, rebuilt on the base; gpuspawner on top.
+    assert [f.split()[-1] for f in instructions(df, "FROM")] == ["wheels", "k8s-hub", "hub"]
     declared = df.args
     assert declared["JUPYTERHUB_VERSION"] == hub.jupyterhub
     assert parse(hub.dockerfile).args["JUPYTERHUB_VERSION"] == hub.jupyterhub
-    assert hub.base_image.startswith("quay.io/jupyterhub/k8s-hub:")
-    assert hub.base_image.endswith(":" + hub.z2jh_chart)
+    copies = instructions(df, "COPY")
+    assert f"{HUB_REQUIREMENTS_IN_CONTEXT} /tmp/requirements.txt" in copies
     runs = " ".join(instructions(df, "RUN"))
-    assert "pip install --no-cache-dir /tmp/gpuspawner" in runs
+    assert "--no-binary pycurl" in runs
+    assert "pip install --no-index --find-links=/tmp/wheels/ -r /tmp/requirements.txt" in runs
+    assert "pip install /tmp/gpuspawner" in runs
     assert "jupyterhub==${JUPYTERHUB_VERSION}" in runs
     assert resolve(instructions(df, "USER")[-1], declared) == "1000"
     for key in OCI_LABELS:

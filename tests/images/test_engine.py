@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import tarfile
+
 import docker
 import pytest
 
 from gpuspawner.images import engine
-from gpuspawner.images.plan import plan_builds, plan_test
+from gpuspawner.images.plan import HUB_REQUIREMENTS_IN_CONTEXT, plan_builds, plan_test
 
 from .conftest import REPO
 from .fakedocker import FakeClient, FakeEngine, build_events
@@ -57,19 +59,35 @@ def test_follow_build_raises_the_engine_error():
         )
 
 
-def test_build_passes_the_plan_to_the_engine(matrix):
-    fake = FakeEngine()
-    (step,) = plan_builds(matrix, ["cuda-pytorch"], context=str(REPO), revision="r1")
-    result = engine.build(FakeClient(fake), step, lambda line: None, pull=True)
-    (call,) = fake.builds
-    assert call["path"] == str(REPO)
-    assert call["dockerfile"] == "images/cuda-pytorch/Dockerfile"
-    assert call["tag"] == step.refs[0]
-    assert call["buildargs"] == step.buildargs
-    assert call["labels"] == step.labels
-    assert call["pull"] is True and call["decode"] is True
-    assert result.size_bytes == 12_345_678_901
-    assert result.image_id == "sha256:" + "1".rjust(64, "0")
+def test_build_context_is_the_repository_less_dockerignore_plus_extra_files(matrix, tmp_path):
+    """What the engine receives: what the Dockerfiles COPY, z2jh's requirements, no .venv."""
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("jupyterhub==5.5.0\n")
+    steps = plan_builds(
+        matrix, ["cuda-pytorch", "hub"], context=str(REPO), hub_requirements=str(requirements)
+    )
+    with engine.build_context(steps[0]) as f:
+        names = tarfile.open(fileobj=f).getnames()
+    assert "images/cuda-pytorch/Dockerfile" in names
+    assert "images/common/start.sh" in names
+    assert "gpuspawner/images/smoke.py" in names
+    assert not [n for n in names if n.startswith((".venv", ".git/", ".cache"))]
+    assert HUB_REQUIREMENTS_IN_CONTEXT not in names
+    with engine.build_context(steps[1]) as f:
+        tar = tarfile.open(fileobj=f)
+        sent = tar.extractfile(HUB_REQUIREMENTS_IN_CONTEXT).read()
+    assert sent == b"jupyterhub==5.5.0\n"
+
+
+def test_missing_hub_requirements_is_one_sentence(matrix, tmp_path):
+    (step,) = plan_builds(
+        matrix, ["hub"], context=str(REPO), hub_requirements=str(tmp_path / "absent.txt")
+    )
+    with pytest.raises(
+        engine.EngineError, match=r"cannot read .*absent.txt for hub's build context"
+    ):
+        with engine.build_context(step):
+            pass
 
 
 def test_gpu_test_run_requests_all_gpus():

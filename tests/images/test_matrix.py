@@ -86,10 +86,10 @@ def test_single_user_on_another_release_line_than_the_hub_is_reported(raw):
 
 
 def test_python_that_the_base_image_lacks_is_reported(raw):
-    raw["images"]["cuda-pytorch"]["python"] = "3.13"
+    raw["images"]["cuda-pytorch"]["python"] = "3.12"
     raw["images"]["cuda-pytorch"]["tag_template"] = "{framework_version}-py{python}"
     problems = consistency_problems(parse_matrix(raw), package_jupyterhub_requirement())
-    assert problems == ["images.cuda-pytorch.python 3.13: ubuntu:24.04 provides Python 3.12"]
+    assert problems == ["images.cuda-pytorch.python 3.12: debian:trixie-slim provides Python 3.13"]
 
 
 def test_constraints_disagreeing_with_the_matrix_are_reported(raw, tmp_path):

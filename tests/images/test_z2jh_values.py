@@ -1,0 +1,95 @@
+"""config/z2jh-values.yaml against zero-to-jupyterhub 4.4.0's own schema, and its
+prePuller block against what `gpuspawner-images catalog --z2jh` prints."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import jsonschema
+import pytest
+import yaml
+
+from gpuspawner.catalog import DEFAULT_GPU_TOLERATIONS
+from gpuspawner.images.plan import image_ref, prepuller_values
+
+from .conftest import REPO
+
+CHART = REPO.parent / "shared" / "third-party" / "zero-to-jupyterhub-k8s-4.4.0" / "jupyterhub"
+VALUES = REPO / "config" / "z2jh-values.yaml"
+
+
+def merged(defaults: dict, override: dict) -> dict:
+    """Helm's merge of a values file over the chart's values.yaml (maps merge, the rest replaces)."""
+    out = copy.deepcopy(defaults)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict:
+    if not CHART.is_dir():
+        pytest.fail(
+            f"the z2jh 4.4.0 chart is expected at {CHART} (a copy of shared/ beside the clone)"
+        )
+    return yaml.safe_load((CHART / "values.schema.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def chart_defaults() -> dict:
+    return yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+def test_values_file_passes_the_charts_schema(schema, chart_defaults):
+    values = yaml.safe_load(VALUES.read_text())
+    jsonschema.validate(merged(chart_defaults, values), schema)
+
+
+def test_schema_catches_a_misplaced_prepuller_key(schema, chart_defaults):
+    """The schema check can fail: a typo under prePuller is refused."""
+    values = yaml.safe_load(VALUES.read_text())
+    values["prePuller"]["extraImage"] = values["prePuller"].pop("extraImages")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(merged(chart_defaults, values), schema)
+
+
+def test_prepuller_block_is_what_the_tool_prints(matrix):
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuspawner.images.cli", "catalog", "--z2jh"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    printed = yaml.safe_load(proc.stdout)
+    assert printed == prepuller_values(matrix)
+    assert yaml.safe_load(VALUES.read_text())["prePuller"] == printed["prePuller"]
+
+
+def test_prepuller_names_every_catalog_image_and_tolerates_gpu_nodes(matrix):
+    values = prepuller_values(matrix, registry="127.0.0.1:5000/x")["prePuller"]
+    refs = {f"{e['name']}:{e['tag']}" for e in values["extraImages"].values()}
+    assert refs == {image_ref(matrix, s, "127.0.0.1:5000/x") for s in matrix.images.values()}
+    assert values["extraTolerations"] == [dict(t) for t in DEFAULT_GPU_TOLERATIONS]
+
+
+def test_catalog_output_carries_the_prepuller_block_as_comments(matrix, tmp_path):
+    out = tmp_path / "catalog.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuspawner.images.cli", "catalog", "-o", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert set(yaml.safe_load(text)) == {"images"}  # still a catalog file
+    commented = "\n".join(line[2:] for line in text.splitlines() if line.startswith("# "))
+    assert "prePuller:" in commented and "extraTolerations:" in commented
