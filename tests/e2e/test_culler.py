@@ -39,7 +39,7 @@ WAITING_POD = {
         "containers": [
             {
                 "name": "job",
-                "image": "registry.example.org/gpuspawner/cuda-pytorch:2.15.0-cuda13.2-py3.12",
+                "image": "registry.example.org/gpuspawner/cuda-pytorch:2.15.0-cuda13.2-py3.13",
                 "command": ["sleep", "600"],
                 "resources": {"limits": {"nvidia.com/gpu": "1"}},
             }
