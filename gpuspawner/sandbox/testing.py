@@ -13,6 +13,7 @@ import contextlib
 import os
 import re
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,20 @@ from pathlib import Path
 from . import build
 from .controlplane import ControlPlane
 from .kubeapi import ApiError, KubeApi
+
+
+def wait_for(what: str, check, timeout: float = 60, interval: float = 0.25):
+    """Poll ``check()`` until it returns something truthy, and return that; fail the test after ``timeout`` s."""
+    import pytest
+
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(interval)
 
 
 def in_ci() -> bool:

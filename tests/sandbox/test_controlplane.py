@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import socket
 import ssl
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -23,16 +23,8 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "k8s"
 GPU = "nvidia.com/gpu"
 
 
-def wait_for(what: str, check, timeout: float = 60, interval: float = 0.25):
-    """Poll check() until it returns something truthy; fail after timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(interval)
+# This module's waits: the shared poller with its own default timeout.
+wait_for = functools.partial(testing.wait_for, timeout=60, interval=0.25)
 
 
 def pod_manifest(name: str, gpus: int, node_label: str) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import signal
 import subprocess
@@ -44,16 +45,8 @@ TOPOLOGY = {
 }
 
 
-def wait_for(what: str, check, timeout: float = 90, interval: float = 0.3):
-    """Poll check() until it returns something truthy; fail after timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(interval)
+# This module's waits: the shared poller with its own default timeout.
+wait_for = functools.partial(testing.wait_for, timeout=90, interval=0.3)
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import ipaddress
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,15 +40,8 @@ class Running:
     roots: list[str]
 
 
-def wait_for(what: str, check, timeout: float = 120, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(interval)
+# This module's waits: the shared poller with its own default timeout.
+wait_for = functools.partial(testing.wait_for, timeout=120, interval=0.3)
 
 
 @pytest.fixture(scope="module")
