@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .inventory.model import Availability
@@ -164,10 +164,20 @@ def check_capacity(
     )
 
 
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, …, 11th, 12th, 13th, 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
 def queue_message(
     display_name: str, gpus: int, availability: Availability, place: int, waiting: int
 ) -> str:
-    """The progress line of a request that waits, naming its place and what it waits for."""
+    """The progress line of a request that waits: its place and what it waits for.
+
+    "2nd in line for 4 × NVIDIA A100 (3 waiting): 2 of 8 are free, at most 1
+    on one node. It starts as soon as one node has 4 free."
+    """
     if availability.free == 0:
         figures = f"all {availability.allocatable} are in use"
     else:
@@ -176,9 +186,29 @@ def queue_message(
             f"at most {availability.largest_free} on one node"
         )
     return (
-        f"Waiting for {_gpus(gpus, display_name)} on one node "
-        f"(place {place} of {waiting} in the queue for {display_name}): {figures}."
+        f"{ordinal(place)} in line for {gpus} × {display_name} ({waiting} waiting): "
+        f"{figures}. It starts as soon as one node has {gpus} free."
     )
+
+
+def after_claims(availability: Availability, claims: Iterable[int]) -> Availability:
+    """The figures once admitted requests whose pods are not placed yet take their GPUs.
+
+    The inventory counts a pod's GPUs only once it is bound to a node; until
+    then, GPUs promised to an admitted request still look free, and a second
+    request (from the queue, or another user at the same moment) would be let
+    in for the same GPUs, only to wait Pending. Each claim, largest first,
+    takes the node with the fewest free GPUs that can hold it (the best fit);
+    a claim no node can hold takes nothing (its pod will wait, holding none).
+    """
+    nodes = list(availability.nodes)
+    for claim in sorted((c for c in claims if c > 0), reverse=True):
+        fitting = [i for i, n in enumerate(nodes) if n.free >= claim]
+        if not fitting:
+            continue
+        best = min(fitting, key=lambda i: (nodes[i].free, nodes[i].node))
+        nodes[best] = replace(nodes[best], requested=nodes[best].requested + claim)
+    return replace(availability, nodes=tuple(nodes))
 
 
 class WaitQueue:
@@ -191,10 +221,12 @@ class WaitQueue:
 
     def __init__(self) -> None:
         self._order = itertools.count()
-        self._waiting: dict[str, dict[Any, tuple[int, int]]] = {}
+        # type -> ticket -> (arrival, GPUs, owner)
+        self._waiting: dict[str, dict[Any, tuple[int, int, Any]]] = {}
 
-    def join(self, type_key: str, ticket: Any, gpus: int) -> None:
-        self._waiting.setdefault(type_key, {})[ticket] = (next(self._order), gpus)
+    def join(self, type_key: str, ticket: Any, gpus: int, owner: Any = None) -> None:
+        """Add a request; ``owner`` (the server's ``(user, server)``) names it in :meth:`owners`."""
+        self._waiting.setdefault(type_key, {})[ticket] = (next(self._order), gpus, owner)
 
     def leave(self, type_key: str, ticket: Any) -> None:
         waiting = self._waiting.get(type_key, {})
@@ -204,7 +236,15 @@ class WaitQueue:
 
     def _ordered(self, type_key: str) -> list[tuple[Any, int]]:
         waiting = self._waiting.get(type_key, {})
-        return [(t, g) for t, (_, g) in sorted(waiting.items(), key=lambda item: item[1][0])]
+        return [(t, g) for t, (_, g, _) in sorted(waiting.items(), key=lambda item: item[1][0])]
+
+    def owners(self, type_key: str) -> set[Any]:
+        """The owners of the requests waiting for a type (their GPUs are not promised yet)."""
+        return {owner for _, _, owner in self._waiting.get(type_key, {}).values()}
+
+    def requests(self) -> list[tuple[str, int]]:
+        """``(type, GPUs)`` of every waiting request, in order of arrival per type."""
+        return [(key, gpus) for key in sorted(self._waiting) for _, gpus in self._ordered(key)]
 
     def place(self, type_key: str, ticket: Any) -> tuple[int, int]:
         """(1-based place, number waiting) of a ticket."""

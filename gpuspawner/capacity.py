@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from traitlets import Bool, Float
@@ -98,9 +98,26 @@ class CapacityConfig(Configurable):
         """,
     ).tag(config=True)
 
+    gpu_demand_window = Float(
+        600,
+        help="""
+        How long a GPU request refused for lack of free GPUs still counts as
+        demand, in seconds. The hub publishes its demand (queued requests,
+        requests refused within this window, GPU pods waiting for the
+        scheduler) on its metrics, by GPU type and count and never by user;
+        the culler's pressure mode reads it to free idle GPUs for the people
+        waiting. A user refused several times counts once; their entry goes
+        when they are admitted. 0: refusals are not counted as demand.
+        """,
+    ).tag(config=True)
+
     def queue_settings(self) -> QueueSettings:
         """The queue's settings as they are now, for :meth:`Capacity.admit`."""
-        return QueueSettings(enabled=self.gpu_queue_enabled, timeout=self.gpu_queue_timeout)
+        return QueueSettings(
+            enabled=self.gpu_queue_enabled,
+            timeout=self.gpu_queue_timeout,
+            demand_window=self.gpu_demand_window,
+        )
 
 
 @dataclass(frozen=True)
@@ -109,6 +126,8 @@ class QueueSettings:
 
     enabled: bool = False
     timeout: float = 300
+    #: How long a refusal for lack of GPUs counts as demand (``gpu_demand_window``).
+    demand_window: float = 600
 
 
 @dataclass(frozen=True)
@@ -126,17 +145,47 @@ class Requester:
     user: str
     groups: tuple[str, ...]
     server: str
+    #: The server's pod (``namespace/name``), to tell when its GPUs show on a node.
+    pod: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.user, self.server)
 
 
 def figures(
-    inventory: InventoryReflector | None, catalog: Catalog, placement: Placement
+    inventory: InventoryReflector | None,
+    catalog: Catalog,
+    placement: Placement,
+    *,
+    promised: HubState | None = None,
+    besides: tuple[str, str] | None = None,
 ) -> dict[str, Availability] | None:
-    """Live figures per GPU type of the catalog; None while the inventory is unavailable."""
+    """Live figures per GPU type of the catalog; None while the inventory is unavailable.
+
+    With ``promised`` (the hub's state), GPUs promised to admitted requests
+    whose pods are not on a node yet count as taken (see
+    :func:`~gpuspawner.admission.after_claims`); ``besides`` leaves out one
+    request's own promise.
+    """
     if inventory is None or not inventory.ready:
         return None
-    return inventory_figures.catalog_availability(
+    found = inventory_figures.catalog_availability(
         inventory.inventory, catalog, placement.node_selector, placement.tolerations
     )
+    if promised is None:
+        return found
+
+    def placed(pod_key: str) -> bool:
+        record = inventory.inventory.pods.get(pod_key) if pod_key else None
+        return record is not None and bool(record.node)
+
+    return {
+        key: admission.after_claims(
+            availability, promised.claims(key, placed=placed, besides=besides)
+        )
+        for key, availability in found.items()
+    }
 
 
 def payload(
@@ -244,10 +293,22 @@ class Capacity:
                 selection=selection,
                 holdings=held,
             )
-            verdict = await self.check(
-                inventory, catalog, selection, placement, queueing=queue.enabled
+            try:
+                verdict = await self.check(
+                    inventory,
+                    catalog,
+                    selection,
+                    placement,
+                    queueing=queue.enabled,
+                    besides=requester.key,
+                )
+            except Refusal as refusal:
+                self._count_demand(refusal, requester, selection, queue)
+                raise
+            self.state.forget_refusal(user, server)
+            self.state.reserve(
+                replace(limits.holding_for(user, server, selection, pools), pod=requester.pod)
             )
-            self.state.reserve(limits.holding_for(user, server, selection, pools))
         finally:
             for lock in reversed(held_locks):
                 lock.release()
@@ -260,11 +321,31 @@ class Capacity:
                     placement,
                     timeout=queue.timeout,
                     who=who,
+                    requester=requester,
                 )
+            except Refusal as refusal:
+                self.state.release(user, server)
+                self._count_demand(refusal, requester, selection, queue)
+                raise
             except BaseException:
-                # Timed out or cancelled (the user gave up): the GPUs are not held.
+                # Cancelled (the user gave up): the GPUs are not held, and nobody waits.
                 self.state.release(user, server)
                 raise
+
+    def _count_demand(
+        self, refusal: Refusal, requester: Requester, selection: Selection, queue: QueueSettings
+    ) -> None:
+        """Remember a request refused for lack of free GPUs as demand, for ``demand_window``."""
+        if refusal.reason != admission.REASON_NO_CAPACITY or selection.gpu_type is None:
+            return
+        if queue.demand_window > 0:
+            self.state.record_refusal(
+                requester.user,
+                requester.server,
+                selection.gpu_type.key,
+                selection.gpus,
+                until=self.clock() + queue.demand_window,
+            )
 
     async def check(
         self,
@@ -274,13 +355,18 @@ class Capacity:
         placement: Placement,
         *,
         queueing: bool,
+        besides: tuple[str, str] | None = None,
     ) -> admission.Verdict:
-        """Whether a node can hold the request now (or ever); raises :class:`Refusal` if not."""
+        """Whether a node can hold the request now (or ever); raises :class:`Refusal` if not.
+
+        GPUs promised to other admitted requests count as taken (``besides``:
+        the asking server, whose own promise does not count against it).
+        """
         if not selection.is_gpu or selection.gpu_type is None:
             return admission.Verdict(wait=False)
         if inventory is None or not await inventory.wait_ready(timeout=10):
             return admission.Verdict(wait=False)
-        found = figures(inventory, catalog, placement)
+        found = figures(inventory, catalog, placement, promised=self.state, besides=besides)
         if found is None or selection.gpu_type.key not in found:
             return admission.Verdict(wait=False)
         others = inventory_figures.alternatives(
@@ -303,16 +389,25 @@ class Capacity:
         *,
         timeout: float,
         who: str,
+        requester: Requester | None = None,
     ) -> None:
-        """Wait in the hub's queue until a node can take the request, at most ``timeout`` seconds."""
+        """Wait in the hub's queue until a node can take the request, at most ``timeout`` seconds.
+
+        It wakes on every change of the inventory, so it starts as soon as
+        freed GPUs (a culled server's pod going away) show; GPUs promised to
+        requests that left the queue before it, and are not on a node yet,
+        count as taken.
+        """
         assert selection.gpu_type is not None
         type_key, name = selection.gpu_type.key, selection.gpu_type.display_name
         queue = self.state.wait_queue
-        queue.join(type_key, self, selection.gpus)
+        besides = requester.key if requester else None
+        queue.join(type_key, self, selection.gpus, owner=besides)
         deadline = self.clock() + timeout
         try:
             while True:
-                availability = (figures(inventory, catalog, placement) or {}).get(type_key)
+                found = figures(inventory, catalog, placement, promised=self.state, besides=besides)
+                availability = (found or {}).get(type_key)
                 if availability is None or queue.may_start(type_key, self, availability):
                     break
                 place, waiting = queue.place(type_key, self)

@@ -1,5 +1,5 @@
 """What the spawners of one hub process share: admission locks, reservations, the GPU queue,
-catalog files, compiled form templates, the GPU inventory's watches and the spawners the
+the GPU demand it publishes, catalog files, compiled form templates, the GPU inventory's watches and the spawners the
 metrics count.
 
 All of it lives in one :class:`HubState`, found with :func:`current`.
@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .admission import WaitQueue
 from .catalog import CatalogFile
@@ -29,6 +29,14 @@ from .limits import Holding
 
 if TYPE_CHECKING:
     from .inventory.reflectors import InventoryReflector
+
+
+class RefusedDemand(NamedTuple):
+    """A request refused for lack of free GPUs, counted as demand until ``until`` (monotonic)."""
+
+    gpu_type: str
+    gpus: int
+    until: float
 
 
 class HubState:
@@ -42,6 +50,8 @@ class HubState:
         # Admitted requests whose pods the API server may not show yet, by (user, server).
         self._reservations: dict[tuple[str, str], Holding] = {}
         self.wait_queue = WaitQueue()
+        # Requests refused for lack of free GPUs, counted as demand for a while.
+        self._refused: dict[tuple[str, str], RefusedDemand] = {}
         self._catalog_files: dict[str, CatalogFile] = {}
         # One Jinja environment per template search path: compiling form.html
         # again on every page view costs ~20 ms.
@@ -71,6 +81,54 @@ class HubState:
     def reservations(self, user: str | None = None) -> list[Holding]:
         """The reservations of ``user``, or of everyone when ``user`` is None."""
         return [h for h in self._reservations.values() if user is None or h.user == user]
+
+    def claims(
+        self,
+        gpu_type: str,
+        *,
+        placed: Callable[[str], bool],
+        besides: tuple[str, str] | None = None,
+    ) -> list[int]:
+        """GPU counts of ``gpu_type`` promised to admitted requests and not on a node yet.
+
+        ``placed(pod_key)`` says whether the inventory already counts a pod on
+        its node. Requests still waiting in the queue have been promised
+        nothing; ``besides`` is the asking server, left out.
+        """
+        waiting = self.wait_queue.owners(gpu_type)
+        return [
+            h.gpus
+            for key, h in self._reservations.items()
+            if h.gpu_type == gpu_type
+            and key != besides
+            and key not in waiting
+            and not placed(h.pod)
+        ]
+
+    # -- demand ------------------------------------------------------------
+
+    def record_refusal(
+        self, user: str, server: str, gpu_type: str, gpus: int, until: float
+    ) -> None:
+        """Count a request refused for lack of free GPUs as demand until ``until`` (monotonic).
+
+        Kept per server, so a user who tries again and again counts once.
+        """
+        self._refused[(user, server)] = RefusedDemand(gpu_type, gpus, until)
+
+    def forget_refusal(self, user: str, server: str) -> None:
+        self._refused.pop((user, server), None)
+
+    def demand(self, now: float) -> list[tuple[str, str, int]]:
+        """``(source, type, GPUs)`` of every request waiting for GPUs: queued, or refused until now.
+
+        Anonymous on purpose: what is published must never show who asked.
+        """
+        for key in [k for k, r in self._refused.items() if r.until <= now]:
+            del self._refused[key]
+        queued = [("queued", gpu_type, gpus) for gpu_type, gpus in self.wait_queue.requests()]
+        refused = sorted(("refused", r.gpu_type, r.gpus) for r in self._refused.values())
+        return queued + refused
 
     # -- caches -----------------------------------------------------------
 
@@ -112,6 +170,7 @@ class HubState:
         reflector, self._inventory, self._inventory_loop = self._inventory, None, None
         self._locks = weakref.WeakValueDictionary()
         self._reservations.clear()
+        self._refused.clear()
         self.wait_queue = WaitQueue()
         self._catalog_files.clear()
         self._form_environments.clear()

@@ -22,10 +22,21 @@ the number of series does not grow with the number of users.
 - ``gpuspawner_pool_gpus{gpu_type,figure}``: the cluster's figures per catalog
   type from the hub's inventory (``allocatable``, ``in_use``, ``free``,
   ``waiting_pods``).
+- ``gpuspawner_node_gpus{gpu_type,node,figure}``: the same per node
+  (``allocatable``, ``free``; GPUs promised to admitted servers whose pods are
+  not on a node yet count as taken), so the culler can tell which servers'
+  GPUs would make a waiting request fit on one node.
+- ``gpuspawner_gpu_demand{gpu_type,gpus,source}``: requests waiting for GPUs,
+  by type and size: ``queued`` in the hub's queue, ``refused`` for lack of free
+  GPUs within ``gpu_demand_window``, and the hub's ``pending`` pods the
+  scheduler cannot place for lack of GPUs. Never by user. The culler's
+  pressure mode reads it (with the ``read:metrics`` scope).
 """
 
 from __future__ import annotations
 
+import time
+from collections import Counter as Tally
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -148,8 +159,21 @@ class GPUCollector:
             "The cluster's GPUs per catalog type (allocatable, in_use, free, waiting_pods)",
             labels=["gpu_type", "figure"],
         )
-        spawners = list(hubstate.current().spawners)
-        req, alloc = gpus_by_group(_server_pods(spawners))
+        node_figures = GaugeMetricFamily(
+            "gpuspawner_node_gpus",
+            "GPUs per node serving a catalog type (allocatable, free)",
+            labels=["gpu_type", "node", "figure"],
+        )
+        demand = GaugeMetricFamily(
+            "gpuspawner_gpu_demand",
+            "Requests waiting for GPUs (queued, refused lately, pending pods), by GPU type and "
+            "count, never by user",
+            labels=["gpu_type", "gpus", "source"],
+        )
+        state = hubstate.current()
+        spawners = list(state.spawners)
+        server_pods = _server_pods(spawners)
+        req, alloc = gpus_by_group(server_pods)
         for (gpu_type, group), value in sorted(req.items()):
             requested.add_metric([gpu_type, group], value)
         for (gpu_type, group), value in sorted(alloc.items()):
@@ -159,9 +183,32 @@ class GPUCollector:
             pool.add_metric([key, "in_use"], availability.requested)
             pool.add_metric([key, "free"], availability.free)
             pool.add_metric([key, "waiting_pods"], availability.pending)
+            for node in availability.nodes:
+                node_figures.add_metric([key, node.node, "allocatable"], node.allocatable)
+                node_figures.add_metric([key, node.node, "free"], node.free)
+        waiting = demand_requests(state.demand(time.monotonic()), (pod for _, pod in server_pods))
+        for (gpu_type, gpus, source), count in sorted(waiting.items()):
+            demand.add_metric([gpu_type, str(gpus), source], count)
         yield requested
         yield allocated
         yield pool
+        yield node_figures
+        yield demand
+
+
+def demand_requests(
+    hub_demand: Iterable[tuple[str, str, int]], pods: Iterable[Mapping[str, Any]]
+) -> dict[tuple[str, int, str], int]:
+    """Number of waiting requests per (gpu_type, gpus, source): the hub's queue and refusals
+    (``(source, type, gpus)`` from :meth:`HubState.demand`) and the server pods waiting for GPUs."""
+    counts: Tally[tuple[str, int, str]] = Tally()
+    for source, gpu_type, gpus in hub_demand:
+        counts[(gpu_type, gpus, source)] += 1
+    for raw in pods:
+        pod = ServerPod.from_pod(raw)
+        if pod.gpu_type is not None and pod.waiting_for_gpus:
+            counts[(pod.gpu_type, pod.gpus, "pending")] += 1
+    return dict(counts)
 
 
 def _server_pods(spawners: list[Any]) -> list[tuple[list[str], Mapping[str, Any]]]:

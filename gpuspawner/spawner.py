@@ -247,7 +247,12 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
 
     async def _admit(self, catalog: Catalog, selection: Selection) -> None:
         """Admit the request (limits, then free GPUs, maybe after the queue) or raise Refusal."""
-        requester = capacity.Requester(self.user.name, tuple(self._group_names()), self.name)
+        requester = capacity.Requester(
+            self.user.name,
+            tuple(self._group_names()),
+            self.name,
+            pod=f"{self.namespace}/{self.pod_name}",
+        )
 
         async def holdings(every_user: bool) -> list[limits.Holding]:
             return await self.current_holdings(catalog, every_user=every_user)
@@ -300,7 +305,9 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
 
     def gpu_availability(self, catalog: Catalog) -> dict | None:
         """Live figures per GPU type of the catalog; None while the inventory is unavailable."""
-        return capacity.figures(self.gpu_inventory(), catalog, self._placement())
+        return capacity.figures(
+            self.gpu_inventory(), catalog, self._placement(), promised=self.hub_state
+        )
 
     def gpu_availability_payload(self) -> dict:
         """What the availability endpoint answers (see gpuspawner.inventory.web)."""

@@ -8,7 +8,7 @@ import pytest
 
 from gpuspawner import admission
 from gpuspawner.catalog import load_catalog_file
-from gpuspawner.inventory.model import NodeFigures, demand_for, inventory_from
+from gpuspawner.inventory.model import Availability, NodeFigures, demand_for, inventory_from
 from gpuspawner.options import Refusal
 
 from .conftest import FIXTURES
@@ -79,7 +79,55 @@ def test_request_that_fits_later_is_refused_with_current_figures(figures):
 def test_request_that_fits_later_waits_when_queueing(figures):
     verdict = admission.check_capacity("NVIDIA A100", 4, figures["a100"], queueing=True)
     assert verdict.wait
-    assert "Waiting for 4 NVIDIA A100 GPUs on one node (place 1 of 1" in verdict.message
+    assert verdict.message.startswith("1st in line for 4 × NVIDIA A100 (1 waiting): ")
+    assert verdict.message.endswith("It starts as soon as one node has 4 free.")
+
+
+@pytest.mark.parametrize(
+    "n, text",
+    [
+        (1, "1st"),
+        (2, "2nd"),
+        (3, "3rd"),
+        (4, "4th"),
+        (11, "11th"),
+        (12, "12th"),
+        (13, "13th"),
+        (21, "21st"),
+        (22, "22nd"),
+        (101, "101st"),
+        (111, "111th"),
+    ],
+)
+def test_places_in_line_read_as_ordinals(n, text):
+    assert admission.ordinal(n) == text
+
+
+def a100_nodes(*free_of_four):
+    nodes = tuple(
+        NodeFigures(f"gpu-a100-{i}", allocatable=4, requested=4 - free)
+        for i, free in enumerate(free_of_four)
+    )
+    return Availability("a100", "nvidia.com/gpu", "NVIDIA A100", nodes)
+
+
+def test_promised_gpus_take_the_best_fitting_node():
+    # 3 free on node 0, 4 free on node 1: a promised 3 takes node 0, so a 4 still fits.
+    after = admission.after_claims(a100_nodes(3, 4), [3])
+    assert [n.free for n in after.nodes] == [0, 4]
+    assert after.fits_now(4)
+    # A promised 4 can only go to node 1: a second 4 no longer fits anywhere.
+    after = admission.after_claims(a100_nodes(3, 4), [4])
+    assert [n.free for n in after.nodes] == [3, 0]
+    assert not after.fits_now(4)
+
+
+def test_larger_promises_are_placed_first_and_unplaceable_ones_take_nothing():
+    after = admission.after_claims(a100_nodes(2, 4), [2, 4])
+    assert [n.free for n in after.nodes] == [0, 0]
+    after = admission.after_claims(a100_nodes(1, 1), [4, 0, -1])
+    assert [n.free for n in after.nodes] == [1, 1]
+    assert admission.after_claims(a100_nodes(2, 4), []) == a100_nodes(2, 4)
 
 
 def test_request_that_fits_now_and_cpu_only_pass(figures):

@@ -360,8 +360,8 @@ async def test_queued_requests_wait_in_order_and_leave_when_gpus_free(state, inv
         admit(second, catalog, select(catalog, "a100", 4), inventory, user="ben", queue=True)
     )
     await wait_until_queued(second)
-    assert "(place 1 of 1 " in first.queue_message  # ann's message before ben came
-    assert "(place 2 of 2 " in second.queue_message
+    assert first.queue_message.startswith("1st in line for 4 × NVIDIA A100 (1 waiting)")
+    assert second.queue_message.startswith("2nd in line for 4 × NVIDIA A100 (2 waiting)")
     assert len(state.wait_queue) == 2
     assert sorted(h.user for h in state.reservations()) == ["ann", "ben"]
     # Ben gives up: he leaves the queue and his GPUs are no longer reserved.
@@ -378,6 +378,114 @@ async def test_queued_requests_wait_in_order_and_leave_when_gpus_free(state, inv
     assert first.queue_message == ""
     assert len(state.wait_queue) == 0
     assert [h.user for h in state.reservations()] == ["ann"]
+
+
+def pod_on(node, name, gpus, namespace="jupyterhub"):
+    """A bound pod holding ``gpus`` A100s, shaped like the recorded one."""
+    pod = copy.deepcopy(bound_pod())
+    pod["metadata"].update(name=name, namespace=namespace, uid=f"uid-{name}")
+    pod["spec"]["nodeName"] = node
+    for container in pod["spec"]["containers"]:
+        for section in ("limits", "requests"):
+            if "nvidia.com/gpu" in (container.get("resources") or {}).get(section, {}):
+                container["resources"][section]["nvidia.com/gpu"] = str(gpus)
+    return pod
+
+
+async def admit_queued(capacity, catalog, gpus, inventory, user):
+    await capacity.admit(
+        catalog,
+        select(catalog, "a100", gpus),
+        Requester(user, (), "", pod=f"jupyterhub/jupyter-{user}"),
+        holdings=held(),
+        inventory=inventory,
+        placement=NO_PLACEMENT,
+        queue=QueueSettings(enabled=True, timeout=300),
+        who=f"{user}'s server",
+    )
+
+
+async def test_gpus_promised_to_the_first_in_line_are_not_given_to_the_second(
+    state, inventory, catalog
+):
+    first, second = Capacity(state, LOG), Capacity(state, LOG)
+    one = asyncio.ensure_future(admit_queued(first, catalog, 4, inventory, "ann"))
+    await wait_until_queued(first)
+    two = asyncio.ensure_future(admit_queued(second, catalog, 4, inventory, "ben"))
+    await wait_until_queued(second)
+    # A culled 2-GPU server goes: gpu-a100-0 has 4 free, enough for one of them.
+    inventory.inventory.remove_pod("default", "bound-2xa100")
+    inventory.changed.set()
+    await asyncio.wait_for(one, 5)
+    # Ann's pod is not on a node yet, so the inventory still shows 4 free there;
+    # her promise keeps Ben waiting instead of letting both in for the same GPUs.
+    for _ in range(3):
+        inventory.changed.set()
+        await asyncio.sleep(0.01)
+    assert not two.done()
+    assert second.queue_message.startswith(
+        "1st in line for 4 × NVIDIA A100 (1 waiting): 1 of 8 are free"
+    )
+    # Her pod is bound: the inventory counts it, her promise no longer adds to it.
+    inventory.inventory.set_pod(pod_on("gpu-a100-0", "jupyter-ann", 4))
+    inventory.changed.set()
+    await asyncio.sleep(0.01)
+    assert not two.done()
+    # Her server stops: Ben's turn.
+    inventory.inventory.remove_pod("jupyterhub", "jupyter-ann")
+    state.release("ann", "")
+    inventory.changed.set()
+    await asyncio.wait_for(two, 5)
+
+
+async def test_a_request_refused_for_lack_of_gpus_counts_as_demand_once_and_for_a_while(
+    state, inventory, catalog, clock
+):
+    capacity = Capacity(state, LOG, clock=clock)
+    settings = QueueSettings(enabled=False, demand_window=600)
+    for _ in range(3):  # the same server asked three times
+        with pytest.raises(Refusal):
+            await capacity.admit(
+                catalog,
+                select(catalog, "a100", 4),
+                Requester("dora", (), "train"),
+                holdings=held(),
+                inventory=inventory,
+                placement=NO_PLACEMENT,
+                queue=settings,
+                who="dora's server",
+            )
+    assert state.demand(clock.now) == [("refused", "a100", 4)]
+    assert state.demand(clock.now + 599) == [("refused", "a100", 4)]
+    assert state.demand(clock.now + 600) == []
+
+
+async def test_demand_forgets_a_refused_server_once_it_is_admitted(state, inventory, catalog):
+    capacity = Capacity(state, LOG)
+    with pytest.raises(Refusal):
+        await admit(capacity, catalog, select(catalog, "a100", 4), inventory, user="dora")
+    assert [d[0] for d in state.demand(capacity.clock())] == ["refused"]
+    await admit(capacity, catalog, select(catalog, "a100", 2), inventory, user="dora")
+    assert state.demand(capacity.clock()) == []
+
+
+async def test_refusals_that_are_not_about_free_gpus_are_not_demand(state, inventory, catalog):
+    capacity = Capacity(state, LOG)
+    with pytest.raises(Refusal) as info:  # no node has 8: never schedulable
+        await admit(capacity, catalog, select(catalog, "a100", 8), inventory)
+    assert info.value.reason == "never-schedulable"
+    assert state.demand(capacity.clock()) == []
+
+
+async def test_queued_requests_are_demand_while_they_wait(state, inventory, catalog):
+    capacity = Capacity(state, LOG)
+    waiting = asyncio.ensure_future(admit_queued(capacity, catalog, 4, inventory, "ann"))
+    await wait_until_queued(capacity)
+    assert state.demand(capacity.clock()) == [("queued", "a100", 4)]
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert state.demand(capacity.clock()) == []
 
 
 async def test_the_queue_gives_up_after_its_timeout_on_the_clock(state, catalog, clock):
@@ -431,7 +539,7 @@ async def test_a_spawner_whose_start_is_cancelled_leaves_the_queue_and_its_reser
     try:
         start = asyncio.ensure_future(spawner._start())
         await wait_until_queued(spawner.capacity)
-        assert spawner._gpu_check_progress().startswith("Waiting for 4 NVIDIA A100 GPUs")
+        assert spawner._gpu_check_progress().startswith("1st in line for 4 × NVIDIA A100")
         start.cancel()  # what the hub does when the user cancels the spawn
         with pytest.raises(asyncio.CancelledError):
             await start

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from types import SimpleNamespace
 
 from prometheus_client import REGISTRY, generate_latest
 
 from gpuspawner import metrics
+from gpuspawner.serverpod import ServerPod
 
 from ..conftest import FIXTURES
 
@@ -110,3 +112,54 @@ def test_collector_reads_tracked_spawners_never_users():
 
     gc.collect()
     assert sample("gpuspawner_gpus_requested", gpu_type="a100", group="collector-group") is None
+
+
+def test_collector_publishes_demand_by_type_and_count_never_by_user():
+    from gpuspawner import hubstate
+    from gpuspawner.inventory.model import Availability, NodeFigures
+
+    state = hubstate.reset()
+    try:
+        state.record_refusal("dora", "train", "h100", 4, until=time.monotonic() + 60)
+        state.record_refusal("dora", "train", "h100", 4, until=time.monotonic() + 60)
+        state.record_refusal("eve", "", "h100", 4, until=time.monotonic() + 60)
+        state.record_refusal("old", "", "h100", 2, until=time.monotonic() - 1)  # expired
+        state.wait_queue.join("a100", object(), 2, owner=("fay", ""))
+        nodes = (
+            NodeFigures("gpu-a100-0", allocatable=4, requested=3),
+            NodeFigures("gpu-a100-1", allocatable=4, requested=4),
+        )
+        figures = {"a100": Availability("a100", "nvidia.com/gpu", "NVIDIA A100", nodes)}
+        waiting = pod("jupyter-wait1")
+        spawner = FakeSpawner(
+            pod_reflector=FakeReflector([waiting]),
+            namespace="jupyterhub",
+            pod_name="jupyter-wait1",
+            user=SimpleNamespace(name="wait1", groups=[]),
+            gpu_catalog_configured=True,
+            gpu_inventory=lambda: object(),
+            load_catalog=lambda: None,
+            gpu_availability=lambda catalog: figures,
+        )
+        metrics.track(spawner)
+        text = generate_latest(REGISTRY).decode()
+        demand = "gpuspawner_gpu_demand"
+        assert sample(demand, gpu_type="h100", gpus="4", source="refused") == 2  # dora once
+        assert sample(demand, gpu_type="h100", gpus="2", source="refused") is None
+        assert sample(demand, gpu_type="a100", gpus="2", source="queued") == 1
+        wait1 = ServerPod.from_pod(waiting)
+        assert wait1.waiting_for_gpus
+        assert sample(demand, gpu_type=wait1.gpu_type, gpus=str(wait1.gpus), source="pending") == 1
+        assert (
+            sample("gpuspawner_node_gpus", gpu_type="a100", node="gpu-a100-0", figure="free") == 1
+        )
+        assert (
+            sample("gpuspawner_node_gpus", gpu_type="a100", node="gpu-a100-1", figure="allocatable")
+            == 4
+        )
+        samples = [line for line in text.splitlines() if line.startswith(demand)]
+        assert len(samples) == 3
+        for name in ("dora", "eve", "fay", "wait1", "train"):
+            assert not any(name in line for line in samples)
+    finally:
+        hubstate.reset()

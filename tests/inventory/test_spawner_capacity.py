@@ -193,7 +193,7 @@ async def test_queued_request_waits_with_its_place_and_starts_when_gpus_free(ref
             break
     assert not waiting.done()
     assert spawner._gpu_check_progress().startswith(
-        "Waiting for 4 NVIDIA A100 GPUs on one node (place 1 of 1 in the queue for NVIDIA A100)"
+        "1st in line for 4 × NVIDIA A100 (1 waiting): "
     )
     # The 2-GPU pod on gpu-a100-0 ends: that node has 4 free.
     reflector.inventory.remove_pod("default", "bound-2xa100")
@@ -312,7 +312,7 @@ async def test_stuck_pod_is_deleted_and_the_spawn_fails_with_the_reason(reflecto
 
 async def test_progress_reports_our_messages_between_kubernetes_events(reflector, monkeypatch):
     spawner = capacity_spawner(reflector)
-    spawner.capacity.queue_message = "Waiting for 4 NVIDIA A100 GPUs on one node (place 1 of 1 …)."
+    spawner.capacity.queue_message = "1st in line for 4 × NVIDIA A100 (1 waiting): …"
 
     async def quiet_progress(self):
         await asyncio.sleep(1.5)
