@@ -84,6 +84,8 @@ c.JupyterHub.services.append(
 #   list:users + read:servers     find users' servers, their user_options and state
 #   read:users:activity           the hub's last_activity of users and servers
 #   delete:servers                stop a server
+#   read:metrics                  the GPU demand the hub holds back (queued and
+#                                 lately refused requests) and free GPUs per node
 # Add "read:users:groups" if the culler's exempt_groups is set. Pod names, GPU
 # labels and waiting GPU requests are read from Kubernetes with the hub pod's
 # service account (rbac.yaml already lets it list pods).
@@ -91,7 +93,13 @@ c.JupyterHub.load_roles.append(
     {
         "name": "gpuspawner-culler",
         "description": "Stop idle servers (gpuspawner-culler)",
-        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        "scopes": [
+            "list:users",
+            "read:users:activity",
+            "read:servers",
+            "delete:servers",
+            "read:metrics",
+        ],
         "services": ["gpuspawner-culler"],
     }
 )

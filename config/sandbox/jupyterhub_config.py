@@ -65,7 +65,13 @@ c.JupyterHub.services.append(
 c.JupyterHub.load_roles.append(
     {
         "name": "gpuspawner-culler",
-        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        "scopes": [
+            "list:users",
+            "read:users:activity",
+            "read:servers",
+            "delete:servers",
+            "read:metrics",
+        ],
         "services": ["gpuspawner-culler"],
     }
 )

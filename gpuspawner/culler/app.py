@@ -34,8 +34,9 @@ from ..services.settings import (
     ServiceConfigFile,
 )
 from . import policy as P
+from .demand import HubDemand, parse_hub_metrics, total_by_type
 from .hub import list_servers
-from .pods import pods_by_server, waiting_gpus, with_pods
+from .pods import pods_by_server, waiting_requests, with_pods
 from .prometheus import gpu_view
 
 
@@ -82,7 +83,26 @@ class CullerMetrics:
         )
         self.pressure = Gauge(
             f"{prefix}_pressure_waiting_gpus",
-            "GPUs requested by pods waiting for GPUs of the type",
+            "GPUs requested by requests waiting for GPUs of the type (all sources)",
+            ["gpu_type"],
+            registry=r,
+        )
+        self.demand = Gauge(
+            f"{prefix}_demand_gpus",
+            "GPUs requested by requests waiting for GPUs in the last pass, by source "
+            "(queued or refused in the hub, pending pods)",
+            ["gpu_type", "source"],
+            registry=r,
+        )
+        self.freed_for_demand = Counter(
+            f"{prefix}_gpus_freed_for_demand",
+            "GPUs given back by pressure culls so that a waiting request fits on a node",
+            ["gpu_type"],
+            registry=r,
+        )
+        self.unserved_demand = Gauge(
+            f"{prefix}_unserved_demand_gpus",
+            "GPUs of waiting requests that no cull could make fit on one node in the last pass",
             ["gpu_type"],
             registry=r,
         )
@@ -98,7 +118,7 @@ class CullerMetrics:
             "When the last pass completed",
             registry=r,
         )
-        for source in ("hub", "prometheus", "kubernetes", "internal"):
+        for source in ("hub", "hub-metrics", "prometheus", "kubernetes", "internal"):
             self.errors.labels(source=source)
 
 
@@ -199,6 +219,10 @@ class GPUCuller(
     pressure_timeouts = Dict(
         help="Pressure timeouts per GPU type, e.g. {'h100': 600}; types not listed use pressure_timeout."
     ).tag(config=True)
+    hub_demand = Bool(
+        True,
+        help="Read the GPU requests the hub holds back (queued, or refused for lack of free GPUs lately) and the free GPUs per node from the hub's /hub/metrics (needs the read:metrics scope), so pressure mode also frees GPUs for requests that never became a Pending pod. False: only Pending pods count.",
+    ).tag(config=True)
 
     # --- metrics endpoint ---------------------------------------------------
     metrics_url = Unicode(
@@ -238,6 +262,8 @@ class GPUCuller(
         self.hub: HubClient | None = None
         self.prometheus: PrometheusClient | None = None
         self.pods: KubeClient | None = None
+        self.last_pressure: list[P.PressureOutcome] = []
+        self._hub_demand_warned = False
         self._groups_warned = False
 
     @catch_config_error
@@ -337,15 +363,21 @@ class GPUCuller(
             self.metrics.errors.labels(source="hub").inc()
             self.log.error("Pass abandoned, the hub's users could not be listed: %s", e)
             return None
-        waiting: dict[str, int] = {}
+        pending: list[P.Request] = []
         if self.pods is not None:
             try:
                 pods = await self.pods.list_pods(selector())
                 servers = with_pods(servers, pods_by_server(pods))
-                waiting = waiting_gpus(pods)
+                pending = waiting_requests(pods)
             except KubeError as e:
                 self.metrics.errors.labels(source="kubernetes").inc()
                 self.log.warning("%s; no pressure mode this pass.", e)
+        pressure = None
+        if self.pods is not None:
+            hub_demand = await self._hub_demand()
+            pressure = P.Pressure(
+                requests=hub_demand.requests + tuple(pending), free=hub_demand.free
+            )
         if (
             self.policy.exempt_groups
             and not self._groups_warned
@@ -357,15 +389,35 @@ class GPUCuller(
                 "service the read:users:groups scope; until then no server is culled."
             )
         gpu = await self._gpu_view(now)
-        decisions, self.warned = P.decide(
-            servers, now, self.policy, gpu=gpu, waiting=waiting, warned=self.warned
+        result = P.decide_pass(
+            servers, now, self.policy, gpu=gpu, pressure=pressure, warned=self.warned
         )
+        decisions, self.warned = result.decisions, result.warned
         self.last_decisions = decisions
+        self.last_pressure = result.pressure
         await self._act(decisions)
-        self._record(decisions, waiting)
+        self._record(decisions, pressure, result.pressure)
         self.metrics.pass_duration.observe(time.monotonic() - started)
         self.metrics.last_success.set(time.time())
         return decisions
+
+    async def _hub_demand(self) -> HubDemand:
+        """The requests the hub holds back and the free GPUs per node; empty if unreadable."""
+        if not self.hub_demand:
+            return HubDemand()
+        try:
+            return parse_hub_metrics(await self.hub.metrics())
+        except (HubError, ValueError) as e:
+            self.metrics.errors.labels(source="hub-metrics").inc()
+            if not self._hub_demand_warned:
+                self._hub_demand_warned = True
+                self.log.warning(
+                    "The hub's GPU demand could not be read (%s); pressure mode counts only "
+                    "Pending pods. Give the service the read:metrics scope, or set "
+                    "c.GPUCuller.hub_demand = False.",
+                    e,
+                )
+            return HubDemand()
 
     async def _act(self, decisions: list[P.Decision]) -> None:
         semaphore = asyncio.Semaphore(max(1, self.concurrency))
@@ -386,9 +438,10 @@ class GPUCuller(
                     return
             self.metrics.culls.labels(reason=d.reason, profile=profile).inc()
             if d.server.gpus > 0:
-                self.metrics.gpus_reclaimed.labels(gpu_type=d.server.gpu_type or "unknown").inc(
-                    d.server.gpus
-                )
+                gpu_type = d.server.gpu_type or "unknown"
+                self.metrics.gpus_reclaimed.labels(gpu_type=gpu_type).inc(d.server.gpus)
+                if d.reason == P.REASON_PRESSURE:
+                    self.metrics.freed_for_demand.labels(gpu_type=gpu_type).inc(d.server.gpus)
 
         for d in decisions:
             if d.action == P.WARN:
@@ -398,7 +451,12 @@ class GPUCuller(
                 ).inc()
         await asyncio.gather(*(stop(d) for d in decisions if d.action == P.CULL))
 
-    def _record(self, decisions: list[P.Decision], waiting: dict[str, int]) -> None:
+    def _record(
+        self,
+        decisions: list[P.Decision],
+        pressure: P.Pressure | None,
+        outcomes: list[P.PressureOutcome],
+    ) -> None:
         idle = Counter(
             (d.server.gpu_type or "none") for d in decisions if d.action in (P.CULL, P.WARN)
         )
@@ -412,14 +470,41 @@ class GPUCuller(
         self.metrics.gpu_missing.set(len(missing))
         for d in missing:
             self.log.info("Not culling %s: %s", d.server.display, d.detail)
+        self._record_pressure(decisions, pressure, outcomes)
+
+    def _record_pressure(
+        self,
+        decisions: list[P.Decision],
+        pressure: P.Pressure | None,
+        outcomes: list[P.PressureOutcome],
+    ) -> None:
         self.metrics.pressure.clear()
-        for gpu_type, count in waiting.items():
-            self.metrics.pressure.labels(gpu_type=gpu_type).set(count)
+        self.metrics.demand.clear()
+        self.metrics.unserved_demand.clear()
+        if pressure is None:
+            return
+        waiting: Counter[str] = Counter()
+        for (gpu_type, source), gpus in total_by_type(pressure.requests).items():
+            self.metrics.demand.labels(gpu_type=gpu_type, source=source).set(gpus)
+            waiting[gpu_type] += gpus
+        for gpu_type, gpus in waiting.items():
+            self.metrics.pressure.labels(gpu_type=gpu_type).set(gpus)
         if waiting:
-            self.log.info(
-                "GPU pressure: %s",
-                ", ".join(f"{n} {t} GPUs waiting" for t, n in sorted(waiting.items())),
+            self.log.info("GPU demand: %s", ", ".join(r.describe for r in pressure.requests))
+        unserved: Counter[str] = Counter()
+        for outcome in outcomes:
+            if outcome.served:
+                continue
+            unserved[outcome.request.gpu_type] += outcome.request.gpus
+            self.log.warning(
+                "Cannot free GPUs for a waiting request of %d %s GPUs (%s): %s.",
+                outcome.request.gpus,
+                outcome.request.gpu_type,
+                outcome.request.source,
+                outcome.why,
             )
+        for gpu_type, gpus in unserved.items():
+            self.metrics.unserved_demand.labels(gpu_type=gpu_type).set(gpus)
 
     def warnings_json(self) -> list[dict]:
         by_key = {d.server.key: d for d in self.last_decisions}

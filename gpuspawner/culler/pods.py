@@ -1,13 +1,15 @@
 """Read the culler's facts from GPUSpawner's pods (JSON as the API returns them). Pure.
 
-Two things come from GPUSpawner's pods (label ``gpuspawner.io/managed=true``),
+What comes from GPUSpawner's pods (label ``gpuspawner.io/managed=true``),
 read with :class:`~gpuspawner.serverpod.ServerPod`:
 
 * which pod belongs to which hub server, with its profile, GPU type and count,
   so GPU metrics (labelled by pod) can be matched to servers;
-* how many GPUs of each type are requested by pods the scheduler could not
-  place for lack of GPUs (``PodScheduled`` False, reason ``Unschedulable``,
-  message ``... Insufficient nvidia.com/gpu ...``): the pressure.
+* which node each server's pod runs on, so pressure mode frees GPUs where a
+  waiting request can use them;
+* the pods the scheduler could not place for lack of GPUs (``PodScheduled``
+  False, reason ``Unschedulable``, message ``... Insufficient nvidia.com/gpu
+  ...``): one waiting request each.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from ..serverpod import ServerPod, server_pods
+from .policy import Request
 
 
 def pods_by_server(pods: Iterable[Mapping]) -> dict[tuple[str, str], ServerPod]:
@@ -23,13 +26,13 @@ def pods_by_server(pods: Iterable[Mapping]) -> dict[tuple[str, str], ServerPod]:
     return {pod.key: pod for pod in server_pods(pods) if pod.user and not pod.deleting}
 
 
-def waiting_gpus(pods: Iterable[Mapping]) -> dict[str, int]:
-    """GPU type -> GPUs requested by pods waiting for GPUs of that type."""
-    waiting: dict[str, int] = {}
-    for pod in server_pods(pods):
-        if pod.user and pod.gpu_type is not None and pod.waiting_for_gpus:
-            waiting[pod.gpu_type] = waiting.get(pod.gpu_type, 0) + pod.gpus
-    return waiting
+def waiting_requests(pods: Iterable[Mapping]) -> list[Request]:
+    """One pending :class:`Request` per pod waiting for GPUs of its type."""
+    return [
+        Request(gpu_type=pod.gpu_type, gpus=pod.gpus, source="pending")
+        for pod in server_pods(pods)
+        if pod.user and pod.gpu_type is not None and pod.gpus > 0 and pod.waiting_for_gpus
+    ]
 
 
 def with_pods(servers: Iterable, pods: Mapping[tuple[str, str], ServerPod]) -> list:
@@ -52,6 +55,7 @@ def with_pods(servers: Iterable, pods: Mapping[tuple[str, str], ServerPod]) -> l
                 profile=pod.profile or server.profile,
                 gpu_type=pod.gpu_type,
                 gpus=pod.gpus,
+                node=pod.node or None,
             )
         )
     return result

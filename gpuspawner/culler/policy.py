@@ -16,9 +16,13 @@ seconds; the caller passes ``now``. The rules, in order:
    ``gpu_timeout`` (or ``default_gpu_timeout``) also culls a GPU server whose
    GPUs, with fresh data, were idle that long even though Jupyter reports
    activity: an open browser tab keeps ``last_activity`` fresh forever.
-7. Pressure: for each GPU type with requests waiting, idle servers of that type
-   (idle longer than the type's pressure timeout, busy by neither signal) are
-   culled longest-idle first until the waiting GPUs are covered.
+7. Pressure: for each request waiting for GPUs (queued or refused in the hub,
+   or a pod Pending in the scheduler), idle servers of its GPU type (idle
+   longer than the type's pressure timeout, busy by neither signal) are culled
+   so that one node has enough free GPUs for it: on the node that needs the
+   fewest GPUs freed, longest-idle first, and no more than needed. A request
+   that fits already frees nothing; one no node could hold even then frees
+   nothing either, and is reported as unserved.
 8. With a warning period, a server is first warned and culled only on a later
    pass, at least ``warning_period`` after the warning, if it is still eligible.
 """
@@ -78,6 +82,8 @@ class Server:
     gpus: int = 0
     pod: str | None = None
     namespace: str | None = None
+    #: The node its pod runs on (None: unknown; such a server is never freed for a request)
+    node: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -384,56 +390,166 @@ def decide_one(server: Server, now: float, policy: Policy, gpu: GPUView) -> Deci
     )
 
 
-def apply_pressure(
-    decisions: list[Decision],
-    now: float,
-    policy: Policy,
-    waiting: Mapping[str, int],
-) -> list[Decision]:
-    """Cull, per GPU type with waiting requests, the longest-idle servers of the type.
+# Where waiting requests come from, in the order they are served.
+SOURCES = ("queued", "pending", "refused")
 
-    Only servers kept as idle-but-under-timeout (busy by neither signal) are
-    candidates; GPUs already freed by this pass's other culls count first.
+
+@dataclass(frozen=True)
+class Request:
+    """A request waiting for ``gpus`` GPUs of ``gpu_type`` on one node."""
+
+    gpu_type: str
+    gpus: int
+    source: str = "pending"  # "queued" or "refused" in the hub, or a "pending" pod
+
+    @property
+    def describe(self) -> str:
+        return f"{self.gpus} x {self.gpu_type} ({self.source})"
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """The requests waiting for GPUs and the GPUs free now on each node, per type.
+
+    A type (or node) missing from ``free`` counts as having none free: the
+    culler then frees only what alone makes a request fit.
     """
-    result = list(decisions)
-    for gpu_type, needed in sorted(waiting.items()):
-        if needed <= 0:
-            continue
-        pressure_timeout = policy.pressure_timeout_for(gpu_type)
-        if pressure_timeout is None:
-            continue
-        freed = sum(
-            d.server.gpus for d in result if d.action == CULL and d.server.gpu_type == gpu_type
-        )
-        if freed >= needed:
-            continue
-        candidates = [
-            (i, d)
-            for i, d in enumerate(result)
-            if d.action == KEEP
+
+    requests: tuple[Request, ...] = ()
+    free: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PressureOutcome:
+    """What pressure mode did for one request this pass."""
+
+    request: Request
+    node: str | None  # where it fits now or after the culls; None: unserved
+    freed: tuple[tuple[str, str], ...] = ()  # servers culled (or warned) for it
+    why: str = ""  # for an unserved request: why nothing was freed
+
+    @property
+    def served(self) -> bool:
+        return self.node is not None
+
+
+def _request_order(request: Request) -> tuple[int, int]:
+    # Queued before pending before refused; larger requests first, since they
+    # are the hardest to place once smaller ones have taken a node's GPUs.
+    rank = SOURCES.index(request.source) if request.source in SOURCES else len(SOURCES)
+    return (rank, -request.gpus)
+
+
+def _pressure_candidates(
+    decisions: list[Decision], gpu_type: str, timeout: float, taken: set[int]
+) -> dict[str, list[int]]:
+    """Node -> indexes of the servers pressure may stop there, longest-idle first."""
+    by_node: dict[str, list[int]] = {}
+    for i, d in enumerate(decisions):
+        if (
+            i not in taken
+            and d.action == KEEP
             and d.reason in (REASON_ACTIVE, REASON_NO_TIMEOUT)
             and d.server.gpus > 0
             and d.server.gpu_type == gpu_type
+            and d.server.node
             and d.idle_seconds is not None
-            and d.idle_seconds >= pressure_timeout
-        ]
-        candidates.sort(key=lambda item: (-item[1].idle_seconds, item[1].server.key))
-        for i, d in candidates:
-            if freed >= needed:
-                break
-            freed += d.server.gpus
+            and d.idle_seconds >= timeout
+        ):
+            by_node.setdefault(d.server.node, []).append(i)
+    for indexes in by_node.values():
+        indexes.sort(key=lambda i: (-decisions[i].idle_seconds, decisions[i].server.key))
+    return by_node
+
+
+def apply_pressure(
+    decisions: list[Decision],
+    policy: Policy,
+    pressure: Pressure,
+) -> tuple[list[Decision], list[PressureOutcome]]:
+    """Free GPUs so that each waiting request fits on one node; return the decisions and
+    what was done for each request.
+
+    Per request: if a node has enough free GPUs (those freed by this pass's
+    other culls included), it fits already and takes them. Otherwise, on each
+    node, idle servers of the type (busy by neither signal, idle longer than
+    the type's pressure timeout) are taken longest-idle first until the node
+    has enough; the node needing the fewest GPUs freed (then the fewest
+    servers, then the longest idle) wins. If no node gets there, nothing is
+    freed for the request: stopping servers that cannot make it fit would
+    help nobody.
+    """
+    result = list(decisions)
+    free: dict[str, dict[str, int]] = {t: dict(nodes) for t, nodes in pressure.free.items()}
+    for d in result:
+        if d.action == CULL and d.server.gpus > 0 and d.server.gpu_type and d.server.node:
+            nodes = free.setdefault(d.server.gpu_type, {})
+            nodes[d.server.node] = nodes.get(d.server.node, 0) + d.server.gpus
+    taken: set[int] = set()
+    outcomes: list[PressureOutcome] = []
+    for request in sorted(pressure.requests, key=_request_order):
+        if request.gpus <= 0:
+            continue
+        nodes = free.setdefault(request.gpu_type, {})
+        fitting = [n for n, f in nodes.items() if f >= request.gpus]
+        if fitting:
+            node = min(fitting, key=lambda n: (nodes[n], n))
+            nodes[node] -= request.gpus
+            outcomes.append(PressureOutcome(request, node))
+            continue
+        timeout = policy.pressure_timeout_for(request.gpu_type)
+        if timeout is None:
+            outcomes.append(
+                PressureOutcome(request, None, why="no pressure timeout is set for its GPU type")
+            )
+            continue
+        best: tuple[tuple, str, list[int], int] | None = None
+        for node, indexes in _pressure_candidates(result, request.gpu_type, timeout, taken).items():
+            have, chosen = nodes.get(node, 0), []
+            for i in indexes:
+                if have >= request.gpus:
+                    break
+                chosen.append(i)
+                have += result[i].server.gpus
+            if have < request.gpus:
+                continue
+            freed = sum(result[i].server.gpus for i in chosen)
+            idle = sum(result[i].idle_seconds or 0 for i in chosen)
+            rank = (freed, len(chosen), -idle, node)
+            if best is None or rank < best[0]:
+                best = (rank, node, chosen, have)
+        if best is None:
+            outcomes.append(
+                PressureOutcome(
+                    request,
+                    None,
+                    why=(
+                        f"no node would have {request.gpus} free {request.gpu_type} GPUs even "
+                        f"if its idle servers were stopped"
+                    ),
+                )
+            )
+            continue
+        _, node, chosen, have = best
+        nodes[node] = have - request.gpus
+        for i in chosen:
+            taken.add(i)
+            d = result[i]
             result[i] = replace(
                 d,
                 action=CULL,
                 reason=REASON_PRESSURE,
-                timeout=pressure_timeout,
+                timeout=timeout,
                 detail=(
                     f"idle {_duration(d.idle_seconds)}, over the pressure timeout "
-                    f"{_duration(pressure_timeout)} while {needed} {gpu_type} GPUs are requested "
-                    "and waiting"
+                    f"{_duration(timeout)}; its GPUs on {node} let a waiting request for "
+                    f"{request.gpus} {request.gpu_type} GPUs ({request.source}) start"
                 ),
             )
-    return result
+        outcomes.append(
+            PressureOutcome(request, node, freed=tuple(result[i].server.key for i in chosen))
+        )
+    return result, outcomes
 
 
 @dataclass(frozen=True)
@@ -481,20 +597,44 @@ def apply_warnings(
     return result, still
 
 
+@dataclass(frozen=True)
+class PassResult:
+    """One pass's decisions, the warnings to carry to the next, and what pressure did."""
+
+    decisions: list[Decision]
+    warned: dict[tuple[str, str], WarningMark]
+    pressure: list[PressureOutcome] = field(default_factory=list)
+
+
+def decide_pass(
+    servers: Iterable[Server],
+    now: float,
+    policy: Policy,
+    gpu: GPUView | None = None,
+    pressure: Pressure | None = None,
+    warned: Mapping[tuple[str, str], WarningMark] | None = None,
+) -> PassResult:
+    """Every server's decision for this pass, the warnings to carry, and the pressure outcomes."""
+    gpu = gpu or GPUView()
+    decisions = [decide_one(s, now, policy, gpu) for s in servers]
+    outcomes: list[PressureOutcome] = []
+    if pressure is not None and pressure.requests:
+        decisions, outcomes = apply_pressure(decisions, policy, pressure)
+    decisions, still = apply_warnings(decisions, warned or {}, now, policy.warning_period)
+    return PassResult(decisions, still, outcomes)
+
+
 def decide(
     servers: Iterable[Server],
     now: float,
     policy: Policy,
     gpu: GPUView | None = None,
-    waiting: Mapping[str, int] | None = None,
+    pressure: Pressure | None = None,
     warned: Mapping[tuple[str, str], WarningMark] | None = None,
 ) -> tuple[list[Decision], dict[tuple[str, str], WarningMark]]:
     """Every server's decision for this pass, and the warnings to carry to the next."""
-    gpu = gpu or GPUView()
-    decisions = [decide_one(s, now, policy, gpu) for s in servers]
-    if waiting:
-        decisions = apply_pressure(decisions, now, policy, waiting)
-    return apply_warnings(decisions, warned or {}, now, policy.warning_period)
+    result = decide_pass(servers, now, policy, gpu=gpu, pressure=pressure, warned=warned)
+    return result.decisions, result.warned
 
 
 def log_line(decision: Decision, dry_run: bool = False) -> str:

@@ -63,6 +63,8 @@ class HubClient:
         self.log = log or logging.getLogger(__name__)
         #: HTTP requests sent, retries included (the benchmark reports it)
         self.requests = 0
+        #: API calls made, each counted once however often it was retried
+        self.calls = 0
 
     def _backoff(self, attempt: int) -> float:
         delay = min(self.backoff_max, self.backoff_base * (2**attempt))
@@ -74,11 +76,18 @@ class HubClient:
         path: str,
         body: Any = None,
         accept: str = "application/json",
+        *,
+        base: str | None = None,
     ) -> tuple[int, Any]:
-        """Send one API request, retrying what can be retried; return (status, JSON or None)."""
+        """Send one API request, retrying what can be retried; return (status, body).
+
+        The body is JSON (or None) unless ``accept`` asks for text. ``base``
+        replaces the API URL (for the hub's ``/hub/metrics``, beside its API).
+        """
         from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-        url = f"{self.api_url}{path}"
+        url = f"{self.api_url if base is None else base}{path}"
+        self.calls += 1
         data = None if body is None else json.dumps(body)
         last = ""
         for attempt in range(self.max_retries + 1):
@@ -124,6 +133,8 @@ class HubClient:
             except (OSError, asyncio.TimeoutError) as e:
                 last = f"{type(e).__name__}: {e}"
                 continue
+            if not accept.endswith("json"):
+                return response.code, response.body.decode("utf-8", "replace")
             payload = json.loads(response.body) if response.body else None
             return response.code, payload
         raise HubError(
@@ -148,6 +159,12 @@ class HubClient:
             if not following:
                 return
             offset = following["offset"]
+
+    async def metrics(self) -> str:
+        """The hub's Prometheus metrics (``/hub/metrics``, beside the API; scope ``read:metrics``)."""
+        base = self.api_url[: -len("/api")] if self.api_url.endswith("/api") else self.api_url
+        _, text = await self.request("GET", "/metrics", accept="text/plain", base=base)
+        return text
 
     async def stop_server(self, user: str, server: str) -> int:
         """Ask the hub to stop a server; 202 (stopping), 204 (stopped) and 400/404

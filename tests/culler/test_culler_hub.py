@@ -11,6 +11,7 @@ Timeouts are seconds so that the tests run in real time.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import threading
 import time
@@ -49,6 +50,29 @@ def metric(app, name: str, **labels) -> float:
 
 def by_name(decisions) -> dict[str, P.Decision]:
     return {d.server.display: d for d in decisions}
+
+
+def in_namespace(pod: dict, namespace: str) -> dict:
+    pod = copy.deepcopy(pod)
+    pod["metadata"]["namespace"] = namespace
+    return pod
+
+
+def running_pod(user: str, gpu_type: str, node: str) -> dict:
+    """A running one-GPU server pod of ``user`` on ``node``, named as the test spawner names it."""
+    pod = copy.deepcopy(next(p for p in PODS if p["metadata"]["name"] == "jupyter-run"))
+    meta = pod["metadata"]
+    meta.update(name=pod_name(user), namespace=NAMESPACE, uid=f"uid-{user}")
+    meta["annotations"]["hub.jupyter.org/username"] = user
+    meta["labels"].update(
+        {
+            "hub.jupyter.org/username": user,
+            "gpuspawner.io/gpu-type": gpu_type,
+            "gpuspawner.io/gpus": "1",
+        }
+    )
+    pod["spec"]["nodeName"] = node
+    return pod
 
 
 def start_servers(hub, servers: dict[str, dict]) -> None:
@@ -135,7 +159,7 @@ async def test_per_profile_timeouts_and_pagination(hub, culler_token, exporter, 
     await asyncio.sleep(2.5)
     decisions = by_name(await app.cull_pass())
     assert set(decisions) == {"big8", "one1", "cpu0"}  # all three pages read
-    assert app.hub.requests == 2 + 1  # two pages of users, one DELETE
+    assert app.hub.calls == 2 + 1  # two pages of users, one DELETE (retries not counted)
     assert app.prometheus.requests == 2  # constant: not one per server
     assert decisions["big8"].action == P.CULL, decisions["big8"]
     assert decisions["big8"].reason == P.REASON_IDLE
@@ -222,19 +246,35 @@ async def test_pressure_culls_longest_idle_of_the_waiting_type(
         timeout=3600,
         pressure_timeout=1,
         kubernetes="on",
+        namespace=NAMESPACE,
     )
     waiting_two = [
-        p for p in PODS if p["metadata"]["name"] in ("jupyter-wait1", "jupyter-wait2--exp")
+        in_namespace(p, NAMESPACE)
+        for p in PODS
+        if p["metadata"]["name"] in ("jupyter-wait1", "jupyter-wait2--exp")
+    ]
+    # The servers' pods: where they run decides which GPUs can serve a waiting request.
+    running = [
+        running_pod(user, gpu_type, node)
+        for user, gpu_type, node in [
+            ("busyold", "a100", "n0"),
+            ("p1", "a100", "n0"),
+            ("p2", "a100", "n0"),
+            ("p3", "a100", "n1"),
+            ("h1", "h100", "h0"),
+        ]
     ]
 
     dry = make_culler(hub, culler_token, dry_run=True, **settings)
-    kubeapi.objects["pods"] = waiting_two  # 2 a100 GPUs waiting
+    kubeapi.objects["pods"] = waiting_two + running  # two 1-GPU a100 requests waiting
     d = by_name(await dry.cull_pass())
     await dry.pods.close()
     assert kubeapi.requests[-1] == (
-        "/api/v1/namespaces/jupyterhub/pods",
+        f"/api/v1/namespaces/{NAMESPACE}/pods",
         {"labelSelector": "gpuspawner.io/managed=true", "limit": "500"},
     )
+    # No node has a GPU free (the hub publishes no figures here): each request
+    # frees one idle GPU, the longest idle first, and the busy one is never picked.
     assert {u for u, x in d.items() if x.action == P.CULL} == {"p1", "p2"}
     assert all(d[u].reason == P.REASON_PRESSURE for u in ("p1", "p2"))
     assert d["busyold"].action == P.KEEP and d["h1"].action == P.KEEP
@@ -247,7 +287,7 @@ async def test_pressure_culls_longest_idle_of_the_waiting_type(
         assert server_state(hub, user) == "running"  # dry run: nothing stopped
 
     app = make_culler(hub, culler_token, **settings)
-    kubeapi.objects["pods"] = waiting_two[:1]  # 1 a100 GPU waiting
+    kubeapi.objects["pods"] = waiting_two[:1] + running  # one 1-GPU a100 request waiting
     d = by_name(await app.cull_pass())
     await app.pods.close()
     assert [u for u, x in d.items() if x.action == P.CULL] == ["p1"]

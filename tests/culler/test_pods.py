@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 
-from gpuspawner.culler.pods import pods_by_server, waiting_gpus, with_pods
-from gpuspawner.culler.policy import Server
+from gpuspawner.culler.pods import pods_by_server, waiting_requests, with_pods
+from gpuspawner.culler.policy import Request, Server
 
 from ..conftest import FIXTURES
 
 PODS = json.loads((FIXTURES / "culler-pods" / "podlist.json").read_text())["items"]
 
 
-def test_waiting_gpus_counts_only_pods_unschedulable_for_their_gpu_resource():
-    assert waiting_gpus(PODS) == {"a100": 2, "a100-1g": 1}
+def test_waiting_requests_are_pods_unschedulable_for_their_gpu_resource_one_each():
+    assert sorted(waiting_requests(PODS), key=lambda r: (r.gpu_type, r.gpus)) == [
+        Request("a100", 1, "pending"),
+        Request("a100", 1, "pending"),
+        Request("a100-1g", 1, "pending"),
+    ]
 
 
 def test_pods_by_server_reads_kubespawner_annotations_and_gpuspawner_labels():
@@ -44,4 +48,5 @@ def test_pod_labels_win_over_user_options():
         "jupyter-run",
         "pytorch",
     )
+    assert merged[0].node == "gpu-a100-0"
     assert merged[1] == servers[1]

@@ -159,46 +159,155 @@ def test_max_age_is_a_backstop_even_for_busy_servers():
     assert one(server(idle=0, age=23 * H), policy).action == P.KEEP
 
 
-def test_pressure_culls_longest_idle_of_the_type_only_as_many_as_needed():
-    policy = Policy(default_timeout=10 * H, default_pressure_timeout=0.5 * H)
+def wait(*requests, free=None) -> P.Pressure:
+    """requests: (GPUs, type) or (GPUs, type, source); free: {type: {node: free GPUs}}."""
+    return P.Pressure(
+        requests=tuple(P.Request(r[1], r[0], r[2] if len(r) > 2 else "pending") for r in requests),
+        free=free or {},
+    )
+
+
+PRESSURE = Policy(default_timeout=10 * H, default_pressure_timeout=0.5 * H)
+
+# Two 4 x A100 nodes. n0: 1 free, "a" (1 GPU, idle 3 h) and "b" (2, idle 2 h).
+# n1: "c" (1, idle 1 h), "d" (1, idle under the pressure timeout), "busy" (2, GPUs busy).
+# "missing" has no GPU metrics, "h" is an H100 server, "nowhere" has no known node.
+FLEET = [
+    server("a", gpus=1, gpu_type="a100", idle=3 * H, node="n0"),
+    server("b", gpus=2, gpu_type="a100", idle=2 * H, node="n0"),
+    server("c", gpus=1, gpu_type="a100", idle=1 * H, node="n1"),
+    server("d", gpus=1, gpu_type="a100", idle=0.2 * H, node="n1"),
+    server("busy", gpus=2, gpu_type="a100", idle=9 * H, node="n1"),
+    server("missing", gpus=4, gpu_type="a100", idle=9 * H, node="n2"),
+    server("h", gpus=1, gpu_type="h100", idle=9 * H, node="h0"),
+    server("nowhere", gpus=4, gpu_type="a100", idle=9 * H),
+]
+FLEET_GPUS = gpu_view(
+    ("a", None), ("b", None), ("c", None), ("d", None), ("busy", 30), ("h", None), ("nowhere", None)
+)
+FLEET_FREE = {"a100": {"n0": 1, "n1": 0}, "h100": {"h0": 7}}
+
+
+def pressure_pass(*requests, servers=FLEET, policy=PRESSURE, free=FLEET_FREE):
+    result = P.decide_pass(
+        servers, NOW, policy, gpu=FLEET_GPUS, pressure=wait(*requests, free=free)
+    )
+    culled = [d.server.user for d in result.decisions if d.action == P.CULL]
+    return culled, result.pressure
+
+
+@pytest.mark.parametrize(
+    ("gpus", "culled"),
+    [
+        (1, []),  # fits on n0 already: nothing is freed
+        (2, ["a"]),  # n0: 1 free + a's 1
+        (3, ["a", "b"]),  # n0: 1 + 1 + 2
+        (4, ["a", "b"]),
+        (5, []),  # no node has 5: nothing is freed for it
+    ],
+)
+def test_pressure_frees_what_makes_the_request_fit_on_one_node_and_no_more(gpus, culled):
+    found, outcomes = pressure_pass((gpus, "a100"))
+    assert found == culled
+    assert outcomes[0].served == (gpus <= 4)
+    if culled:
+        assert outcomes[0].node == "n0"
+        assert set(outcomes[0].freed) == {(u, "") for u in culled}
+
+
+def test_a_4_gpu_request_never_frees_gpus_spread_over_nodes():
+    spread = [server(f"s{i}", gpus=1, gpu_type="a100", idle=5 * H, node=f"n{i}") for i in range(4)]
+    gpus = gpu_view(*((f"s{i}", None) for i in range(4)))
+    result = P.decide_pass(
+        spread,
+        NOW,
+        PRESSURE,
+        gpu=gpus,
+        pressure=wait((4, "a100"), free={"a100": {f"n{i}": 2 for i in range(4)}}),
+    )
+    # Each node would have 3 free after its server went: not 4 on any one node.
+    assert [d.action for d in result.decisions] == [P.KEEP] * 4
+    (outcome,) = result.pressure
+    assert not outcome.served
+    assert outcome.why == (
+        "no node would have 4 free a100 GPUs even if its idle servers were stopped"
+    )
+
+
+def test_pressure_picks_the_node_needing_the_fewest_gpus_freed():
     servers = [
-        server("a", gpus=1, gpu_type="a100", idle=3 * H),
-        server("b", gpus=2, gpu_type="a100", idle=2 * H),
-        server("c", gpus=1, gpu_type="a100", idle=1 * H),
-        server("d", gpus=1, gpu_type="a100", idle=0.2 * H),  # under the pressure timeout
-        server("busy", gpus=4, gpu_type="a100", idle=9 * H),  # GPU busy: never
-        server("missing", gpus=4, gpu_type="a100", idle=9 * H),  # no metrics: never
-        server("h", gpus=1, gpu_type="h100", idle=9 * H),  # another type
+        server("long-idle", gpus=4, gpu_type="a100", idle=9 * H, node="n0"),
+        server("short-idle", gpus=2, gpu_type="a100", idle=1 * H, node="n1"),
     ]
-    gpu = gpu_view(("a", None), ("b", None), ("c", None), ("d", None), ("busy", 30), ("h", None))
+    gpus = gpu_view(("long-idle", None), ("short-idle", None))
+    result = P.decide_pass(
+        servers,
+        NOW,
+        PRESSURE,
+        gpu=gpus,
+        pressure=wait((4, "a100"), free={"a100": {"n0": 0, "n1": 2}}),
+    )
+    assert [d.server.user for d in result.decisions if d.action == P.CULL] == ["short-idle"]
+    assert result.pressure[0].node == "n1"
 
-    def culled(waiting):
-        decisions, _ = decide(servers, NOW, policy, gpu=gpu, waiting=waiting)
-        return [d.server.user for d in decisions if d.action == P.CULL]
 
-    assert culled({"a100": 1}) == ["a"]
-    assert culled({"a100": 2}) == ["a", "b"]
-    assert culled({"a100": 3}) == ["a", "b"]  # a (1) + b (2) cover 3
-    assert culled({"a100": 50}) == ["a", "b", "c"]  # d, busy and missing are never taken
-    assert culled({"h100": 1}) == ["h"]
-    assert culled({}) == []
-    decisions, _ = decide(servers, NOW, policy, gpu=gpu, waiting={"a100": 1})
-    assert decisions[0].reason == P.REASON_PRESSURE
+def test_every_waiting_request_gets_its_own_gpus():
+    # Two requests for 2: a (plus n0's 1 free) serves the first, b the second.
+    culled, outcomes = pressure_pass((2, "a100", "queued"), (2, "a100", "refused"))
+    assert culled == ["a", "b"]
+    assert [o.served for o in outcomes] == [True, True]
+
+
+def test_queued_requests_are_served_before_refused_ones():
+    only_b = [FLEET[1], FLEET[4]]
+    culled, outcomes = pressure_pass((3, "a100", "refused"), (3, "a100", "queued"), servers=only_b)
+    assert culled == ["b"]  # n0: 1 free + b's 2 = 3, for one of them
+    assert [(o.request.source, o.served) for o in outcomes] == [
+        ("queued", True),
+        ("refused", False),
+    ]
+
+
+def test_pressure_never_touches_busy_young_unknown_or_other_type_servers():
+    culled, _ = pressure_pass((4, "a100"), free={"a100": {}})
+    assert "busy" not in culled and "d" not in culled and "missing" not in culled
+    assert "nowhere" not in culled and "h" not in culled
+    culled, outcomes = pressure_pass((8, "h100"))
+    assert culled == ["h"]  # 7 free + h's 1
+    assert outcomes[0].node == "h0"
+
+
+def test_pressure_needs_a_pressure_timeout_for_the_type():
+    per_type = Policy(default_timeout=10 * H, pressure_timeouts={"h100": 0.5 * H})
+    culled, outcomes = pressure_pass((2, "a100"), policy=per_type)
+    assert culled == []
+    assert outcomes[0].why == "no pressure timeout is set for its GPU type"
+
+
+def test_pressure_decisions_say_why():
+    result = P.decide_pass(
+        FLEET, NOW, PRESSURE, gpu=FLEET_GPUS, pressure=wait((2, "a100", "queued"), free=FLEET_FREE)
+    )
+    (d,) = [d for d in result.decisions if d.action == P.CULL]
+    assert d.reason == P.REASON_PRESSURE
+    assert d.detail == (
+        "idle 3h00m, over the pressure timeout 30m00s; its GPUs on n0 let a waiting request "
+        "for 2 a100 GPUs (queued) start"
+    )
 
 
 def test_pressure_counts_gpus_already_freed_by_normal_culls():
     policy = Policy(default_timeout=2 * H, default_pressure_timeout=0.5 * H)
     servers = [
-        server("old", gpus=2, gpu_type="a100", idle=3 * H),  # culled anyway
-        server("mid", gpus=1, gpu_type="a100", idle=1 * H),
+        server("old", gpus=2, gpu_type="a100", idle=3 * H, node="n0"),  # culled anyway
+        server("mid", gpus=1, gpu_type="a100", idle=1 * H, node="n0"),
     ]
-    decisions, _ = decide(servers, NOW, policy, waiting={"a100": 2})
+    decisions, _ = decide(
+        servers, NOW, policy, pressure=wait((2, "a100"), free={"a100": {"n0": 0}})
+    )
     assert [(d.server.user, d.reason) for d in decisions if d.action == P.CULL] == [
         ("old", P.REASON_IDLE)
     ]
-    per_type = Policy(default_timeout=10 * H, pressure_timeouts={"a100": 2 * H})
-    decisions, _ = decide(servers, NOW, per_type, waiting={"a100": 1})
-    assert [d.server.user for d in decisions if d.action == P.CULL] == ["old"]
 
 
 def test_warning_period_then_cull_on_a_later_pass():
