@@ -192,9 +192,7 @@ async def test_queued_request_waits_with_its_place_and_starts_when_gpus_free(ref
         if spawner.capacity.queue_message:
             break
     assert not waiting.done()
-    assert spawner._gpu_check_progress().startswith(
-        "1st in line for 4 × NVIDIA A100 (1 waiting): "
-    )
+    assert spawner._gpu_check_progress().startswith("1st in line for 4 × NVIDIA A100 (1 waiting): ")
     # The 2-GPU pod on gpu-a100-0 ends: that node has 4 free.
     reflector.inventory.remove_pod("default", "bound-2xa100")
     reflector.changed.set()
