@@ -23,7 +23,6 @@ from cryptography.x509.oid import NameOID
 
 from gpuspawner.sandbox import hoststate, nodeconfig, nodes, testing
 from gpuspawner.sandbox.kubeapi import ApiError
-from gpuspawner.sandbox.topology import load_topology
 
 NODES = ("real-0", "real-1")
 #: The nodes share the session's control plane with the stand-in kubelet's
@@ -119,13 +118,6 @@ def _fetch(url: str) -> str:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(url, timeout=5) as resp:
         return resp.read().decode()
-
-
-def test_only_cpu_nodes_start_as_real_nodes_for_now():
-    topology = load_topology()
-    startable = [n.name for n in topology.nodes if nodes.startable(n)]
-    assert startable == [n.name for n in topology.nodes if not n.gpus]
-    assert "cpu-0" in startable and "gpu-a100-0" not in startable
 
 
 def test_nodes_register_ready_with_node_identities(real_nodes, control_plane):
