@@ -126,7 +126,7 @@ class RealNodes:
         *,
         taints: Sequence[str] = (),
         specs: Mapping[str, NodeSpec] | None = None,
-        device_list_strategy: str = "envvar",
+        device_list_strategy: str | Mapping[str, str] = "envvar",
     ):
         self.state_dir = Path(state_dir).resolve()
         self.root = self.state_dir / "nodes"
@@ -136,6 +136,8 @@ class RealNodes:
         self.taints = tuple(taints)
         #: Topology entries by name; a node whose entry has GPUs is a GPU node.
         self.specs = dict(specs or {})
+        #: How each GPU node's plugin names devices to the runtime (NVIDIA's
+        #: --device-list-strategy): one for all nodes, or per node name.
         self.device_list_strategy = device_list_strategy
         self.kubelet_cmds: dict[str, list[str]] = {}
         self.state: dict[str, Any] = {}
@@ -368,7 +370,10 @@ class RealNodes:
         if spec:
             # Beside the kubelet, in its mount namespace: the kubelet's
             # device-plugins directory there is the node's own.
-            plugin_args = nodeconfig.device_plugin_args(paths, spec, self.device_list_strategy)
+            strategy = self.device_list_strategy
+            if not isinstance(strategy, str):
+                strategy = strategy.get(name, "envvar")
+            plugin_args = nodeconfig.device_plugin_args(paths, spec, strategy)
             self._spawn(
                 name,
                 "device-plugin",

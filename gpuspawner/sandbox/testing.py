@@ -120,12 +120,13 @@ def running_real_nodes(
     *,
     taints: tuple[str, ...] = (),
     specs=None,
-    device_list_strategy: str = "envvar",
+    device_list_strategy="envvar",
 ):
     """Real nodes (kubelet, containerd, runc, CNI) on a running control plane; stopped after.
 
     ``specs`` (name -> topology NodeSpec) makes the nodes with GPUs GPU nodes
-    (driver state, device plugin, taint, labels). Builds what is missing
+    (driver state, device plugin, taint, labels); ``device_list_strategy``
+    (one, or per node name) is their plugins' --device-list-strategy. Builds what is missing
     first; skips (fails in CI) where real nodes cannot run.
     """
     from .nodes import RealNodes

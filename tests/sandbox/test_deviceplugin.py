@@ -1,7 +1,8 @@
 """Our device plugin (``k8s device-plugin``) on real nodes, through the real kubelet.
 
 Two GPU nodes of a small topology run as real nodes: eight H100s in two
-NVLink domains, and two A100s in MIG's mixed strategy. The kubelet's own
+NVLink domains (device list strategy ``envvar``), and two A100s in MIG's
+mixed strategy (``cdi-cri``). The kubelet's own
 device manager allocates, checkpoints and withdraws devices; the plugin only
 advertises what the node's emulated driver state says and answers Allocate
 and GetPreferredAllocation. The plugin's logic is unit-tested in Go
@@ -64,6 +65,7 @@ def gpu_nodes(pytestconfig, control_plane, tmp_path_factory):
         pytestconfig,
         taints=(f"{TAINT_KEY}=true:NoSchedule",),
         specs={n.name: n for n in TOPOLOGY.nodes},
+        device_list_strategy={NVLINK_NODE: "envvar", MIG_NODE: "cdi-cri"},
     ) as running:
         yield Running(running, before, roots)
 
@@ -76,13 +78,13 @@ def _allocatable(api, name: str, resource: str) -> str | None:
     return _node(api, name)["status"].get("allocatable", {}).get(resource)
 
 
-def _gpu_pod(name: str, gpus: int) -> dict:
+def _gpu_pod(name: str, gpus: int, node: str = NVLINK_NODE, resource: str = GPU_RESOURCE) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name},
         "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": NVLINK_NODE},
+            "nodeSelector": {"kubernetes.io/hostname": node},
             "tolerations": [{"operator": "Exists"}],
             "terminationGracePeriodSeconds": 1,
             "containers": [
@@ -91,7 +93,7 @@ def _gpu_pod(name: str, gpus: int) -> dict:
                     "image": nodeconfig.TOOL_IMAGE,
                     "imagePullPolicy": "Never",
                     "args": ["sleep", "infinity"],
-                    "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
+                    "resources": {"limits": {resource: str(gpus)}},
                 }
             ],
         },
@@ -207,6 +209,32 @@ def test_an_unhealthy_gpu_leaves_allocatable_through_the_kubelet(gpu_nodes, cont
         "the healthy GPU to return",
         lambda: _allocatable(api, MIG_NODE, "nvidia.com/mig-1g.10gb") == "4",
     )
+
+
+def test_the_cdi_strategy_hands_cdi_device_names_to_the_runtime(
+    gpu_nodes, control_plane, namespace
+):
+    """With cdi-cri the kubelet passes the plugin's CDI names to containerd, whose
+    own CDI support resolves them. No CDI spec exists yet (NVIDIA's runtime and the
+    per-node spec are the next step of issue 11), so containerd refuses the
+    container, naming the device it could not resolve."""
+    api = control_plane.admin_api()
+    resource = "nvidia.com/mig-1g.10gb"
+    api.post(f"/api/v1/namespaces/{namespace}/pods", _gpu_pod("cdi", 1, MIG_NODE, resource))
+
+    def refused():
+        pod = api.get(f"/api/v1/namespaces/{namespace}/pods/cdi")
+        statuses = pod["status"].get("containerStatuses", [])
+        waiting = statuses[0]["state"].get("waiting", {}) if statuses else {}
+        return waiting if waiting.get("reason") == "CreateContainerError" else None
+
+    waiting = wait_for("containerd to refuse the unresolvable CDI device", refused)
+    migs = {
+        m.uuid for g in TOPOLOGY.node(MIG_NODE).gpus for m in g.mig if m.profile.name == "1g.10gb"
+    }
+    named = [u for u in migs if f"nvidia.com/gpu={u}" in waiting["message"]]
+    assert len(named) == 1, waiting["message"]
+    assert "CDI" in waiting["message"]
 
 
 def test_the_plugin_registers_again_after_a_kubelet_restart(gpu_nodes, control_plane):
