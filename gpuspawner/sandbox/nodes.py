@@ -139,6 +139,16 @@ class RealNodes:
         #: How each GPU node's plugin names devices to the runtime (NVIDIA's
         #: --device-list-strategy): one for all nodes, or per node name.
         self.device_list_strategy = device_list_strategy
+        for name in self.names:
+            if (
+                self.gpu_spec(name)
+                and self._strategy(name) not in nodeconfig.DEVICE_LIST_STRATEGIES
+            ):
+                # Refused before anything starts.
+                raise NodeError(
+                    f"Node {name}: unknown device list strategy {self._strategy(name)!r}; "
+                    f"expected one of {', '.join(nodeconfig.DEVICE_LIST_STRATEGIES)}."
+                )
         self.kubelet_cmds: dict[str, list[str]] = {}
         self.state: dict[str, Any] = {}
         self.processes: dict[str, subprocess.Popen] = {}
@@ -153,6 +163,10 @@ class RealNodes:
 
     def paths(self, name: str) -> NodePaths:
         return NodePaths(self.root / name)
+
+    def _strategy(self, name: str) -> str:
+        strategy = self.device_list_strategy
+        return strategy if isinstance(strategy, str) else strategy.get(name, "envvar")
 
     def gpu_spec(self, name: str) -> NodeSpec | None:
         """The topology entry of a GPU node; None for a CPU-only node."""
@@ -370,10 +384,7 @@ class RealNodes:
         if spec:
             # Beside the kubelet, in its mount namespace: the kubelet's
             # device-plugins directory there is the node's own.
-            strategy = self.device_list_strategy
-            if not isinstance(strategy, str):
-                strategy = strategy.get(name, "envvar")
-            plugin_args = nodeconfig.device_plugin_args(paths, spec, strategy)
+            plugin_args = nodeconfig.device_plugin_args(paths, spec, self._strategy(name))
             self._spawn(
                 name,
                 "device-plugin",

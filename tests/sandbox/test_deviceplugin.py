@@ -1,8 +1,8 @@
 """Our device plugin (``k8s device-plugin``) on real nodes, through the real kubelet.
 
-Two GPU nodes of a small topology run as real nodes: eight H100s in two
-NVLink domains (device list strategy ``envvar``), and two A100s in MIG's
-mixed strategy (``cdi-cri``). The kubelet's own
+Three GPU nodes of a small topology run as real nodes: eight H100s in two
+NVLink domains (device list strategy ``envvar``), two A100s in MIG's mixed
+strategy (``cdi-cri``), and one A100 in MIG's single strategy. The kubelet's own
 device manager allocates, checkpoints and withdraws devices; the plugin only
 advertises what the node's emulated driver state says and answers Allocate
 and GetPreferredAllocation. The plugin's logic is unit-tested in Go
@@ -11,6 +11,7 @@ and GetPreferredAllocation. The plugin's logic is unit-tested in Go
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from gpuspawner.sandbox.topology import GPU_RESOURCE, extended_resources, parse_
 
 NVLINK_NODE = "dp-nvlink-0"
 MIG_NODE = "dp-mig-0"
+SINGLE_NODE = "dp-single-0"
 TOPOLOGY = parse_topology(
     {
         "nodes": [
@@ -34,6 +36,11 @@ TOPOLOGY = parse_topology(
                 "name": MIG_NODE,
                 "gpu": {"model": "A100-SXM4-80GB", "count": 2},
                 "mig": {"strategy": "mixed", "profiles": {"3g.40gb": 1, "1g.10gb": 2}},
+            },
+            {
+                "name": SINGLE_NODE,
+                "gpu": {"model": "A100-SXM4-80GB", "count": 1},
+                "mig": {"strategy": "single", "profiles": {"1g.10gb": 7}},
             },
         ]
     }
@@ -135,6 +142,8 @@ def test_gpu_nodes_advertise_their_gpus_with_gfd_labels_and_the_taint(gpu_nodes,
     expected = {
         NVLINK_NODE: {GPU_RESOURCE: 8},
         MIG_NODE: {"nvidia.com/mig-3g.40gb": 2, "nvidia.com/mig-1g.10gb": 4},
+        # Single strategy: the seven MIG devices are nvidia.com/gpu.
+        SINGLE_NODE: {GPU_RESOURCE: 7},
     }
     for spec in TOPOLOGY.nodes:
         node = _node(api, spec.name)
@@ -142,7 +151,8 @@ def test_gpu_nodes_advertise_their_gpus_with_gfd_labels_and_the_taint(gpu_nodes,
         for resource, count in expected[spec.name].items():
             assert node["status"]["allocatable"][resource] == str(count)
             assert node["status"]["capacity"][resource] == str(count)
-        assert GPU_RESOURCE not in node["status"]["allocatable"] or spec.name == NVLINK_NODE
+        advertised = {k for k in node["status"]["allocatable"] if k.startswith("nvidia.com/")}
+        assert advertised == set(expected[spec.name])
         labels = node["metadata"]["labels"]
         for key, value in nodeconfig.gpu_feature_labels(spec).items():
             assert labels[key] == value, key
@@ -156,6 +166,10 @@ def test_gpu_nodes_advertise_their_gpus_with_gfd_labels_and_the_taint(gpu_nodes,
     mig = _node(api, MIG_NODE)["metadata"]["labels"]
     assert mig["nvidia.com/mig.strategy"] == "mixed"
     assert mig["nvidia.com/mig-1g.10gb.count"] == "4"
+    single = _node(api, SINGLE_NODE)["metadata"]["labels"]
+    assert single["nvidia.com/mig.strategy"] == "single"
+    assert single["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"
+    assert single["nvidia.com/gpu.count"] == "7"
 
 
 def test_gpu_pods_get_exactly_their_devices_in_one_nvlink_domain(
@@ -271,3 +285,36 @@ def test_down_restores_the_host(gpu_nodes):
     after = hoststate.snapshot(state_dir / "nodes", gpu_nodes.roots)
     assert hoststate.differences(gpu_nodes.before, after) == []
     assert testing.processes_mentioning(str(state_dir / "nodes")) == []
+
+
+def test_a_device_plugin_that_fails_fails_the_start_and_leaves_the_host(
+    pytestconfig, control_plane, tmp_path
+):
+    """After the module's nodes are down: a GPU node whose plugin exits at once."""
+    binaries = testing.node_binaries(pytestconfig)
+    wrapper = tmp_path / "k8s"
+    # The real kubelet, but a device plugin that finds no driver.
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = device-plugin ]; then echo "no NVIDIA driver" >&2; exit 3; fi\n'
+        f'exec {binaries.k8s} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    spec = TOPOLOGY.node(MIG_NODE)
+    roots = [nodeconfig.cgroup_root(spec.name)]
+    before = hoststate.snapshot(tmp_path / "state" / "nodes", roots)
+    running = nodes.RealNodes(
+        tmp_path / "state",
+        control_plane,
+        dataclasses.replace(binaries, k8s=wrapper),
+        [spec.name],
+        specs={spec.name: spec},
+    )
+    with pytest.raises(
+        nodes.NodeError, match=rf"device-plugin of node {spec.name} exited with code 3"
+    ) as e:
+        running.start(timeout=120)
+    assert "no NVIDIA driver" in str(e.value)
+    after = hoststate.snapshot(tmp_path / "state" / "nodes", roots)
+    assert hoststate.differences(before, after) == []
+    assert nodes.read_state(tmp_path / "state") is None

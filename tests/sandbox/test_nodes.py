@@ -21,7 +21,7 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from gpuspawner.sandbox import hoststate, nodeconfig, nodes, testing
+from gpuspawner.sandbox import hoststate, nodebuild, nodeconfig, nodes, testing
 from gpuspawner.sandbox.kubeapi import ApiError
 
 NODES = ("real-0", "real-1")
@@ -302,3 +302,15 @@ def test_a_failed_start_leaves_the_host_as_it_was(pytestconfig, control_plane, t
     # Its containerd, mount namespace, cgroups, bridge and our chain had been made.
     assert hoststate.differences(before, hoststate.snapshot(tmp_path / "nodes", roots)) == []
     assert nodes.read_state(tmp_path) is None
+
+
+def test_an_unknown_device_list_strategy_is_refused_before_anything_starts(tmp_path):
+    from gpuspawner.sandbox.topology import parse_topology
+
+    spec = parse_topology({"nodes": [{"name": "g", "gpu": {"model": "L4", "count": 1}}]}).node("g")
+    binaries = nodebuild.NodeBinaries(*(tmp_path,) * 5)
+    with pytest.raises(nodes.NodeError, match=r"^Node g: unknown device list strategy 'volume'; "):
+        nodes.RealNodes(
+            tmp_path, None, binaries, ["g"], specs={"g": spec}, device_list_strategy="volume"
+        )
+    assert list(tmp_path.iterdir()) == []
