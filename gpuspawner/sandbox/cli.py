@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import build, nodebuild, nodes
+from . import build, nodebuild, nodeconfig, nodes
 from .controlplane import (
     STOP_GRACE,
     ControlPlane,
@@ -194,7 +194,14 @@ def start_real_nodes(
         raise nodes.NodeError(f"Cannot read the topology: {e}") from None
     names = [n.name for n in topology.nodes]
     specs = {n.name: n for n in topology.nodes}
-    real = nodes.RealNodes(state_dir, cp, binaries, names, specs=specs)
+    real = nodes.RealNodes(
+        state_dir,
+        cp,
+        binaries,
+        names,
+        specs=specs,
+        device_list_strategy=args.device_list_strategy,
+    )
     real.die_with_parent = args.foreground
     print(
         f"Starting real nodes (kubelet, containerd, runc, CNI; device plugin on GPU nodes): "
@@ -276,6 +283,13 @@ def main(argv: list[str] | None = None) -> int:
         help="run the topology's nodes as real nodes (the kubelet, containerd, runc and CNI, "
         "and our device plugin over emulated GPUs on GPU nodes; needs root) instead of the "
         "emulated kubelet",
+    )
+    up.add_argument(
+        "--device-list-strategy",
+        choices=nodeconfig.DEVICE_LIST_STRATEGIES,
+        default="envvar",
+        help="with --real-nodes: how the GPU nodes' device plugin names devices to the runtime, "
+        "as NVIDIA's plugin's flag (NVIDIA_VISIBLE_DEVICES, CDI annotations, or CRI CDI devices)",
     )
     up.add_argument(
         "--foreground", action="store_true", help="stay attached; Ctrl-C stops everything"

@@ -6,8 +6,9 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from gpuspawner.sandbox import cli, hoststate, nodeconfig, testing
+from gpuspawner.sandbox import cli, hoststate, nodeconfig, nodes, testing
 
 
 def test_status_when_nothing_runs(tmp_path, capsys):
@@ -82,6 +83,7 @@ def test_up_real_nodes_status_down(pytestconfig, tmp_path, capsys):
     before = hoststate.snapshot(state / "nodes", roots)
     try:
         args = ["--state-dir", str(state), "up", "--real-nodes", "--topology", str(topology)]
+        args += ["--device-list-strategy", "cdi-cri"]
         assert cli.main(args) == 0
         out = capsys.readouterr().out
         assert "cli-gpu-0 Ready in" in out and "cli-cpu-0 Ready in" in out
@@ -93,6 +95,9 @@ def test_up_real_nodes_status_down(pytestconfig, tmp_path, capsys):
             assert f"cli-gpu-0/{part} " in status
         assert "cli-gpu-0/device-plugin " in status
         assert "cli-cpu-0/device-plugin" not in status
+        plugin = nodes.read_state(state)["nodes"]["cli-gpu-0"]["pids"]["device-plugin"]
+        cmdline = Path(f"/proc/{plugin}/cmdline").read_bytes().split(b"\0")
+        assert b"--device-list-strategy=cdi-cri" in cmdline
         assert "NOT RUNNING" not in status
     finally:
         assert cli.main(["--state-dir", str(state), "down"]) == 0
