@@ -3,8 +3,9 @@
 ``python -m gpuspawner.sandbox.build`` compiles ``k8s.io/kubernetes`` (API
 server, scheduler, controller manager) and embedded etcd into one binary. The
 result is cached as ``.cache/sandbox/bin/k8s-<version>-<hash>``, where the hash
-covers ``go.mod``, ``go.sum`` and ``main.go``: any change to the pin or our
-code builds a new binary, anything else reuses the cached one.
+covers ``go.mod``, ``go.sum`` and every non-test ``.go`` file of the module
+(``main.go``, the device plugin's package): any change to the pin or our code
+builds a new binary, anything else reuses the cached one.
 
 The cold build compiles about 2,500 packages and takes many minutes on a small
 machine (see docs/sandbox.md for measured figures), so progress is printed
@@ -36,8 +37,9 @@ GO_MISSING = (
     "https://go.dev/dl/ (or your package manager) and make sure `go` is on PATH."
 )
 
-#: Files whose content decides whether the cached binary is still current.
-SOURCE_FILES = ("go.mod", "go.sum", "main.go")
+#: Files whose content decides whether the cached binary is still current,
+#: besides every non-test ``.go`` file (see :func:`source_files`).
+SOURCE_FILES = ("go.mod", "go.sum")
 
 #: How often a "still building" line is printed when nothing else was.
 PROGRESS_INTERVAL = 15.0
@@ -64,10 +66,20 @@ def kubernetes_version(go_mod: str) -> str:
     return match.group(1)
 
 
+def source_files(module_dir: Path) -> list[str]:
+    """The module's files that determine the binary, relative to it (tests do not)."""
+    go_files = sorted(
+        str(p.relative_to(module_dir))
+        for p in module_dir.rglob("*.go")
+        if not p.name.endswith("_test.go")
+    )
+    return [*SOURCE_FILES, *go_files]
+
+
 def source_hash(module_dir: Path) -> str:
     """A short digest of the files that determine the binary."""
     digest = hashlib.sha256()
-    for name in SOURCE_FILES:
+    for name in source_files(module_dir):
         digest.update(name.encode() + b"\0")
         digest.update((module_dir / name).read_bytes())
         digest.update(b"\0")

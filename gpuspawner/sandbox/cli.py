@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import build, nodebuild, nodes
+from . import build, nodebuild, nodeconfig, nodes
 from .controlplane import (
     STOP_GRACE,
     ControlPlane,
@@ -183,7 +183,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 def start_real_nodes(
     state_dir: Path, cp: ControlPlane, binaries: nodebuild.NodeBinaries, args: argparse.Namespace
 ) -> nodes.RealNodes:
-    """Start the topology's CPU-only nodes as real nodes; stops the control plane on failure."""
+    """Start the topology's nodes as real nodes (GPU nodes with our device plugin);
+    stops the control plane on failure."""
     from .topology import TopologyError, load_topology
 
     try:
@@ -191,22 +192,22 @@ def start_real_nodes(
     except (OSError, TopologyError) as e:
         cp.stop()
         raise nodes.NodeError(f"Cannot read the topology: {e}") from None
-    names = [n.name for n in topology.nodes if nodes.startable(n)]
-    skipped = [n.name for n in topology.nodes if not nodes.startable(n)]
-    if skipped:
-        print(
-            f"Not started (GPU nodes do not run as real nodes yet): {', '.join(skipped)}.",
-            flush=True,
-        )
-    if not names:
-        cp.stop()
-        raise nodes.NodeError(
-            "The topology has no CPU-only node to start as a real node; add one "
-            "(a node without `gpu:`) or leave out --real-nodes."
-        )
-    real = nodes.RealNodes(state_dir, cp, binaries, names)
+    names = [n.name for n in topology.nodes]
+    specs = {n.name: n for n in topology.nodes}
+    real = nodes.RealNodes(
+        state_dir,
+        cp,
+        binaries,
+        names,
+        specs=specs,
+        device_list_strategy=args.device_list_strategy,
+    )
     real.die_with_parent = args.foreground
-    print(f"Starting real nodes (kubelet, containerd, runc, CNI): {', '.join(names)}…", flush=True)
+    print(
+        f"Starting real nodes (kubelet, containerd, runc, CNI; device plugin on GPU nodes): "
+        f"{', '.join(names)}…",
+        flush=True,
+    )
     try:
         real.start(timeout=args.timeout)
     except BaseException:
@@ -279,8 +280,16 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--real-nodes",
         action="store_true",
-        help="run the topology's CPU-only nodes as real nodes (the kubelet, containerd, runc "
-        "and CNI; needs root) instead of the emulated kubelet; GPU nodes are not started yet",
+        help="run the topology's nodes as real nodes (the kubelet, containerd, runc and CNI, "
+        "and our device plugin over emulated GPUs on GPU nodes; needs root) instead of the "
+        "emulated kubelet",
+    )
+    up.add_argument(
+        "--device-list-strategy",
+        choices=nodeconfig.DEVICE_LIST_STRATEGIES,
+        default="envvar",
+        help="with --real-nodes: how the GPU nodes' device plugin names devices to the runtime, "
+        "as NVIDIA's plugin's flag (NVIDIA_VISIBLE_DEVICES, CDI annotations, or CRI CDI devices)",
     )
     up.add_argument(
         "--foreground", action="store_true", help="stay attached; Ctrl-C stops everything"

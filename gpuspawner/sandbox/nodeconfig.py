@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .gpudriver import DRIVER_STATE_FILE
+from .topology import NodeSpec, node_labels, node_taints
+
 #: Every pod network lives inside this range; the forward-drop rule drops
 #: anything forwarded from it to a destination outside it.
 POD_RANGE = ipaddress.ip_network("10.244.0.0/16")
@@ -160,6 +163,16 @@ class NodePaths:
     @property
     def ready_file(self) -> Path:
         return self.root / "mounts.ready"
+
+    @property
+    def driver_state(self) -> Path:
+        """The emulated NVIDIA driver's state (GPU nodes only; see gpudriver.py)."""
+        return self.root / DRIVER_STATE_FILE
+
+    @property
+    def device_plugins(self) -> Path:
+        """The kubelet's device-plugins directory as the host sees it (sockets, checkpoint)."""
+        return self.private_dir("/var/lib/kubelet") / "device-plugins"
 
     def private_dir(self, host_dir: str) -> Path:
         """The node's own directory that is bind-mounted over ``host_dir``."""
@@ -363,6 +376,42 @@ def kubelet_args(
     if taints:
         args.append("--register-with-taints=" + ",".join(taints))
     return args
+
+
+#: How the device plugin hands devices to containers, as NVIDIA's plugin's
+#: --device-list-strategy: the variable NVIDIA's runtime reads, or CDI names.
+DEVICE_LIST_STRATEGIES = ("envvar", "cdi-annotations", "cdi-cri")
+
+
+def device_plugin_args(paths: NodePaths, node: NodeSpec, device_list_strategy: str) -> list[str]:
+    """The device plugin's flags (after ``k8s device-plugin``) for a GPU node."""
+    if device_list_strategy not in DEVICE_LIST_STRATEGIES:
+        raise NodeConfigError(
+            f"Unknown device list strategy {device_list_strategy!r}; expected one of "
+            f"{', '.join(DEVICE_LIST_STRATEGIES)}."
+        )
+    return [
+        f"--driver-state={paths.driver_state}",
+        # The node's own directory is mounted here in its mount namespace.
+        "--plugin-dir=/var/lib/kubelet/device-plugins",
+        f"--mig-strategy={node.mig_strategy}",
+        f"--device-list-strategy={device_list_strategy}",
+    ]
+
+
+def gpu_taints(node: NodeSpec) -> list[str]:
+    """The GPU taint as the kubelet's ``--register-with-taints`` takes it (a node may
+    not change its own taints once registered: NodeRestriction)."""
+    return [f"{t['key']}={t['value']}:{t['effect']}" for t in node_taints(node)]
+
+
+def gpu_feature_labels(node: NodeSpec) -> dict[str, str]:
+    """The labels GPU feature discovery puts on a node: the ``nvidia.com/`` ones.
+
+    The kubelet sets its own (hostname, os, arch); NodeRestriction lets a node
+    set ``nvidia.com/`` labels on itself.
+    """
+    return {k: v for k, v in node_labels(node).items() if k.startswith("nvidia.com/")}
 
 
 def resolv_conf() -> str:

@@ -12,8 +12,15 @@ forwarded from the pod range to elsewhere, and its counter is readable.
 Everything started and changed is recorded in ``<state_dir>/nodes.json``
 before it happens, so :func:`teardown` (from this process or from
 ``gpuspawner-sandbox down``) stops it all and puts the host back as it was,
-even after a failed start. GPU nodes (device plugin, NVIDIA runtime) are not
-here yet: :func:`startable` says which topology nodes this module can run.
+even after a failed start.
+
+A GPU node (one whose topology entry has GPUs) also gets its emulated driver's
+state file (:mod:`gpuspawner.sandbox.gpudriver`), our device plugin beside its
+kubelet in its mount namespace (``k8s device-plugin``: the kubelet's own
+device manager allocates, checkpoints and withdraws unhealthy GPUs), the
+``nvidia.com/gpu`` taint at registration, and the labels GPU feature discovery
+sets, written with the node's own credentials. NVIDIA's container runtime and
+a CDI spec are not wired yet (issue 11).
 """
 
 from __future__ import annotations
@@ -28,19 +35,19 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from . import nodeconfig, ociimage
+from . import gpudriver, nodeconfig, ociimage
 from .controlplane import ControlPlane, free_port, log_tail
 from .hoststate import cgroup_mounts, read_sysctl, sysctl_path
 from .kubeapi import ApiError, KubeApi
 from .nodebuild import NodeBinaries, go_arch
 from .nodeconfig import NodeNetwork, NodePaths
-from .topology import NodeSpec
+from .topology import NodeSpec, extended_resources
 
 STATE_FILE = "nodes.json"
 
@@ -55,15 +62,6 @@ _PR_SET_PDEATHSIG = 1
 
 class NodeError(Exception):
     """Real nodes could not be started; the message says why and what to do."""
-
-
-def startable(node: NodeSpec) -> bool:
-    """Whether this module can run a topology node yet: CPU-only nodes.
-
-    GPU nodes need the device plugin and NVIDIA's runtime (issue 11); this is
-    the seam where they join.
-    """
-    return not node.gpus
 
 
 def _die_with_parent() -> None:
@@ -127,6 +125,8 @@ class RealNodes:
         names: Iterable[str],
         *,
         taints: Sequence[str] = (),
+        specs: Mapping[str, NodeSpec] | None = None,
+        device_list_strategy: str | Mapping[str, str] = "envvar",
     ):
         self.state_dir = Path(state_dir).resolve()
         self.root = self.state_dir / "nodes"
@@ -134,6 +134,22 @@ class RealNodes:
         self.binaries = binaries
         self.names = list(names)
         self.taints = tuple(taints)
+        #: Topology entries by name; a node whose entry has GPUs is a GPU node.
+        self.specs = dict(specs or {})
+        #: How each GPU node's plugin names devices to the runtime (NVIDIA's
+        #: --device-list-strategy): one for all nodes, or per node name.
+        self.device_list_strategy = device_list_strategy
+        for name in self.names:
+            if (
+                self.gpu_spec(name)
+                and self._strategy(name) not in nodeconfig.DEVICE_LIST_STRATEGIES
+            ):
+                # Refused before anything starts.
+                raise NodeError(
+                    f"Node {name}: unknown device list strategy {self._strategy(name)!r}; "
+                    f"expected one of {', '.join(nodeconfig.DEVICE_LIST_STRATEGIES)}."
+                )
+        self.kubelet_cmds: dict[str, list[str]] = {}
         self.state: dict[str, Any] = {}
         self.processes: dict[str, subprocess.Popen] = {}
         self.started_in: dict[str, float] = {}
@@ -147,6 +163,15 @@ class RealNodes:
 
     def paths(self, name: str) -> NodePaths:
         return NodePaths(self.root / name)
+
+    def _strategy(self, name: str) -> str:
+        strategy = self.device_list_strategy
+        return strategy if isinstance(strategy, str) else strategy.get(name, "envvar")
+
+    def gpu_spec(self, name: str) -> NodeSpec | None:
+        """The topology entry of a GPU node; None for a CPU-only node."""
+        spec = self.specs.get(name)
+        return spec if spec is not None and spec.gpus else None
 
     def api(self) -> KubeApi:
         return self.cp.admin_api()
@@ -168,13 +193,21 @@ class RealNodes:
             for index, name in enumerate(self.names):
                 began[name] = time.monotonic()
                 self._start_node(name, index, archives, deadline)
-            # Nodes register in parallel; each one's time is its own start to its Ready.
+            # Nodes register in parallel; each one's time is its own start to
+            # its Ready (a GPU node's: to its labels and GPUs in allocatable).
+            labelled: set[str] = set()
             while len(self.started_in) < len(self.names):
                 for name in self.names:
-                    if name not in self.started_in:
-                        self._check(name, deadline, "the node to be Ready")
-                        if self.node_ready(name):
-                            self.started_in[name] = time.monotonic() - began[name]
+                    if name in self.started_in:
+                        continue
+                    self._check(name, deadline, "the node to be Ready with its GPUs")
+                    if not self.node_ready(name):
+                        continue
+                    if self.gpu_spec(name) and name not in labelled:
+                        self._label(name)
+                        labelled.add(name)
+                    if self.gpus_advertised(name):
+                        self.started_in[name] = time.monotonic() - began[name]
                 time.sleep(0.2)
         except BaseException:
             self.stop()
@@ -339,16 +372,24 @@ class RealNodes:
         for archive in archives:
             _run([*ctr, "-n", "k8s.io", "images", "import", str(archive)])
 
-        self._spawn(
-            name,
+        spec = self.gpu_spec(name)
+        taints = [*self.taints, *(nodeconfig.gpu_taints(spec) if spec else [])]
+        self.kubelet_cmds[name] = [
+            *enter,
+            str(self.binaries.k8s),
             "kubelet",
-            [
-                *enter,
-                str(self.binaries.k8s),
-                "kubelet",
-                *nodeconfig.kubelet_args(paths, net, node=name, taints=self.taints),
-            ],
-        )
+            *nodeconfig.kubelet_args(paths, net, node=name, taints=taints),
+        ]
+        self._spawn(name, "kubelet", self.kubelet_cmds[name])
+        if spec:
+            # Beside the kubelet, in its mount namespace: the kubelet's
+            # device-plugins directory there is the node's own.
+            plugin_args = nodeconfig.device_plugin_args(paths, spec, self._strategy(name))
+            self._spawn(
+                name,
+                "device-plugin",
+                [*enter, str(self.binaries.k8s), "device-plugin", *plugin_args],
+            )
 
     def _write_files(self, name: str, paths: NodePaths, net: NodeNetwork) -> None:
         for d in (
@@ -375,6 +416,9 @@ class RealNodes:
             json.dumps(nodeconfig.cni_conflist(net, paths.cni_data_dir), indent=2) + "\n"
         )
         paths.resolv_conf.write_text(nodeconfig.resolv_conf())
+        spec = self.gpu_spec(name)
+        if spec:
+            gpudriver.write_driver_state(paths.driver_state, gpudriver.driver_state(spec))
         config = nodeconfig.kubelet_configuration(
             paths, net, node=name, client_ca=self.cp.ca_file, healthz_port=free_port()
         )
@@ -441,6 +485,44 @@ class RealNodes:
             c.get("type") == "Ready" and c.get("status") == "True"
             for c in node.get("status", {}).get("conditions", [])
         )
+
+    def _label(self, name: str) -> None:
+        """Label a GPU node as GPU feature discovery does, with the node's own credentials."""
+        spec = self.gpu_spec(name)
+        assert spec is not None
+        api = KubeApi.from_kubeconfig(self.paths(name).kubeconfig)
+        try:
+            api.request(
+                "PATCH",
+                f"/api/v1/nodes/{name}",
+                {"metadata": {"labels": nodeconfig.gpu_feature_labels(spec)}},
+                content_type="application/merge-patch+json",
+            )
+        except ApiError as e:
+            raise NodeError(
+                f"Node {name} could not label itself with its GPUs' features: {e}"
+            ) from None
+
+    def gpus_advertised(self, name: str) -> bool:
+        """Whether the node's allocatable shows every GPU resource its topology entry has."""
+        spec = self.gpu_spec(name)
+        if spec is None:
+            return True
+        try:
+            allocatable = self.api().get(f"/api/v1/nodes/{name}")["status"].get("allocatable", {})
+        except (ApiError, OSError, KeyError):
+            return False
+        return all(allocatable.get(res) == str(n) for res, n in extended_resources(spec).items())
+
+    def restart_kubelet(self, name: str) -> None:
+        """Stop the node's kubelet and start it again with the same flags (pods keep running)."""
+        rec = self.state["nodes"][name]
+        _stop_pid(rec["pids"]["kubelet"], rec["root"])
+        old = self.processes.pop(f"{name}/kubelet", None)
+        if old is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                old.wait(timeout=5)
+        self._spawn(name, "kubelet", self.kubelet_cmds[name])
 
     def node_ip(self, name: str) -> str:
         return NodeNetwork(self.names.index(name)).node_ip
@@ -571,6 +653,8 @@ def _teardown_node(name: str, rec: dict[str, Any]) -> None:
     # node's mount namespace (shims, the namespace holder). With the last of
     # them the namespace goes, and with it every mount and pod network
     # namespace inside it.
+    if "device-plugin" in pids:
+        _stop_pid(pids["device-plugin"], marker)
     if "kubelet" in pids:
         _stop_pid(pids["kubelet"], marker)
     _kill_until_empty(lambda: _cgroup_pids(rec.get("cgroups", [])))

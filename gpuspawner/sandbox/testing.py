@@ -119,14 +119,27 @@ def running_real_nodes(
     pytestconfig=None,
     *,
     taints: tuple[str, ...] = (),
+    specs=None,
+    device_list_strategy="envvar",
 ):
     """Real nodes (kubelet, containerd, runc, CNI) on a running control plane; stopped after.
 
-    Builds what is missing first; skips (fails in CI) where real nodes cannot run.
+    ``specs`` (name -> topology NodeSpec) makes the nodes with GPUs GPU nodes
+    (driver state, device plugin, taint, labels); ``device_list_strategy``
+    (one, or per node name) is their plugins' --device-list-strategy. Builds what is missing
+    first; skips (fails in CI) where real nodes cannot run.
     """
     from .nodes import RealNodes
 
-    nodes = RealNodes(state_dir, cp, node_binaries(pytestconfig), names, taints=taints)
+    nodes = RealNodes(
+        state_dir,
+        cp,
+        node_binaries(pytestconfig),
+        names,
+        taints=taints,
+        specs=specs,
+        device_list_strategy=device_list_strategy,
+    )
     nodes.start()
     try:
         yield nodes
@@ -256,3 +269,22 @@ def processes_mentioning(text: str) -> list[int]:
             if needle in (entry / "cmdline").read_bytes():
                 pids.append(int(entry.name))
     return pids
+
+
+def container_pids(node: str, container_id: str) -> list[int]:
+    """Host pids of a real node's container, from its cgroup under the node's cgroup root."""
+    from .hoststate import cgroup_mounts
+    from .nodeconfig import cgroup_root
+
+    for mount in cgroup_mounts():
+        for found in (mount / cgroup_root(node).strip("/")).rglob(container_id):
+            procs = found / "cgroup.procs"
+            if procs.is_file() and (pids := procs.read_text().split()):
+                return [int(p) for p in pids]
+    return []
+
+
+def process_environment(pid: int) -> dict[str, str]:
+    """A process's environment, from /proc."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.decode().split("=", 1) for item in raw.split(b"\0") if b"=" in item)

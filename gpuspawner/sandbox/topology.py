@@ -205,6 +205,8 @@ class GPUSpec:
     bus_id: str
     serial: str
     mig: tuple[MigDeviceSpec, ...] = ()
+    #: GPUs with the same number share an NVLink/NVSwitch fabric.
+    nvlink_domain: int = 0
 
     @property
     def mig_enabled(self) -> bool:
@@ -297,8 +299,11 @@ def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
     strategy = "none"
     gpu = raw.get("gpu")
     if gpu is not None:
-        if not isinstance(gpu, dict) or set(gpu) - {"model", "count"}:
-            raise TopologyError(f"Node {name!r}: 'gpu' must be a mapping with 'model' and 'count'.")
+        if not isinstance(gpu, dict) or set(gpu) - {"model", "count", "nvlink_domains"}:
+            raise TopologyError(
+                f"Node {name!r}: 'gpu' must be a mapping with 'model', 'count' and "
+                "optionally 'nvlink_domains'."
+            )
         model = GPU_MODELS.get(str(gpu.get("model")))
         if model is None:
             raise TopologyError(
@@ -309,6 +314,12 @@ def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
         if not isinstance(count, int) or not 1 <= count <= 8:
             raise TopologyError(
                 f"Node {name!r}: GPU 'count' must be an integer from 1 to 8, not {count!r}."
+            )
+        domains = gpu.get("nvlink_domains", 1)
+        if not isinstance(domains, int) or domains < 1 or count % domains:
+            raise TopologyError(
+                f"Node {name!r}: 'nvlink_domains' must be a positive integer that divides "
+                f"the GPU count {count}, not {domains!r}."
             )
         layouts = _parse_mig(name, raw.get("mig"), model, count)
         if layouts:
@@ -322,6 +333,8 @@ def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
                 bus_id=f"00000000:{_BUS_NUMBERS[i]}:00.0",
                 serial=str(int(hashlib.sha256(f"serial/{name}/{i}".encode()).hexdigest(), 16))[:13],
                 mig=_mig_devices(name, i, model, layouts[i]) if layouts else (),
+                # Equal consecutive groups, as boards of NVLink-connected GPUs are.
+                nvlink_domain=i // (count // domains),
             )
             for i in range(count)
         )

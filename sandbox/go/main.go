@@ -8,10 +8,13 @@
 //	k8s kube-scheduler ...
 //	k8s kube-controller-manager ...
 //	k8s kubelet ...
+//	k8s device-plugin --driver-state FILE ...
 //
-// One binary shares the (long) compile of everything the four Kubernetes
-// commands have in common. Each component still runs as its own process: they
-// register global feature gates, flags and signal handlers, which must not mix.
+// One binary shares the (long) compile of everything the Kubernetes
+// commands have in common (the device plugin reuses the kubelet's gRPC and
+// device-plugin API packages, so adding it costs a relink). Each component
+// still runs as its own process: they register global feature gates, flags
+// and signal handlers, which must not mix.
 package main
 
 import (
@@ -36,9 +39,11 @@ import (
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
+
+	"gpuspawner/sandbox/k8s/deviceplugin"
 )
 
-const usage = "usage: k8s etcd|kube-apiserver|kube-scheduler|kube-controller-manager|kubelet [flags]"
+const usage = "usage: k8s etcd|kube-apiserver|kube-scheduler|kube-controller-manager|kubelet|device-plugin [flags]"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -56,6 +61,8 @@ func main() {
 		os.Exit(runCobra(controllermanager.NewControllerManagerCommand()))
 	case "kubelet":
 		os.Exit(runCobra(kubelet.NewKubeletCommand(context.Background())))
+	case "device-plugin":
+		os.Exit(deviceplugin.Main(os.Args[2:]))
 	default:
 		fmt.Fprintf(os.Stderr, "unknown component %q\n%s\n", os.Args[1], usage)
 		os.Exit(2)

@@ -13,17 +13,19 @@ from gpuspawner.sandbox import build
 
 @pytest.fixture
 def module_copy(tmp_path) -> Path:
-    """A copy of our Go module's three source files (no Kubernetes source)."""
+    """A copy of our Go module's source files (no Kubernetes source)."""
     dest = tmp_path / "go"
-    dest.mkdir()
-    for name in build.SOURCE_FILES:
+    for name in build.source_files(build.GO_MODULE_DIR):
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(build.GO_MODULE_DIR / name, dest / name)
     return dest
 
 
 def test_repo_holds_only_our_go_files():
     names = sorted(p.name for p in build.GO_MODULE_DIR.iterdir())
-    assert names == ["go.mod", "go.sum", "main.go"]
+    assert names == ["deviceplugin", "go.mod", "go.sum", "main.go"]
+    assert "deviceplugin/server.go" in build.source_files(build.GO_MODULE_DIR)
+    assert not [n for n in build.source_files(build.GO_MODULE_DIR) if n.endswith("_test.go")]
 
 
 def test_pin_is_a_recent_release_with_every_staging_module_replaced():
@@ -46,7 +48,16 @@ def test_binary_name_carries_version_and_changes_with_the_sources(module_copy, t
 
     with (module_copy / "main.go").open("a") as f:
         f.write("\n// a change\n")
-    assert build.binary_path(module_copy, cache) != first
+    second = build.binary_path(module_copy, cache)
+    assert second != first
+
+    with (module_copy / "deviceplugin" / "devices.go").open("a") as f:
+        f.write("\n// a change\n")
+    assert build.binary_path(module_copy, cache) != second
+    third = build.binary_path(module_copy, cache)
+    # Tests do not decide the binary.
+    (module_copy / "deviceplugin" / "extra_test.go").write_text("package deviceplugin\n")
+    assert build.binary_path(module_copy, cache) == third
 
 
 def test_cached_binary_is_reused_without_go(module_copy, tmp_path, monkeypatch):

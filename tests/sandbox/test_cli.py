@@ -6,8 +6,9 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from gpuspawner.sandbox import cli, hoststate, nodeconfig, testing
+from gpuspawner.sandbox import cli, hoststate, nodeconfig, nodes, testing
 
 
 def test_status_when_nothing_runs(tmp_path, capsys):
@@ -68,7 +69,8 @@ def test_up_status_down_leave_no_process(control_plane_binary, tmp_path, capsys)
 
 
 def test_up_real_nodes_status_down(pytestconfig, tmp_path, capsys):
-    """`up --real-nodes` runs the topology's CPU-only nodes for real; `down` restores the host."""
+    """`up --real-nodes` runs the topology's nodes for real, a GPU node with its device
+    plugin; `down` restores the host."""
     testing.node_binaries(pytestconfig)  # skips (fails in CI) without root, Go or runc
     topology = tmp_path / "topology.yaml"
     topology.write_text(
@@ -77,24 +79,30 @@ def test_up_real_nodes_status_down(pytestconfig, tmp_path, capsys):
         "  - {name: cli-cpu-0}\n"
     )
     state = tmp_path / "state"
-    roots = [nodeconfig.cgroup_root("cli-cpu-0")]
+    roots = [nodeconfig.cgroup_root(n) for n in ("cli-gpu-0", "cli-cpu-0")]
     before = hoststate.snapshot(state / "nodes", roots)
     try:
         args = ["--state-dir", str(state), "up", "--real-nodes", "--topology", str(topology)]
+        args += ["--device-list-strategy", "cdi-cri"]
         assert cli.main(args) == 0
         out = capsys.readouterr().out
-        assert "GPU nodes do not run as real nodes yet): cli-gpu-0." in out
-        assert "cli-cpu-0 Ready in" in out
+        assert "cli-gpu-0 Ready in" in out and "cli-cpu-0 Ready in" in out
 
         assert cli.main(["--state-dir", str(state), "status"]) == 0
         status = capsys.readouterr().out
         for part in ("holder", "containerd", "kubelet"):
             assert f"cli-cpu-0/{part} " in status
+            assert f"cli-gpu-0/{part} " in status
+        assert "cli-gpu-0/device-plugin " in status
+        assert "cli-cpu-0/device-plugin" not in status
+        plugin = nodes.read_state(state)["nodes"]["cli-gpu-0"]["pids"]["device-plugin"]
+        cmdline = Path(f"/proc/{plugin}/cmdline").read_bytes().split(b"\0")
+        assert b"--device-list-strategy=cdi-cri" in cmdline
         assert "NOT RUNNING" not in status
-        assert "cli-gpu-0" not in status
     finally:
         assert cli.main(["--state-dir", str(state), "down"]) == 0
-    assert "Stopped the real nodes cli-cpu-0 and restored the host." in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Stopped the real nodes cli-gpu-0, cli-cpu-0 and restored the host." in out
     assert hoststate.differences(before, hoststate.snapshot(state / "nodes", roots)) == []
     assert cli.main(["--state-dir", str(state), "status"]) == 3
 

@@ -145,3 +145,32 @@ def test_forward_rules_drop_only_what_leaves_the_pod_range():
     rules = nodeconfig.forward_rules("CHAIN")
     assert all(r[:2] == ["-A", "CHAIN"] and r[-2:] == ["-j", "DROP"] for r in rules)
     assert all(["!", "-d", "10.244.0.0/16"] == r[r.index("!") : r.index("!") + 3] for r in rules)
+
+
+def test_device_plugin_args_taint_and_labels_of_a_gpu_node(tmp_path):
+    from gpuspawner.sandbox.topology import parse_topology
+
+    node = parse_topology(
+        {
+            "nodes": [
+                {
+                    "name": "g",
+                    "gpu": {"model": "A100-SXM4-80GB", "count": 2},
+                    "mig": {"strategy": "single", "profiles": {"1g.10gb": 7}},
+                }
+            ]
+        }
+    ).node("g")
+    paths = NodePaths(tmp_path / "g")
+    args = nodeconfig.device_plugin_args(paths, node, "cdi-cri")
+    assert f"--driver-state={paths.driver_state}" in args
+    assert "--mig-strategy=single" in args and "--device-list-strategy=cdi-cri" in args
+    assert "--plugin-dir=/var/lib/kubelet/device-plugins" in args
+    with pytest.raises(nodeconfig.NodeConfigError, match="Unknown device list strategy 'volume'"):
+        nodeconfig.device_plugin_args(paths, node, "volume")
+    assert nodeconfig.gpu_taints(node) == ["nvidia.com/gpu=present:NoSchedule"]
+    labels = nodeconfig.gpu_feature_labels(node)
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"
+    assert labels["nvidia.com/gpu.count"] == "14"
+    assert all(k.startswith("nvidia.com/") for k in labels)
+    assert paths.device_plugins == paths.private_dir("/var/lib/kubelet") / "device-plugins"

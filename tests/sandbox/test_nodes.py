@@ -21,9 +21,8 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from gpuspawner.sandbox import hoststate, nodeconfig, nodes, testing
+from gpuspawner.sandbox import hoststate, nodebuild, nodeconfig, nodes, testing
 from gpuspawner.sandbox.kubeapi import ApiError
-from gpuspawner.sandbox.topology import load_topology
 
 NODES = ("real-0", "real-1")
 #: The nodes share the session's control plane with the stand-in kubelet's
@@ -119,13 +118,6 @@ def _fetch(url: str) -> str:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(url, timeout=5) as resp:
         return resp.read().decode()
-
-
-def test_only_cpu_nodes_start_as_real_nodes_for_now():
-    topology = load_topology()
-    startable = [n.name for n in topology.nodes if nodes.startable(n)]
-    assert startable == [n.name for n in topology.nodes if not n.gpus]
-    assert "cpu-0" in startable and "gpu-a100-0" not in startable
 
 
 def test_nodes_register_ready_with_node_identities(real_nodes, control_plane):
@@ -310,3 +302,15 @@ def test_a_failed_start_leaves_the_host_as_it_was(pytestconfig, control_plane, t
     # Its containerd, mount namespace, cgroups, bridge and our chain had been made.
     assert hoststate.differences(before, hoststate.snapshot(tmp_path / "nodes", roots)) == []
     assert nodes.read_state(tmp_path) is None
+
+
+def test_an_unknown_device_list_strategy_is_refused_before_anything_starts(tmp_path):
+    from gpuspawner.sandbox.topology import parse_topology
+
+    spec = parse_topology({"nodes": [{"name": "g", "gpu": {"model": "L4", "count": 1}}]}).node("g")
+    binaries = nodebuild.NodeBinaries(*(tmp_path,) * 5)
+    with pytest.raises(nodes.NodeError, match=r"^Node g: unknown device list strategy 'volume'; "):
+        nodes.RealNodes(
+            tmp_path, None, binaries, ["g"], specs={"g": spec}, device_list_strategy="volume"
+        )
+    assert list(tmp_path.iterdir()) == []

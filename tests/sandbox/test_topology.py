@@ -154,3 +154,25 @@ def test_unreadable_file_is_a_topology_error(tmp_path):
     bad.write_text("nodes: [")
     with pytest.raises(TopologyError, match="not valid YAML"):
         load_topology(bad)
+
+
+def test_nvlink_domains_split_the_gpus_into_equal_groups():
+    node = parse_topology(
+        {
+            "nodes": [
+                {"name": "n", "gpu": {"model": "H100-80GB-HBM3", "count": 8, "nvlink_domains": 2}}
+            ]
+        }
+    ).node("n")
+    assert [g.nvlink_domain for g in node.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    one = parse_topology({"nodes": [{"name": "n", "gpu": {"model": "L4", "count": 3}}]}).node("n")
+    assert {g.nvlink_domain for g in one.gpus} == {0}
+    for bad in (3, 0, "two"):
+        with pytest.raises(TopologyError, match="'nvlink_domains' must be a positive integer"):
+            parse_topology(
+                {
+                    "nodes": [
+                        {"name": "n", "gpu": {"model": "L4", "count": 8, "nvlink_domains": bad}}
+                    ]
+                }
+            )
