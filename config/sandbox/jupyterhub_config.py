@@ -57,9 +57,14 @@ c.JupyterHub.services.append(
             sys.executable,
             "-m",
             "gpuspawner.culler",
-            f"--config={here / 'culler_config.py'}",
+            "--config="
+            + os.environ.get("GPUSPAWNER_CULLER_CONFIG", str(here / "culler_config.py")),
         ],
-        "environment": {k: os.environ[k] for k in ("KUBECONFIG",) if k in os.environ},
+        "environment": {
+            k: os.environ[k]
+            for k in ("KUBECONFIG", "GPUSPAWNER_DEMO_PRESSURE_TIMEOUT")
+            if k in os.environ
+        },
     }
 )
 c.JupyterHub.load_roles.append(

@@ -27,7 +27,43 @@ HUB_NAMESPACE = "jupyterhub"
 HUB_SERVICE_ACCOUNT = "gpuspawner-hub"
 RBAC_MANIFEST = REPO / "config" / "rbac.yaml"
 SANDBOX_HUB_CONFIG = REPO / "config" / "sandbox" / "jupyterhub_config.py"
+DEMO_CULLER_CONFIG = REPO / "config" / "sandbox" / "demo_culler_config.py"
 DEMO_PASSWORD = "gpu"
+
+# The story the demo tells (docs/culler.md, "Pressure"): idle servers hold every
+# A100; whoever asks for A100s waits in the hub's queue ("1st in line for 2 ×
+# NVIDIA A100"); the culler stops the idle holder whose GPUs let the request
+# start, and the request starts at once; the holder reads why at their next visit.
+STORY_HOLDERS = {"ada": 4, "bob": 4}
+STORY_HUB_CONFIG = """
+c.GPUSpawner.gpu_queue_enabled = True
+c.GPUSpawner.gpu_queue_timeout = 600
+# the wait in the queue is part of the start: leave it room
+c.KubeSpawner.start_timeout = 660
+"""
+
+
+def start_story(hub: Hub, holders: dict[str, int] = STORY_HOLDERS, timeout: float = 120) -> None:
+    """Start the story's idle A100 holders through the hub's API and wait until they run."""
+    for user, gpus in holders.items():
+        hub.api("POST", f"/users/{user}")
+        r = hub.api(
+            "POST",
+            f"/users/{user}/server",
+            {"profile": "pytorch", "gpu_type": "a100", "gpus": str(gpus)},
+        )
+        if r.status not in (201, 202, 400):  # 400: already running
+            raise RuntimeError(f"the demo could not start {user}'s server: {r.body[:300]!r}")
+    deadline = time.monotonic() + timeout
+    waiting = set(holders)
+    while waiting:
+        for user in sorted(waiting):
+            server = (hub.api("GET", f"/users/{user}").json().get("servers") or {}).get("")
+            if server and server.get("ready"):
+                waiting.discard(user)
+        if waiting and time.monotonic() > deadline:
+            raise RuntimeError(f"the demo's servers of {', '.join(sorted(waiting))} did not start")
+        time.sleep(0.5)
 
 
 class SandboxStack:
@@ -42,6 +78,7 @@ class SandboxStack:
         extra_hub_config: str = "",
         public_port: int | None = None,
         binary: Path | None = None,
+        hub_env: dict[str, str] | None = None,
     ):
         self.state_dir = state_dir.resolve()
         self.topology = topology
@@ -49,6 +86,7 @@ class SandboxStack:
         self.extra_hub_config = extra_hub_config
         self.public_port = public_port
         self.binary = binary
+        self.hub_env = dict(hub_env or {})
         self.control_plane: ControlPlane | None = None
         self.hub: Hub | None = None
         self.hub_kubeconfig: Path | None = None
@@ -69,7 +107,7 @@ class SandboxStack:
 
     def _hub_settings(self, extra: str) -> tuple[str, dict[str, str]]:
         assert self.hub_kubeconfig is not None, "start_cluster() first"
-        env = {"KUBECONFIG": str(self.hub_kubeconfig)}
+        env = {**self.hub_env, "KUBECONFIG": str(self.hub_kubeconfig)}
         if self.catalog is not None:
             env["GPUSPAWNER_CATALOG"] = str(self.catalog)
         config = (
@@ -160,6 +198,17 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="catalog YAML (default config/sandbox/catalog.yaml)",
     )
+    parser.add_argument(
+        "--no-story",
+        action="store_true",
+        help="start no idle A100 holders and no queue: just the cluster and the hub",
+    )
+    parser.add_argument(
+        "--pressure-timeout",
+        type=int,
+        default=120,
+        help="seconds an idle server holds GPUs others wait for before the culler stops it",
+    )
     args = parser.parse_args(argv)
 
     # Ctrl-C, and `kill` from another terminal, stop everything in order
@@ -170,8 +219,19 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 1
+    story = not args.no_story
     stack = SandboxStack(
-        args.state_dir, topology=args.topology, catalog=args.catalog, public_port=args.port
+        args.state_dir,
+        topology=args.topology,
+        catalog=args.catalog,
+        public_port=args.port,
+        extra_hub_config=STORY_HUB_CONFIG if story else "",
+        hub_env={
+            "GPUSPAWNER_CULLER_CONFIG": str(DEMO_CULLER_CONFIG),
+            "GPUSPAWNER_DEMO_PRESSURE_TIMEOUT": str(args.pressure_timeout),
+        }
+        if story
+        else {},
     )
     started = time.monotonic()
     try:
@@ -194,12 +254,33 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\nJupyterHub with GPUSpawner is running at {hub.public_url}/\n"
         f"Log in as any user name with the password '{DEMO_PASSWORD}' ('admin' has no GPU limit,\n"
-        "'student' may use 1 A100), pick 'PyTorch' with 2 × NVIDIA A100, and open a terminal:\n"
+        "'student' may use 1 A100), pick 'PyTorch' with 2 × NVIDIA H100, and open a terminal:\n"
         "`nvidia-smi` lists the two GPUs the cluster allocated to you.\n"
         f"Cluster: export KUBECONFIG={stack.control_plane.admin_kubeconfig}\n"
         "Press Ctrl-C to stop everything.",
         flush=True,
     )
+    if story:
+        try:
+            start_story(hub)
+        except RuntimeError as e:
+            print(f"The demo's story could not start: {e}", file=sys.stderr)
+        except KeyboardInterrupt:
+            print("\nStopping JupyterHub, the kubelet and the control plane…", flush=True)
+            with contextlib.suppress(Exception):
+                stack.stop()
+            return 0
+        else:
+            holders = " and ".join(STORY_HOLDERS)
+            print(
+                f"\nThe story: {holders} hold all 8 A100s with idle servers. Ask for 2 × NVIDIA A100:\n"
+                "you wait in line (the progress page says where). Within about "
+                f"{args.pressure_timeout // 60 + 1} minutes the culler\n"
+                "stops the idle holder whose GPUs let your request start, and your server starts.\n"
+                f"Log in as {next(iter(STORY_HOLDERS))} or {list(STORY_HOLDERS)[-1]} to read why "
+                "their server stopped. (--no-story: none of this.)",
+                flush=True,
+            )
     try:
         while hub.process.poll() is None:
             time.sleep(1)

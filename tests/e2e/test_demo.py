@@ -5,11 +5,61 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 from gpuspawner.sandbox.hubprocess import free_port
 from gpuspawner.sandbox.testing import control_plane_binary, processes_mentioning
+
+
+class Visitor:
+    """A person in a browser: logged in through the login form, with the hub's cookies."""
+
+    def __init__(self, base: str, name: str):
+        import http.cookiejar
+        import re
+        import urllib.parse
+
+        self.base = base
+        self.jar = http.cookiejar.CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
+        with self.opener.open(f"{base}/hub/login", timeout=30) as response:
+            xsrf = re.search(r'name="_xsrf" value="([^"]+)"', response.read().decode()).group(1)
+        body = urllib.parse.urlencode({"username": name, "password": "gpu", "_xsrf": xsrf})
+        with self.opener.open(f"{base}/hub/login", body.encode(), timeout=30) as response:
+            assert response.status == 200
+
+    def page(self, path: str) -> str:
+        with self.opener.open(f"{self.base}{path}", timeout=30) as response:
+            return response.read().decode()
+
+    def api(self, method: str, path: str, body=None):
+        """The hub's REST API as the hub's own pages call it: cookie plus XSRF header."""
+        import json
+
+        xsrf = next(c.value for c in self.jar if c.name == "_xsrf")
+        request = urllib.request.Request(
+            f"{self.base}/hub/api{path}",
+            data=None if body is None else json.dumps(body).encode(),
+            method=method,
+            headers={"X-XSRFToken": xsrf, "Content-Type": "application/json"},
+        )
+        try:
+            with self.opener.open(request, timeout=30) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+
+def wait_until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_demo_starts_the_hub_and_ctrl_c_leaves_nothing_running(tmp_path, pytestconfig):
@@ -23,6 +73,9 @@ def test_demo_starts_the_hub_and_ctrl_c_leaves_nothing_running(tmp_path, pytestc
         str(port),
         "--state-dir",
         str(state),
+        # the story's culler stops an idle holder after 5 s instead of 2 minutes
+        "--pressure-timeout",
+        "5",
     ]
     log = (tmp_path / "demo.log").open("w+")
     demo = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -40,6 +93,36 @@ def test_demo_starts_the_hub_and_ctrl_c_leaves_nothing_running(tmp_path, pytestc
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/hub/login", timeout=30) as r:
             assert b"password" in r.read().lower()
         assert processes_mentioning(str(state))  # control plane, kubelet and hub run from it
+
+        # The story: ada and bob hold every A100 with idle servers. Carol asks for
+        # two and waits in line; the culler frees one holder's node for her.
+        wait_until(
+            lambda: "The story:" in (tmp_path / "demo.log").read_text(),
+            180,
+            "the story's servers",
+        )
+        base = f"http://127.0.0.1:{port}"
+        carol = Visitor(base, "carol")
+        status, body = carol.api(
+            "POST", "/users/carol/server", {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
+        )
+        assert status == 202, body
+
+        def carol_ready():
+            status, model = carol.api("GET", "/users/carol")
+            server = (model.get("servers") or {}).get("") if status == 200 else None
+            return server and server.get("ready")
+
+        wait_until(carol_ready, 240, "carol's queued A100 server to start")
+        stopped = []
+        for holder in ("ada", "bob"):
+            visitor = Visitor(base, holder)
+            status, model = visitor.api("GET", f"/users/{holder}")
+            if "" not in (model.get("servers") or {}):
+                stopped.append((holder, visitor))
+        assert len(stopped) == 1, "exactly one holder's server was stopped for carol"
+        holder, visitor = stopped[0]
+        assert "because" in visitor.page("/hub/home")  # the line saying why it stopped
     finally:
         os.kill(demo.pid, signal.SIGINT)  # what Ctrl-C sends
         code = demo.wait(timeout=90)
