@@ -184,9 +184,20 @@ def test_a_queued_request_starts_as_soon_as_the_culler_frees_its_gpus(
         assert r.status == 202, r.body
         shown = [json.loads(m).get("message", "") for m in progress_messages(hub, "quinn", 4)]
         assert any(m.startswith("1st in line for 4 × NVIDIA A100") for m in shown), shown
-        assert 'gpuspawner_gpu_demand{gpu_type="a100",gpus="4",source="queued"} 1.0' in (
-            hub_metric_lines(hub, "gpuspawner_gpu_demand")
+        # Sven gets in line behind her, then gives up: he leaves the queue at once.
+        assert spawn(hub, "sven", 4).status == 202
+        shown = [json.loads(m).get("message", "") for m in progress_messages(hub, "sven", 4)]
+        assert any(m.startswith("2nd in line for 4 × NVIDIA A100 (2 waiting)") for m in shown)
+        queued = 'gpuspawner_gpu_demand{gpu_type="a100",gpus="4",source="queued"}'
+        assert f"{queued} 2.0" in hub_metric_lines(hub, "gpuspawner_gpu_demand")
+        r = hub.api("DELETE", "/users/sven/server")
+        assert r.status in (202, 204), r.body
+        wait_for(
+            lambda: f"{queued} 1.0" in hub_metric_lines(hub, "gpuspawner_gpu_demand"),
+            30,
+            what="the abandoned request to leave the queue",
         )
+        assert server_state(hub, "sven") is None
 
         run = run_culler(stack, hub, tmp_path)
         assert run.returncode == 0, run.stderr
@@ -196,7 +207,7 @@ def test_a_queued_request_starts_as_soon_as_the_culler_frees_its_gpus(
         assert len(culled) == 2 and len({nodes[u] for u in culled}) == 1, (nodes, culled)
         assert pod_of(kube, "quinn")["spec"]["nodeName"] == nodes[next(iter(culled))]
     finally:
-        for user in [*HOLDERS, "quinn"]:
+        for user in [*HOLDERS, "quinn", "sven"]:
             with contextlib.suppress(Exception):
                 if server_state(hub, user) is not None:
                     stop_server(hub, user)
