@@ -99,11 +99,29 @@ class Hub:
             pass
 
 
+def _ports(workdir: Path, public_port: int | None) -> tuple[int, int, int]:
+    """The hub's public, hub-API and proxy-API ports: chosen once per hub folder, kept after.
+
+    Running notebooks were given the hub's API address when they started
+    (``JUPYTERHUB_API_URL``); a restarted hub on a new port would leave them
+    answering their users with 500 "Failed to connect to Hub API".
+    """
+    saved = workdir / "ports.json"
+    try:
+        ports = json.loads(saved.read_text())
+        chosen = (int(ports["public"]), int(ports["hub"]), int(ports["proxy_api"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        chosen = (public_port or free_port(), free_port(), free_port())
+    if public_port and public_port != chosen[0]:
+        chosen = (public_port, chosen[1], chosen[2])
+    saved.write_text(json.dumps(dict(zip(("public", "hub", "proxy_api"), chosen, strict=True))))
+    return chosen
+
+
 def write_config(
     workdir: Path, extra: str, token: str, public_port: int | None = None
 ) -> tuple[Path, str]:
-    public_port = public_port or free_port()
-    hub_port, api_port = free_port(), free_port()
+    public_port, hub_port, api_port = _ports(workdir, public_port)
     config = workdir / "jupyterhub_config.py"
     config.write_text(
         f"""

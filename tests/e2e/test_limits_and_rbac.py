@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -47,6 +48,19 @@ def test_ten_concurrent_requests_start_exactly_two_and_a_restart_changes_nothing
         f"You are using 2 of your 2 GPUs (servers: {', '.join(sorted(started))}). "
         "Stop one of them or ask for fewer GPUs."
     )
+    # The servers started before the restart still reach the hub's API: each checks
+    # a token made after the restart with the hub, at the address it was given.
+    r = hub.api("POST", "/users/lena/tokens", {"note": "after the restart"})
+    assert r.status in (200, 201), r.body
+    token = r.json()["token"]
+    for name in started:
+        request = urllib.request.Request(
+            f"{hub.public_url}/user/lena/{name}/api/status",
+            headers={"Authorization": f"token {token}"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status == 200
+            assert "started" in json.loads(response.read())
     for name in started:
         stop_server(hub, "lena", name)
     wait_for(lambda: not user_pods(kube, "lena"), 60, what="lena's pods to go")
