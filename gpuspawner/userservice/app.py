@@ -182,9 +182,10 @@ class UserService(KubernetesSettings, Application):
 
     async def run(self) -> None:
         url = urlparse(self.service_url)
-        await self.start_inventory()
+        # listen first: the hub waits for the service to answer before it starts
         make_app(self).listen(url.port or 80, address=self.ip or url.hostname or "127.0.0.1")
         self.log.info("%s serving on %s", self.name, self.service_url)
+        await self.start_inventory()
         try:
             await asyncio.Event().wait()
         finally:
@@ -193,7 +194,11 @@ class UserService(KubernetesSettings, Application):
                 await self.inventory.api.api_client.close()
 
     def start(self) -> None:
-        asyncio.run(self.run())
+        try:
+            asyncio.run(self.run())
+        except KeyboardInterrupt:
+            # the hub stops its services with SIGINT; the watches were stopped on the way out
+            self.log.info("%s stopped", self.name)
 
 
 def handlers(service: UserService, prefix: str) -> list[tuple]:
