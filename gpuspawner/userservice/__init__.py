@@ -6,6 +6,8 @@ may use it with the scope ``access:services!service=gpuspawner``
 (:func:`access_scope`), which the shipped configurations add to the hub's
 ``user`` role (:mod:`gpuspawner.userservice.hubconfig`).
 
+- :mod:`~gpuspawner.userservice.base`: what every handler shares (HubOAuth,
+  the service object, GETs fetched by the hub's pages).
 - :mod:`~gpuspawner.userservice.availability`: ``GET availability``, the
   spawn form's live GPU figures for the user who asks.
 - :mod:`~gpuspawner.userservice.app`: the service's settings, its own GPU

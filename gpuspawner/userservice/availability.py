@@ -15,15 +15,14 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
 from .. import capacity
 from ..catalog import Catalog
+from .base import UserHandler
 
 if TYPE_CHECKING:
     from ..inventory.reflectors import InventoryReflector
-    from .app import UserService
 
 #: Where the figures are served, under the service's prefix.
 AVAILABILITY_PATH = "availability"
@@ -52,19 +51,8 @@ def user_payload(
     return capacity.payload(inventory, visible, placement)
 
 
-class AvailabilityHandler(HubOAuthenticated, web.RequestHandler):
+class AvailabilityHandler(UserHandler):
     """GPU figures per catalog type, for the spawn form of the user who asks."""
-
-    def initialize(self, service: UserService) -> None:
-        self.service = service
-
-    def check_xsrf_cookie(self) -> None:
-        # The form's fetch is a cookie-authenticated GET from the spawn page, which
-        # cannot send the service's XSRF token (its cookie belongs to the service's
-        # path), so HubOAuth would turn it away. A GET here changes nothing, and no
-        # other site can read the answer (no CORS headers): there is nothing to forge.
-        if self.request.method not in ("GET", "HEAD"):
-            super().check_xsrf_cookie()
 
     @web.authenticated
     def get(self) -> None:
