@@ -154,7 +154,7 @@ def figures(
 def payload(
     inventory: InventoryReflector | None, catalog: Catalog | None, placement: Placement
 ) -> dict:
-    """What the availability endpoint answers (see gpuspawner.inventory.web).
+    """What the gpuspawner service answers the form (see gpuspawner.userservice.availability).
 
     ``catalog`` is None when the catalog is invalid.
     """

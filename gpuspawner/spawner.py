@@ -304,7 +304,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         return capacity.figures(self.gpu_inventory(), catalog, self._placement())
 
     def gpu_availability_payload(self) -> dict:
-        """What the availability endpoint answers (see gpuspawner.inventory.web)."""
+        """The figures for this user, as the form gets them with the page (and then from the service)."""
         try:
             # Per user: the figures name only the images this user may use.
             catalog: Catalog | None = self.visible_catalog()
