@@ -46,7 +46,7 @@ c.KubeSpawner.services_enabled = False
 c.JupyterHub.cleanup_servers = False
 
 c.JupyterHub.load_groups = {"students": {"users": ["student"]}}
-c.JupyterHub.admin_users = {"admin"}
+c.Authenticator.admin_users = {"admin"}  # (JupyterHub.admin_users is deprecated)
 
 # The GPU-aware idle culler, as in config/jupyterhub_config.py, with the
 # hub's service-account kubeconfig handed on (services get few variables).
@@ -108,7 +108,7 @@ c.JupyterHub.load_roles.append(
         "name": "gpuspawner-admins",
         "description": "See and steer the GPU pool",
         "scopes": ["custom:gpuspawner:admin", "access:services!service=gpuspawner-admin"],
-        "users": sorted(c.JupyterHub.admin_users),
+        "users": sorted(c.Authenticator.admin_users),
     }
 )
 # --- end of gpuspawner-admin --------------------------------------------------
