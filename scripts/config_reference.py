@@ -6,8 +6,8 @@
 Each reference is generated the same way, from the help strings of the
 traits gpuspawner defines (inherited KubeSpawner, Spawner and Application
 settings are left out), below the marker line of its page:
-docs/configuration.md (``c.GPUSpawner``), docs/culler.md (``c.GPUCuller``) and
-docs/admin.md (``c.GPUAdmin``). tests/test_docs.py fails when one is out of date.
+docs/configuration.md (``c.GPUSpawner``), docs/culler.md (``c.GPUCuller``),
+docs/admin.md (``c.GPUAdmin``) and docs/userservice.md (``c.UserService``). tests/test_docs.py fails when one is out of date.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ REFERENCES = (
     Reference("docs/configuration.md", "gpuspawner.spawner", "GPUSpawner"),
     Reference("docs/culler.md", "gpuspawner.culler.app", "GPUCuller"),
     Reference("docs/admin.md", "gpuspawner.admin.service", "GPUAdmin"),
+    Reference("docs/userservice.md", "gpuspawner.userservice.app", "UserService"),
 )
 
 

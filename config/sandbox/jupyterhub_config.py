@@ -46,7 +46,7 @@ c.KubeSpawner.services_enabled = False
 c.JupyterHub.cleanup_servers = False
 
 c.JupyterHub.load_groups = {"students": {"users": ["student"]}}
-c.JupyterHub.admin_users = {"admin"}
+c.Authenticator.admin_users = {"admin"}  # (JupyterHub.admin_users is deprecated)
 
 # The GPU-aware idle culler, as in config/jupyterhub_config.py, with the
 # hub's service-account kubeconfig handed on (services get few variables).
@@ -119,17 +119,22 @@ c.JupyterHub.load_roles.append(
         "name": "gpuspawner-admins",
         "description": "See and steer the GPU pool",
         "scopes": ["custom:gpuspawner:admin", "access:services!service=gpuspawner-admin"],
-        "users": sorted(c.JupyterHub.admin_users),
+        "users": sorted(c.Authenticator.admin_users),
     }
 )
 # --- end of gpuspawner-admin --------------------------------------------------
 
-# --- live GPU figures on the spawn form (docs/capacity.md) --------------------
-# The endpoint the form polls: GET /hub/gpuspawner/availability, served from the
-# hub's own watch of nodes and pods (config/rbac.yaml's ClusterRole).
-from gpuspawner.inventory.web import availability_handlers  # noqa: E402
+# --- the gpuspawner service: live GPU figures on the spawn form (docs/capacity.md) ---
+# A hub-managed service at /services/gpuspawner/ on a free loopback port, with
+# its own watch of nodes and pods (the hub's service account, KUBECONFIG) and
+# the hub's catalog and pod placement. Every user reaches it: add_service adds
+# access:services!service=gpuspawner to the 'user' role.
+from gpuspawner.userservice.hubconfig import add_service  # noqa: E402
 
-c.JupyterHub.extra_handlers.extend(availability_handlers())
-# --- end of live GPU figures ---------------------------------------------------
+with socket.socket() as _s:
+    _s.bind(("127.0.0.1", 0))
+    _service_port = _s.getsockname()[1]
+add_service(c, url=f"http://127.0.0.1:{_service_port}")
+# --- end of the gpuspawner service ------------------------------------------
 
 check_catalog(c)

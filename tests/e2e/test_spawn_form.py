@@ -1,4 +1,12 @@
-"""A data scientist's path in a real browser: the spawn form, a refusal on the form, a GPU server."""
+"""A data scientist's path in a real browser: the spawn form, a refusal on the form, a GPU server.
+
+Both forms: KubeSpawner's own, whose figures the gpuspawner service keeps
+current, and jupyterhub-fancy-profiles', whose labels say when they were counted.
+"""
+
+import re
+
+import pytest
 
 from .conftest import browser_log_in, ensure_user, pod_of, server_state, stop_server, wait_for
 
@@ -19,8 +27,8 @@ def profiles_on(page):
 
 
 def availability_seen_by(page, hub):
-    """The availability endpoint's answer, fetched with the page's own login cookie."""
-    response = page.request.get(f"{hub.public_url}/hub/gpuspawner/availability")
+    """The gpuspawner service's figures, fetched with the page's own login (OAuth to the service)."""
+    response = page.request.get(f"{hub.public_url}/services/gpuspawner/availability")
     assert response.ok, response.text()
     return response.json()
 
@@ -88,6 +96,10 @@ def test_form_refusal_is_shown_on_the_form_and_a_valid_choice_starts(browser, hu
     assert server_state(hub, "dora") is None
     assert pod_of(kube, "dora") is None
 
+    # another user's open form, never reloaded, follows the cluster (polling the service)
+    watcher = browser_log_in(browser, hub, "wendy", "/hub/spawn")
+    before = availability_seen_by(watcher, hub)["types"]["a100"]["free"]
+
     # 2 A100 fits: the spawn goes through the progress page to the notebook
     page.check("input[name=profile][value=pytorch]")
     page.select_option(TYPES, "a100")
@@ -99,9 +111,20 @@ def test_form_refusal_is_shown_on_the_form_and_a_valid_choice_starts(browser, hu
         wait_for(lambda: (server_state(hub, "dora") or {}).get("ready"), 60, what="dora's server")
         pod = pod_of(kube, "dora")
         assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+
+        def refreshed():
+            a100 = availability_seen_by(watcher, hub)["types"]["a100"]
+            shown = dict(options_of(watcher, TYPES))["a100"]
+            return a100["free"] == before - 2 and shown == f"NVIDIA A100 \u2014 {a100['label']}"
+
+        wait_for(refreshed, 40, what="wendy's open form to show 2 fewer free A100s")
+        assert watcher.inner_text("#gpuspawner-availability") == (
+            "Free GPUs are counted live on the cluster's ready nodes."
+        )
     finally:
         stop_server(hub, "dora")
         page.context.close()
+        watcher.context.close()
 
 
 def test_an_image_for_one_group_exists_only_for_its_members(browser, hub, kube):
@@ -145,3 +168,46 @@ def test_an_image_for_one_group_exists_only_for_its_members(browser, hub, kube):
     )
     assert server_state(hub, "otto") is None and pod_of(kube, "otto") is None
     assert "asked for the image 'licensed', which is only for groups 'licensed'" in hub.log()
+
+
+FANCY_CONFIG = """
+from jupyterhub_fancy_profiles import setup_ui
+setup_ui(c)
+"""
+
+
+@pytest.fixture
+def fancy_hub(stack):
+    """The session's hub restarted with jupyterhub-fancy-profiles' form, restored afterwards."""
+    before = stack.extra_hub_config
+    stack.extra_hub_config = before + FANCY_CONFIG
+    stack.stop_hub()
+    stack.start_hub()
+    try:
+        yield stack.hub
+    finally:
+        stack.extra_hub_config = before
+        stack.stop_hub()
+        stack.start_hub()
+
+
+def test_fancy_profiles_form_says_when_its_figures_were_counted(browser, fancy_hub):
+    hub = fancy_hub
+    page = browser_log_in(browser, hub, "dora", "/hub/spawn")
+    try:
+        # fancy-profiles' React form replaces KubeSpawner's; it reads the profile list once
+        page.wait_for_selector("text=GPU type", timeout=60_000)
+        text = page.inner_text("body")
+        label = re.search(
+            r"NVIDIA A100 \u2014 (\d+ free of 8 \(at most \d+ on one node\)) as of (\d\d:\d\d) UTC",
+            text,
+        )
+        assert label, text
+        # the figures are the cluster's, as the service counts them
+        payload = availability_seen_by(page, hub)
+        assert label.group(1) == payload["types"]["a100"]["label"]
+        assert "counted live" not in page.content()
+        assert page.query_selector("#gpuspawner-availability") is None
+        assert "licensed" not in page.content()  # dora is not in the group
+    finally:
+        page.context.close()
