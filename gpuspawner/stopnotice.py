@@ -296,3 +296,21 @@ document.querySelectorAll("time[data-gpuspawner-time]").forEach(function (t) {
   }
 });
 </script>"""
+
+
+#: The spawner's state keys: the notice of the last stop, and what the running server
+#: holds and where (for the notice of a stop the hub did not make).
+STATE_KEY = "gpuspawner_stop_notice"
+RUNNING_STATE_KEY = "gpuspawner_running"
+
+
+def node_is_lost(nodes: list[Mapping[str, Any]], name: str) -> bool:
+    """Whether the node ``name`` is gone from ``nodes`` (the API's listing) or not Ready."""
+    for node in nodes:
+        if (node.get("metadata") or {}).get("name") != name:
+            continue
+        for condition in (node.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "Ready":
+                return condition.get("status") != "True"
+        return True
+    return True
