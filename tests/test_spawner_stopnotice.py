@@ -210,3 +210,26 @@ async def test_the_culler_warning_on_the_running_pod(reflector, monkeypatch):
     warning = stopnotice.CullWarning(stopnotice.REASON_GPU_IDLE, AT, seconds=3600)
     pod["metadata"]["annotations"][labels.ANNOTATION_CULL_WARNING] = json.dumps(warning.to_state())
     assert spawner.cull_warning().sentence().startswith("Your server 'w' (2 × ")
+
+
+async def test_a_start_given_up_for_lack_of_gpus_is_stuck_pending(monkeypatch):
+    from gpuspawner.capacity import GPUUnschedulable
+
+    spawner = make_spawner(name="p")
+    spawner.gpu_unschedulable_timeout = 300
+
+    async def stuck_start(self):
+        await self.load_user_options()
+        raise GPUUnschedulable("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+
+    async def stop(now=False):
+        pass
+
+    monkeypatch.setattr(KubeSpawner, "_start", stuck_start)
+    spawner.stop = stop
+    spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
+    with pytest.raises(SpawnException):
+        await spawner._start()
+    notice = saved_and_restored(spawner, "p").stop_notice()
+    assert notice.reason == stopnotice.REASON_STUCK_PENDING
+    assert notice.sentence().endswith("because no node had free GPUs for it for 5 minutes.")

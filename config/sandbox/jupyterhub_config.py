@@ -121,4 +121,9 @@ from gpuspawner.inventory.web import availability_handlers  # noqa: E402
 c.JupyterHub.extra_handlers.extend(availability_handlers())
 # --- end of live GPU figures ---------------------------------------------------
 
+# Why a server stopped, and pending cull warnings, on the home page (docs/culler.md).
+from gpuspawner.hubpages import configure as show_stop_notices  # noqa: E402
+
+show_stop_notices(c)
+
 check_catalog(c)
