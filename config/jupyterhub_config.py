@@ -155,13 +155,17 @@ c.JupyterHub.load_roles.append(
 c.JupyterHub.load_groups.setdefault("gpu-admins", {"users": []})
 # --- end of gpuspawner-admin --------------------------------------------------
 
-# --- live GPU figures on the spawn form (docs/capacity.md) --------------------
-# The endpoint the form polls: GET /hub/gpuspawner/availability, served from the
-# hub's own watch of nodes and pods (config/rbac.yaml's ClusterRole).
-from gpuspawner.inventory.web import availability_handlers  # noqa: E402
+# --- the gpuspawner service: live GPU figures on the spawn form (docs/capacity.md) ---
+# A hub-managed service at /services/gpuspawner/ that the form polls
+# (GET /services/gpuspawner/availability). It keeps its own watch of nodes and
+# pods with the hub pod's service account (config/rbac.yaml's ClusterRole) and
+# is handed the catalog and pod placement set above, so it counts as the
+# spawner does. add_service also grants every user its access scope,
+# access:services!service=gpuspawner, through the hub's 'user' role.
+from gpuspawner.userservice.hubconfig import add_service  # noqa: E402
 
-c.JupyterHub.extra_handlers.extend(availability_handlers())
-# --- end of live GPU figures ---------------------------------------------------
+add_service(c, url="http://127.0.0.1:10103")
+# --- end of the gpuspawner service ------------------------------------------
 
 # --- why a server stopped (docs/culler.md, "Why it stopped") -------------------
 # One line on the home page for each server stopped by someone other than its

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from traitlets import Bool, Float
+from traitlets import Bool, Float, Unicode
 from traitlets.config import Configurable
 
 from . import admission, limits
@@ -61,6 +61,18 @@ class CapacityConfig(Configurable):
         Count the GPUs held by pods in every namespace (other hubs, batch jobs),
         not only in the hub's own. Turn off only if GPU nodes run nothing but
         this hub's servers and the hub may not watch pods cluster-wide.
+        """,
+    ).tag(config=True)
+
+    gpu_figures_service = Unicode(
+        "gpuspawner",
+        help="""
+        The hub-managed service the spawn form polls for live GPU figures
+        (``python -m gpuspawner.userservice``; add it with
+        ``gpuspawner.userservice.hubconfig.add_service(c)``). When no service of
+        this name is configured, or the form is not KubeSpawner's own (e.g.
+        jupyterhub-fancy-profiles), the figures are those of the page load and
+        say the time they were counted.
         """,
     ).tag(config=True)
 

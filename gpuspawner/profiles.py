@@ -82,6 +82,7 @@ def build_profile_list(
     room: Mapping[str, float | None] | None = None,
     held_summary: str = "",
     availability: Mapping[str, Availability] | None = None,
+    as_of: str = "",
 ) -> list[dict[str, Any]]:
     """A KubeSpawner ``profile_list`` for the catalog.
 
@@ -93,6 +94,8 @@ def build_profile_list(
     ``availability`` (GPU type key to live cluster figures) adds "N free of M
     (at most K on one node)" to each type, leaves out counts no node of any
     offered type could ever hold, and marks counts none can hold now.
+    ``as_of`` (e.g. "14:05 UTC"), for a form that cannot refresh the figures,
+    ends each type's figures with "as of <time>".
     """
 
     profiles = []
@@ -134,6 +137,8 @@ def build_profile_list(
             label = _type_label(t)
             if availability is not None and t.key in availability:
                 label = f"{label} \u2014 {figures_label(availability[t.key])}"
+                if as_of:
+                    label = f"{label} as of {as_of}"
             type_choices[t.key] = {
                 "display_name": label,
                 "default": is_default and t.key == catalog.defaults.gpu_type,

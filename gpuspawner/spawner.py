@@ -332,11 +332,15 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         if reflector is not None:
             # Only the hub's first form waits: the watches start with it.
             await reflector.wait_ready(timeout=3)
+        # Figures another form (fancy-profiles) cannot refresh say when they were counted.
+        as_of = "" if self._own_form() else time.strftime("%H:%M UTC", time.gmtime())
         try:
             holdings = await self.current_holdings(catalog, every_user=bool(pools))
         except Exception as e:
             self.log.warning("Showing all GPU choices: could not read current GPU usage: %s", e)
-            return profiles.build_profile_list(catalog, availability=self.gpu_availability(catalog))
+            return profiles.build_profile_list(
+                catalog, availability=self.gpu_availability(catalog), as_of=as_of
+            )
         room = limits.remaining(catalog, self.user.name, groups, self.name, holdings)
         limit = limits.effective_limit(catalog.limits, self.user.name, groups)
         mine = [h for h in holdings if h.user == self.user.name and h.server != self.name]
@@ -344,7 +348,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             sum(h.units for h in mine), limit.total, sorted({h.server_label for h in mine})
         )
         return profiles.build_profile_list(
-            catalog, room, summary, availability=self.gpu_availability(catalog)
+            catalog, room, summary, availability=self.gpu_availability(catalog), as_of=as_of
         )
 
     def _kubespawner_form(self, profile_list: list[dict]) -> str:
@@ -397,14 +401,26 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         if not self.gpu_catalog_configured:
             return super()._render_options_form(profile_list)
         form = self._kubespawner_form(profile_list)
-        if not self.gpu_catalog_configured or self.gpu_inventory() is None:
+        if self.gpu_inventory() is None or not self._own_form():
+            # another form's labels say when they were counted (see _catalog_profile_list)
             return form
-        from .inventory.web import AVAILABILITY_PATH, form_script
+        from .inventory.web import form_script
 
-        url = f"{self.hub.base_url}{AVAILABILITY_PATH}"
-        if self.name:
-            url += f"?server={self.name}"
-        return form + form_script(self.gpu_availability_payload(), url)
+        return form + form_script(self.gpu_availability_payload(), self._figures_url())
+
+    def _own_form(self) -> bool:
+        """Whether the form is KubeSpawner's own template, which the figures' script relabels."""
+        return not self.profile_form_template
+
+    def _figures_url(self) -> str:
+        """The gpuspawner service's figures URL, or "" when the hub runs no such service."""
+        settings = getattr(self.user, "settings", None) or {}
+        service = (settings.get("services") or {}).get(self.gpu_figures_service)
+        if service is None or not getattr(service, "url", None):
+            return ""
+        from .userservice.availability import AVAILABILITY_PATH
+
+        return f"{service.prefix.rstrip('/')}/{AVAILABILITY_PATH}"
 
     # ------------------------------------------------------------------
     # user options

@@ -99,6 +99,15 @@ class StandInApi:
             if code == 403 and not message:
                 message = FORBIDDEN_PODS
             return web.json_response(status_body(code, message or f"injected {code}"), status=code)
+        if request.query.get("watch") in ("true", "1"):
+            # a watch that sees no change: open until its timeout (or the server stops)
+            try:
+                await asyncio.wait_for(
+                    self._stopping.wait(), float(request.query.get("timeoutSeconds") or 300)
+                )
+            except asyncio.TimeoutError:
+                pass
+            return web.Response(status=200, content_type="application/json", text="")
         namespace = request.match_info.get("namespace")
         objs = [
             o

@@ -113,13 +113,18 @@ c.JupyterHub.load_roles.append(
 )
 # --- end of gpuspawner-admin --------------------------------------------------
 
-# --- live GPU figures on the spawn form (docs/capacity.md) --------------------
-# The endpoint the form polls: GET /hub/gpuspawner/availability, served from the
-# hub's own watch of nodes and pods (config/rbac.yaml's ClusterRole).
-from gpuspawner.inventory.web import availability_handlers  # noqa: E402
+# --- the gpuspawner service: live GPU figures on the spawn form (docs/capacity.md) ---
+# A hub-managed service at /services/gpuspawner/ on a free loopback port, with
+# its own watch of nodes and pods (the hub's service account, KUBECONFIG) and
+# the hub's catalog and pod placement. Every user reaches it: add_service adds
+# access:services!service=gpuspawner to the 'user' role.
+from gpuspawner.userservice.hubconfig import add_service  # noqa: E402
 
-c.JupyterHub.extra_handlers.extend(availability_handlers())
-# --- end of live GPU figures ---------------------------------------------------
+with socket.socket() as _s:
+    _s.bind(("127.0.0.1", 0))
+    _service_port = _s.getsockname()[1]
+add_service(c, url=f"http://127.0.0.1:{_service_port}")
+# --- end of the gpuspawner service ------------------------------------------
 
 # Why a server stopped, and pending cull warnings, on the home page (docs/culler.md).
 from gpuspawner.hubpages import configure as show_stop_notices  # noqa: E402

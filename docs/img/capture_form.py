@@ -2,8 +2,8 @@
 
     .venv/bin/python docs/img/capture_form.py
 
-Starts the demo stack (local GPU cluster + hub, everything on 127.0.0.1) with
-the availability endpoint registered, starts three GPU servers so the figures
+Starts the demo stack (local GPU cluster + hub and its gpuspawner service,
+everything on 127.0.0.1), starts three GPU servers so the figures
 are not all "free", logs in as a user and photographs /hub/spawn with headless
 Chromium (Debian: apt-get install chromium), driven over the DevTools
 protocol on loopback.
@@ -31,10 +31,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 from gpuspawner.sandbox.controlplane import free_port  # noqa: E402
 from gpuspawner.sandbox.demo import DEMO_PASSWORD, SandboxStack  # noqa: E402
 
-EXTRA = """
-from gpuspawner.inventory.web import availability_handlers
-c.JupyterHub.extra_handlers = availability_handlers()
-"""
+EXTRA = ""
 
 
 def login(url: str, name: str) -> http.cookiejar.CookieJar:

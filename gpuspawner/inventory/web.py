@@ -1,15 +1,11 @@
-"""The hub's availability endpoint and the spawn form's live figures.
+"""The spawn form's live figures: the script KubeSpawner's form gets.
 
-Register the endpoint in the hub's configuration::
-
-    from gpuspawner.inventory.web import availability_handlers
-    c.JupyterHub.extra_handlers = availability_handlers()
-
-It answers ``GET /hub/gpuspawner/availability`` to any logged-in user (cookie
-or token) with :func:`~gpuspawner.inventory.figures.availability_payload`,
-read from the hub's watch cache: no API server request per call. The form
-polls it and updates its figures in place; without it the figures are those
-of the page load.
+The figures come with the page and are then refreshed from the gpuspawner
+service (``GET /services/gpuspawner/availability``, see
+:mod:`gpuspawner.userservice.availability`), which answers the same payload
+(:func:`gpuspawner.capacity.payload`) for the user who asks. Without the
+service, or when it stops answering, the figures stay those last counted and
+the form says when that was.
 """
 
 from __future__ import annotations
@@ -19,66 +15,17 @@ from typing import Any
 
 from ..profiles import MARK_NEVER, MARK_NOT_FREE
 
-#: Where the endpoint is served, under the hub's prefix (``/hub/``).
-AVAILABILITY_PATH = "gpuspawner/availability"
 #: How often the form asks for new figures, in milliseconds.
 POLL_INTERVAL_MS = 10_000
 
-
-def availability_handlers() -> list[tuple[str, Any]]:
-    """The ``c.JupyterHub.extra_handlers`` entries for the availability endpoint."""
-    return [(rf"/{AVAILABILITY_PATH}", _handler_class_cached())]
-
-
-def _handler_class():
-    from jupyterhub.handlers.base import BaseHandler
-    from tornado import web
-
-    class _AvailabilityHandler(BaseHandler):
-        """GPU figures per catalog type, for the spawn form (any logged-in user)."""
-
-        # The form fetches it with the login cookie; scripts may use a user's token.
-        _accept_token_auth = True
-
-        @web.authenticated
-        async def get(self) -> None:
-            spawners = getattr(self.current_user, "spawners", None)
-            if spawners is None:
-                # A service's token: the figures follow a user's spawner configuration.
-                raise web.HTTPError(403, "GPU availability is shown to users only")
-            server = self.get_argument("server", "")
-            spawner = spawners[server] if server in spawners else spawners[""]
-            payload_for = getattr(spawner, "gpu_availability_payload", None)
-            if payload_for is None:
-                payload = {"available": False, "problem": "GPUSpawner is not the spawner"}
-            else:
-                payload = payload_for()
-            self.set_header("Content-Type", "application/json")
-            self.set_header("Cache-Control", "no-store")
-            self.write(json.dumps(payload))
-
-    return _AvailabilityHandler
-
-
-def __getattr__(name: str) -> Any:
-    # The handler class is built on first use, so importing this module needs no JupyterHub.
-    if name == "AvailabilityHandler":
-        return _handler_class_cached()
-    raise AttributeError(name)
-
-
-_cached: Any = None
-
-
-def _handler_class_cached() -> Any:
-    global _cached
-    if _cached is None:
-        _cached = _handler_class()
-    return _cached
+#: The form's note while the figures refresh.
+LIVE_NOTE = "Free GPUs are counted live on the cluster's ready nodes."
+#: The form's note when they do not (the browser's time follows).
+AS_OF_NOTE = "Free GPUs on the cluster's ready nodes, as counted at"
 
 
 def form_script(payload: dict[str, Any], url: str) -> str:
-    """HTML appended to KubeSpawner's form: the figures now, refreshed from ``url``.
+    """HTML appended to KubeSpawner's form: the figures now, refreshed from ``url`` ("" : never).
 
     JupyterHub inserts the form into its page as it is (no second template
     pass), so the data only has to be kept from closing the ``<script>``.
@@ -90,6 +37,7 @@ def form_script(payload: dict[str, Any], url: str) -> str:
         f"  var every = {POLL_INTERVAL_MS};\n  var initial = {data};\n"
         f"  var never = {json.dumps(MARK_NEVER)};\n"
         f"  var marks = {json.dumps([MARK_NOT_FREE, MARK_NEVER])};\n"
+        f"  var liveNote = {json.dumps(LIVE_NOTE)}, asOfNote = {json.dumps(AS_OF_NOTE)};\n"
         + _FORM_JS
         + "})();\n</script>\n"
     )
@@ -137,22 +85,29 @@ _FORM_JS = r"""
         option.disabled = mark === never;
       });
     });
-    if (note) note.textContent = "Free GPUs are counted live on the cluster's ready nodes.";
+    if (note) {
+      note.textContent = live ? liveNote : asOfNote + " " + countedAt.toLocaleTimeString() + ".";
+    }
   }
-  var current = initial;
+  var current = initial, countedAt = new Date(), live = !!url;
   document.addEventListener("change", function (e) {
     if (e.target && e.target.name && /--gpu_type$/.test(e.target.name)) apply(current);
   });
   function poll() {
     fetch(url, {credentials: "same-origin", headers: {Accept: "application/json"}})
       .then(function (r) { if (!r.ok) throw new Error(r.status); return r.json(); })
-      .then(function (data) { current = data; apply(data); setTimeout(poll, every); })
-      .catch(function () { /* no endpoint: keep the page-load figures */ });
+      .then(function (data) {
+        current = data; countedAt = new Date(); live = true; apply(data); setTimeout(poll, every);
+      })
+      .catch(function () {
+        // the service does not answer (yet): keep the last figures, say when they were counted
+        live = false; apply(current); setTimeout(poll, every * 3);
+      });
   }
   if (document.readyState === "loading") {
     document.addEventListener("DOMContentLoaded", function () { apply(initial); });
   } else {
     apply(initial);
   }
-  setTimeout(poll, every);
+  if (url) setTimeout(poll, every);
 """

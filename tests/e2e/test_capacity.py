@@ -1,10 +1,11 @@
 """Cluster-aware GPU choices on the local GPU cluster, through the real hub.
 
-The session's hub is restarted once for this module with the availability
-endpoint registered and a 10-second fail-fast timeout, and restored afterwards.
-The inventory's own watches (one of nodes, one of pods) run in the hub with the
-service account of config/rbac.yaml; figures are checked against what the
-cluster's pods hold, as changes, never as fixed numbers.
+The session's hub is restarted once for this module with a 10-second
+fail-fast timeout, and restored afterwards. The figures come from the
+gpuspawner service (config/sandbox/jupyterhub_config.py), whose watches of
+nodes and pods, like the hub's own, run with the service account of
+config/rbac.yaml; they are checked against what the cluster's pods hold, as
+changes, never as fixed numbers.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ from gpuspawner.sandbox.kubeapi import ApiError
 from .conftest import ensure_user, pod_of, server_state, stop_server, wait_for, wait_ready
 
 CAPACITY_CONFIG = """
-from gpuspawner.inventory.web import availability_handlers
-c.JupyterHub.extra_handlers = availability_handlers()
 c.GPUSpawner.gpu_unschedulable_timeout = 10
 """
 
@@ -81,7 +80,7 @@ def browser(hub, name):
 
 
 def availability(hub, token):
-    status, body = get(hub, "/hub/gpuspawner/availability", token)
+    status, body = get(hub, "/services/gpuspawner/availability", token)
     assert status == 200, body
     return json.loads(body)
 
@@ -107,9 +106,9 @@ def test_form_and_endpoint_show_free_gpus_that_follow_servers(capacity_hub, kube
         form = response.read().decode()
     assert 'name="profile-option-pytorch--gpu_type"' in form  # KubeSpawner's form
     assert f"{a100['free']} free of 8 (at most {a100['largest_free']} on one node)" in form
-    assert "gpuspawner/availability" in form  # the script that keeps it current
-    # ... which the browser may fetch with its login cookie
-    with session.open(f"{hub.public_url}/hub/gpuspawner/availability", timeout=30) as response:
+    assert '"/services/gpuspawner/availability"' in form  # the script that keeps it current
+    # ... which the browser may fetch with its login cookie (through the hub's OAuth)
+    with session.open(f"{hub.public_url}/services/gpuspawner/availability", timeout=30) as response:
         assert json.loads(response.read())["types"]["a100"]["free"] == a100["free"]
 
     r = hub.api(

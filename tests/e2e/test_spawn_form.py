@@ -19,8 +19,8 @@ def profiles_on(page):
 
 
 def availability_seen_by(page, hub):
-    """The availability endpoint's answer, fetched with the page's own login cookie."""
-    response = page.request.get(f"{hub.public_url}/hub/gpuspawner/availability")
+    """The gpuspawner service's figures, fetched with the page's own login (OAuth to the service)."""
+    response = page.request.get(f"{hub.public_url}/services/gpuspawner/availability")
     assert response.ok, response.text()
     return response.json()
 

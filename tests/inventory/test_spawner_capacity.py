@@ -120,15 +120,63 @@ async def test_form_without_inventory_has_no_figures(reflector):
     assert "may not list nodes" in payload["problem"]
 
 
-async def test_rendered_form_carries_the_figures_and_the_poll(reflector):
-    spawner = capacity_spawner(reflector)
+class Service:
+    """What the hub keeps per configured service (its tornado settings' "services")."""
+
+    def __init__(self, name, url="http://127.0.0.1:10103"):
+        self.url = url
+        self.prefix = f"/base/services/{name}/"
+
+
+def with_services(*names):
+    user = User()
+    user.settings = {"services": {name: Service(name) for name in names}}
+    return user
+
+
+async def test_rendered_form_carries_the_figures_and_polls_the_service(reflector):
+    spawner = capacity_spawner(reflector, user=with_services("gpuspawner-admin", "gpuspawner"))
     profiles = await spawner._catalog_profile_list(spawner)
     html = spawner._render_options_form(profiles)
     assert 'name="profile-option-pytorch--gpu_type"' in html  # KubeSpawner's own field names
-    assert f"{spawner.hub.base_url}gpuspawner/availability" in html
+    assert re.search(r'var url = "([^"]*)";', html).group(1) == (
+        "/base/services/gpuspawner/availability"
+    )
     assert html.rstrip().endswith("</script>")
     initial = re.search(r"var initial = (\{.*\});", html).group(1)
     assert json.loads(initial)["types"]["a100"]["free"] == a100(reflector).free
+    assert " as of " not in html  # refreshed: no time on the labels
+
+
+async def test_without_the_service_the_form_keeps_its_figures_and_says_when(reflector):
+    spawner = capacity_spawner(reflector, user=with_services("gpuspawner-admin"))
+    html = spawner._render_options_form(await spawner._catalog_profile_list(spawner))
+    assert 'var url = "";' in html  # nothing to poll: the note gives the time of counting
+    other = capacity_spawner(reflector, user=with_services("gpuspawner"), gpu_figures_service="")
+    assert 'var url = "";' in other._render_options_form(await other._catalog_profile_list(other))
+
+
+async def test_another_form_gets_labels_with_their_time_and_no_live_script(reflector, tmp_path):
+    # jupyterhub-fancy-profiles sets its own template; our script cannot relabel its widgets
+    (tmp_path / "fancy.html").write_text(
+        "{% for p in profile_list %}{% for o in p.profile_options.values() %}"
+        "{% for c in o.choices.values() %}[{{ c.display_name }}]{% endfor %}"
+        "{% endfor %}{% endfor %}"
+    )
+    spawner = capacity_spawner(
+        reflector,
+        user=with_services("gpuspawner"),
+        profile_form_template=(tmp_path / "fancy.html").read_text(),
+    )
+    profiles = await spawner._catalog_profile_list(spawner)
+    a100_label = profiles[0]["profile_options"]["gpu_type"]["choices"]["a100"]["display_name"]
+    assert re.fullmatch(
+        r"NVIDIA A100 \(80 GB per GPU\) \u2014 \d+ free of \d+ \(at most \d+ on one node\) as of \d\d:\d\d UTC",
+        a100_label,
+    )
+    html = spawner._render_options_form(profiles)
+    assert f"[{a100_label}]" in html
+    assert "<script" not in html and "counted live" not in html
 
 
 def test_form_script_cannot_be_closed_by_the_data():

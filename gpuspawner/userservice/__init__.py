@@ -1,0 +1,22 @@
+"""``python -m gpuspawner.userservice``: the user-facing gpuspawner service.
+
+A hub-managed JupyterHub service named ``gpuspawner`` (:data:`SERVICE_NAME`),
+reached through the proxy at ``/services/gpuspawner/``. Every logged-in user
+may use it with the scope ``access:services!service=gpuspawner``
+(:func:`access_scope`), which the shipped configurations add to the hub's
+``user`` role (:mod:`gpuspawner.userservice.hubconfig`).
+
+- :mod:`~gpuspawner.userservice.availability`: ``GET availability``, the
+  spawn form's live GPU figures for the user who asks.
+- :mod:`~gpuspawner.userservice.app`: the service's settings, its own GPU
+  inventory (the same watches as the hub's) and its handler list.
+- :mod:`~gpuspawner.userservice.hubconfig`: the hub configuration that runs it.
+"""
+
+#: The service's name in the hub configuration (its URL prefix is /services/<name>/).
+SERVICE_NAME = "gpuspawner"
+
+
+def access_scope(service: str = SERVICE_NAME) -> str:
+    """The scope a user needs to reach the service."""
+    return f"access:services!service={service}"

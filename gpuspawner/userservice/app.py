@@ -1,0 +1,222 @@
+"""The gpuspawner service: its settings, its own GPU inventory and its handler list.
+
+The hub starts it (``c.JupyterHub.services``, see
+:mod:`~gpuspawner.userservice.hubconfig`) and hands it its URL, prefix and
+OAuth client through the environment. It keeps its own watch of nodes and
+pods (:class:`~gpuspawner.inventory.reflectors.InventoryReflector`, with the
+hub's service account: the cluster-wide list/watch of config/rbac.yaml's
+ClusterRole) and reads the hub's catalog file, re-read when it changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from typing import Any
+from urllib.parse import urlparse
+
+from traitlets import Bool, Dict, List, Unicode, default
+from traitlets.config import Application, catch_config_error
+
+from .. import capacity, kube, podspec
+from ..catalog import Catalog, CatalogError, CatalogFile, parse_catalog
+from ..services.settings import KubernetesSettings
+from . import SERVICE_NAME
+
+#: The variable the hub configuration passes the admin's pod placement in (JSON).
+PLACEMENT_ENV = "GPUSPAWNER_PLACEMENT"
+#: The variable an inline catalog (c.GPUSpawner.catalog) is passed in (JSON).
+CATALOG_JSON_ENV = "GPUSPAWNER_CATALOG_JSON"
+
+
+def _placement_from_env() -> dict[str, Any]:
+    try:
+        value = json.loads(os.environ.get(PLACEMENT_ENV) or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class UserService(KubernetesSettings, Application):
+    name = SERVICE_NAME
+    description = "The user-facing gpuspawner service (live GPU figures for the spawn form)."
+
+    @default("log_level")
+    def _default_log_level(self):
+        return logging.INFO
+
+    service_url = Unicode(
+        help="Where the service listens. Default: $JUPYTERHUB_SERVICE_URL (the service's 'url' in the hub config)."
+    ).tag(config=True)
+
+    @default("service_url")
+    def _default_service_url(self):
+        return os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10103")
+
+    ip = Unicode(
+        "",
+        help="The address to listen on. Default: the host of service_url. Set 0.0.0.0 when the proxy runs in another pod (zero-to-jupyterhub).",
+    ).tag(config=True)
+
+    catalog_file = Unicode(
+        help="The GPU catalog file the hub uses (c.GPUSpawner.catalog_file), re-read when it changes. Default: $GPUSPAWNER_CATALOG."
+    ).tag(config=True)
+
+    @default("catalog_file")
+    def _default_catalog_file(self):
+        return os.environ.get("GPUSPAWNER_CATALOG", "")
+
+    catalog = Dict(
+        help="The catalog itself, when the hub has it inline (c.GPUSpawner.catalog) rather than in a file. Default: $GPUSPAWNER_CATALOG_JSON."
+    ).tag(config=True)
+
+    @default("catalog")
+    def _default_catalog(self):
+        try:
+            value = json.loads(os.environ.get(CATALOG_JSON_ENV) or "{}")
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    node_selector = Dict(
+        help="The node selector every server pod gets (c.KubeSpawner.node_selector), which the figures count with. Default: from $GPUSPAWNER_PLACEMENT, which the hub configuration sets."
+    ).tag(config=True)
+
+    @default("node_selector")
+    def _default_node_selector(self):
+        return dict(_placement_from_env().get("node_selector") or {})
+
+    tolerations = List(
+        help="The tolerations every server pod gets (c.KubeSpawner.tolerations), which the figures count with. Default: from $GPUSPAWNER_PLACEMENT."
+    ).tag(config=True)
+
+    @default("tolerations")
+    def _default_tolerations(self):
+        return list(_placement_from_env().get("tolerations") or [])
+
+    all_namespaces = Bool(
+        True,
+        help="Count GPUs held by pods in every namespace (as c.GPUSpawner.gpu_inventory_all_namespaces).",
+    ).tag(config=True)
+
+    aliases = {
+        "ip": "UserService.ip",
+        "catalog": "UserService.catalog_file",
+        "namespace": "UserService.namespace",
+        "kubernetes": "UserService.kubernetes",
+        "log-level": "Application.log_level",
+    }
+    flags = {
+        "own-namespace": (
+            {"UserService": {"all_namespaces": False}},
+            "Count only the pods of the hub's namespace.",
+        )
+    }
+
+    @catch_config_error
+    def initialize(self, argv=None):
+        super().initialize(argv)
+        #: The watches of nodes and pods, once started (None without Kubernetes).
+        self.inventory: Any = None
+        self._catalog_file = CatalogFile(self.catalog_file) if self.catalog_file else None
+        self._inline_catalog: Catalog | None = None
+        self._last_catalog_error = ""
+        if self.catalog and not self.catalog_file:
+            try:
+                self._inline_catalog = parse_catalog(self.catalog)
+            except CatalogError as e:
+                self._catalog_problem(str(e))
+        if self._catalog_file is None and self._inline_catalog is None and not self.catalog:
+            self.log.warning(
+                "No GPU catalog is configured ($GPUSPAWNER_CATALOG): no figures are shown."
+            )
+
+    def _catalog_problem(self, message: str) -> None:
+        if message != self._last_catalog_error:
+            self.log.error("The GPU catalog is invalid, no figures are shown: %s", message)
+            self._last_catalog_error = message
+
+    def current_catalog(self) -> Catalog | None:
+        """The catalog in effect (re-read when its file changed); None when there is none."""
+        if self._catalog_file is None:
+            return self._inline_catalog
+        try:
+            catalog, reloaded = self._catalog_file.get()
+        except CatalogError as e:
+            self._catalog_problem(str(e))
+            return None
+        if reloaded:
+            self.log.info("Loaded GPU catalog from %s", self.catalog_file)
+        elif self._catalog_file.last_error is not None:
+            self._catalog_problem(str(self._catalog_file.last_error))
+        return catalog
+
+    def placement(self) -> capacity.Placement:
+        return capacity.Placement(self.node_selector, self.tolerations)
+
+    async def start_inventory(self) -> None:
+        """Start the watches of nodes and pods (only with Kubernetes and a catalog)."""
+        from ..inventory.reflectors import InventoryReflector
+
+        catalog = self.current_catalog()
+        if catalog is None:
+            return
+        if not self.use_kubernetes():
+            self.log.warning("No Kubernetes configuration found: no GPU figures are shown.")
+            return
+        try:
+            api = await kube.core_api()
+        except Exception as e:  # kubeconfig missing or broken, service account unreadable
+            self.log.error("No GPU figures are shown: the Kubernetes client failed: %s", e)
+            return
+        self.inventory = InventoryReflector(
+            api,
+            namespace=self.namespace,
+            all_namespaces=self.all_namespaces,
+            extra_resources=podspec.gpu_resource_names(catalog),
+            log=self.log,
+        )
+        self.inventory.start()
+
+    async def run(self) -> None:
+        url = urlparse(self.service_url)
+        await self.start_inventory()
+        make_app(self).listen(url.port or 80, address=self.ip or url.hostname or "127.0.0.1")
+        self.log.info("%s serving on %s", self.name, self.service_url)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            if self.inventory is not None:
+                await self.inventory.stop()
+                await self.inventory.api.api_client.close()
+
+    def start(self) -> None:
+        asyncio.run(self.run())
+
+
+def handlers(service: UserService, prefix: str) -> list[tuple]:
+    """The service's routes under its ``prefix`` (``/services/gpuspawner/``)."""
+    from jupyterhub.services.auth import HubOAuthCallbackHandler
+    from jupyterhub.utils import url_path_join
+
+    from .availability import AVAILABILITY_PATH, AvailabilityHandler
+
+    return [
+        (url_path_join(prefix, AVAILABILITY_PATH), AvailabilityHandler, {"service": service}),
+        (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
+    ]
+
+
+def make_app(service: UserService):
+    from tornado import web
+
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", f"/services/{SERVICE_NAME}/")
+    return web.Application(handlers(service, prefix), cookie_secret=os.urandom(32))
+
+
+def main(argv: list[str] | None = None) -> None:
+    service = UserService.instance()
+    service.initialize(argv)
+    service.start()

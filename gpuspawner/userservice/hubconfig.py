@@ -1,0 +1,123 @@
+"""The hub configuration that runs the gpuspawner service, from the hub's own settings.
+
+In ``jupyterhub_config.py``, after the GPUSpawner and KubeSpawner settings::
+
+    from gpuspawner.userservice.hubconfig import add_service
+    add_service(c, url="http://127.0.0.1:10103")
+
+adds the service (or completes an entry of the same name, as
+zero-to-jupyterhub's ``hub.services`` makes) and grants every user its access
+scope through the hub's ``user`` role. The service gets what it must agree
+with the hub on, read from the same config: the catalog, the pod placement
+(node selector and tolerations every server pod gets, which the figures count
+with) and whether pods of every namespace count.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from typing import Any
+
+from traitlets.config import Config, LazyConfigValue
+
+from . import SERVICE_NAME, access_scope
+from .app import CATALOG_JSON_ENV, PLACEMENT_ENV
+
+#: What the hub passes on from its own environment: the cluster and the namespace.
+PASSED_ON = ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "POD_NAMESPACE")
+
+
+def spawner_setting(c: Config, name: str, default: Any) -> Any:
+    """A spawner setting as the hub will see it: GPUSpawner's over KubeSpawner's over ``default``."""
+    value = default
+    for section in ("KubeSpawner", "GPUSpawner"):
+        if section in c and name in c[section]:
+            found = c[section][name]
+            if isinstance(found, LazyConfigValue):
+                # a copy: get_value caches its result, and the hub must still see later appends
+                found = copy.deepcopy(found).get_value(value)
+            value = found
+    return value
+
+
+def service_environment(c: Config, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The service's variables: catalog, placement, and the cluster's address from the hub's."""
+    environ = os.environ if environ is None else environ
+    env = {key: environ[key] for key in PASSED_ON if key in environ}
+    catalog_file = spawner_setting(c, "catalog_file", "")
+    if catalog_file:
+        env["GPUSPAWNER_CATALOG"] = str(catalog_file)
+    else:
+        catalog = spawner_setting(c, "catalog", {})
+        if catalog:
+            env[CATALOG_JSON_ENV] = json.dumps(catalog)
+    env[PLACEMENT_ENV] = json.dumps(
+        {
+            "node_selector": spawner_setting(c, "node_selector", {}),
+            "tolerations": spawner_setting(c, "tolerations", []),
+        }
+    )
+    return env
+
+
+def service_command(c: Config, python: str = sys.executable, ip: str = "") -> list[str]:
+    command = [python, "-m", "gpuspawner.userservice"]
+    if ip:
+        command.append(f"--ip={ip}")
+    if not spawner_setting(c, "gpu_inventory_all_namespaces", True):
+        command.append("--own-namespace")
+    namespace = spawner_setting(c, "namespace", "")
+    if namespace:
+        command.append(f"--namespace={namespace}")
+    return command
+
+
+def _concrete_list(c: Config, name: str) -> list:
+    # c.JupyterHub.<name> is a lazy value until set; a plain list can be searched.
+    value = c.JupyterHub[name] if name in c.JupyterHub else []
+    if isinstance(value, LazyConfigValue):
+        value = value.get_value([])
+    c.JupyterHub[name] = value
+    return value
+
+
+def grant_access(c: Config, service: str = SERVICE_NAME) -> None:
+    """Every user may reach the service: its access scope joins the hub's ``user`` role."""
+    roles = _concrete_list(c, "load_roles")
+    user_role = next((r for r in roles if r.get("name") == "user"), None)
+    if user_role is None:
+        # the hub's default 'user' role is scopes ["self"]; redefining it keeps that
+        roles.append({"name": "user", "scopes": ["self", access_scope(service)]})
+        return
+    scopes = user_role.setdefault("scopes", ["self"])
+    if access_scope(service) not in scopes:
+        scopes.append(access_scope(service))
+
+
+def add_service(
+    c: Config,
+    url: str = "http://127.0.0.1:10103",
+    *,
+    ip: str = "",
+    name: str = SERVICE_NAME,
+    environ: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Add the service to ``c.JupyterHub.services`` (or complete the entry named ``name``).
+
+    ``ip``: the address to listen on when it differs from ``url``'s host
+    (``0.0.0.0`` when the proxy runs in another pod). Returns the entry.
+    """
+    services = _concrete_list(c, "services")
+    entry = next((s for s in services if s.get("name") == name), None)
+    if entry is None:
+        entry = {"name": name}
+        services.append(entry)
+    entry.setdefault("url", url)
+    entry.setdefault("command", service_command(c, ip=ip))
+    entry.setdefault("oauth_no_confirm", True)
+    entry["environment"] = {**service_environment(c, environ), **entry.get("environment", {})}
+    grant_access(c, name)
+    return entry
