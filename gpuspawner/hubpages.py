@@ -79,12 +79,22 @@ def page_notices(user: Any) -> Callable[[], list[str]]:
 
 
 def configure(c: Any) -> None:
-    """Show the notices on the hub's home page (call in jupyterhub_config.py)."""
-    paths = list(c.JupyterHub.get("template_paths", []) or [])
-    if TEMPLATE_PATH not in paths:
+    """Show the notices on the hub's home page (call in jupyterhub_config.py).
+
+    Lists and dicts are changed in place, never replaced: in a file loaded with
+    ``load_subconfig`` an unset setting is a lazy value, and only as such does it
+    merge into the parent's.
+    """
+    paths = c.JupyterHub.template_paths
+    if isinstance(paths, list):
+        if TEMPLATE_PATH not in paths:
+            paths.insert(0, TEMPLATE_PATH)
+    elif TEMPLATE_PATH not in [obj for _, obj in paths.to_dict().get("inserts", [])]:
+        # JupyterHub's own template path stays behind ours
         paths.insert(0, TEMPLATE_PATH)
-    c.JupyterHub.template_paths = paths
-    template_vars = dict(c.JupyterHub.get("template_vars", {}) or {})
-    template_vars["gpuspawner_notices"] = page_notices
-    template_vars["gpuspawner_local_time"] = stopnotice.LOCAL_TIME_SCRIPT
-    c.JupyterHub.template_vars = template_vars
+    c.JupyterHub.template_vars.update(
+        {
+            "gpuspawner_notices": page_notices,
+            "gpuspawner_local_time": stopnotice.LOCAL_TIME_SCRIPT,
+        }
+    )

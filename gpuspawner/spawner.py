@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import copy
 import inspect
+import os
 import time
 from typing import Any
 
@@ -409,8 +410,18 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         return form + form_script(self.gpu_availability_payload(), self._figures_url())
 
     def _own_form(self) -> bool:
-        """Whether the form is KubeSpawner's own template, which the figures' script relabels."""
-        return not self.profile_form_template
+        """Whether the form is KubeSpawner's own template, which the figures' script relabels.
+
+        Not when another form replaces it: a profile_form_template, or a form.html
+        on the template path (jupyterhub-fancy-profiles, whose widgets read the
+        profile list once and offer no way to relabel them).
+        """
+        if self.profile_form_template:
+            return False
+        return not any(
+            os.path.isfile(os.path.join(path, "form.html"))
+            for path in self.additional_profile_form_template_paths
+        )
 
     def _figures_url(self) -> str:
         """The gpuspawner service's figures URL, or "" when the hub runs no such service."""

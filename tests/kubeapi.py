@@ -99,7 +99,7 @@ class StandInApi:
             if code == 403 and not message:
                 message = FORBIDDEN_PODS
             return web.json_response(status_body(code, message or f"injected {code}"), status=code)
-        if request.query.get("watch") in ("true", "1"):
+        if (request.query.get("watch") or "").lower() in ("true", "1"):
             # a watch that sees no change: open until its timeout (or the server stops)
             try:
                 await asyncio.wait_for(

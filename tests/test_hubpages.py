@@ -70,7 +70,31 @@ def test_a_page_never_fails_because_of_the_lines():
 def test_configure_adds_the_template_path_and_vars_once():
     c = Config()
     c.JupyterHub.template_paths = ["/site/templates"]
+    c.JupyterHub.template_vars = {"site": "x"}
     hubpages.configure(c)
     hubpages.configure(c)
     assert c.JupyterHub.template_paths == [hubpages.TEMPLATE_PATH, "/site/templates"]
     assert c.JupyterHub.template_vars["gpuspawner_notices"] is hubpages.page_notices
+    assert c.JupyterHub.template_vars["site"] == "x"
+
+
+def test_configure_in_a_sub_config_keeps_the_parents_settings(tmp_path):
+    from traitlets.config.loader import PyFileConfigLoader
+
+    (tmp_path / "sub.py").write_text(
+        "c = get_config()\nfrom gpuspawner.hubpages import configure\nconfigure(c)\nconfigure(c)\n"
+    )
+    (tmp_path / "main.py").write_text(
+        "c = get_config()\n"
+        "c.JupyterHub.template_paths = ['/site/templates']\n"
+        "c.JupyterHub.template_vars = {'site': 'x'}\n"
+        f"load_subconfig({str(tmp_path / 'sub.py')!r})\n"
+    )
+    c = PyFileConfigLoader("main.py", path=str(tmp_path)).load_config()
+    paths = c.JupyterHub.template_paths
+    assert paths == [hubpages.TEMPLATE_PATH, "/site/templates"]
+    assert sorted(c.JupyterHub.template_vars) == [
+        "gpuspawner_local_time",
+        "gpuspawner_notices",
+        "site",
+    ]

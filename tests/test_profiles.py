@@ -125,6 +125,18 @@ def test_unknown_figures_mark_nothing():
     assert count_mark(8, None) == ""
 
 
+def test_figures_a_form_cannot_refresh_say_when_they_were_counted(pools_catalog):
+    availability = {"a100": figures("a100", (4, 4), (4, 3)), "h100": figures("h100", (8, 0))}
+    live = by_slug(build_profile_list(pools_catalog, availability=availability))
+    dated = by_slug(build_profile_list(pools_catalog, availability=availability, as_of="14:05 UTC"))
+    assert labels(dated["pytorch"], "gpu_type")["a100"] == (
+        "NVIDIA A100 (80 GB per GPU) \u2014 1 free of 8 (at most 1 on one node) as of 14:05 UTC"
+    )
+    # a type without figures has no time; counts and their marks are the same
+    assert labels(dated["pytorch"], "gpu_type")["mig"] == labels(live["pytorch"], "gpu_type")["mig"]
+    assert labels(dated["pytorch"], "gpus") == labels(live["pytorch"], "gpus")
+
+
 def test_live_figures_label_the_types_and_mark_or_drop_counts(pools_catalog):
     availability = {
         "a100": figures("a100", (4, 4), (4, 3)),  # 1 free, nodes of 4

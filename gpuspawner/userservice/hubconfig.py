@@ -76,22 +76,30 @@ def service_command(c: Config, python: str = sys.executable, ip: str = "") -> li
     return command
 
 
-def _concrete_list(c: Config, name: str) -> list:
-    # c.JupyterHub.<name> is a lazy value until set; a plain list can be searched.
+def _entries(c: Config, name: str) -> list:
+    """The entries of the list setting ``c.JupyterHub.<name>`` seen so far, as the objects themselves.
+
+    Until it is set, the setting is a lazy value recording appends; it is never
+    replaced by a plain list, since a file loaded with load_subconfig merges
+    into its parent's list only as such a lazy value.
+    """
     value = c.JupyterHub[name] if name in c.JupyterHub else []
-    if isinstance(value, LazyConfigValue):
-        value = value.get_value([])
-    c.JupyterHub[name] = value
-    return value
+    if not isinstance(value, LazyConfigValue):
+        return list(value)
+    recorded = value.to_dict()
+    return (
+        list(recorded.get("prepend", []))
+        + [obj for _, obj in recorded.get("inserts", [])]
+        + list(recorded.get("extend", []))
+    )
 
 
 def grant_access(c: Config, service: str = SERVICE_NAME) -> None:
     """Every user may reach the service: its access scope joins the hub's ``user`` role."""
-    roles = _concrete_list(c, "load_roles")
-    user_role = next((r for r in roles if r.get("name") == "user"), None)
+    user_role = next((r for r in _entries(c, "load_roles") if r.get("name") == "user"), None)
     if user_role is None:
         # the hub's default 'user' role is scopes ["self"]; redefining it keeps that
-        roles.append({"name": "user", "scopes": ["self", access_scope(service)]})
+        c.JupyterHub.load_roles.append({"name": "user", "scopes": ["self", access_scope(service)]})
         return
     scopes = user_role.setdefault("scopes", ["self"])
     if access_scope(service) not in scopes:
@@ -102,10 +110,9 @@ def grant_service_scopes(c: Config, service: str = SERVICE_NAME) -> None:
     """The service's own token may read users' servers with their state (for stop notices)."""
     from .stopnotices import STOP_NOTICE_SCOPES
 
-    roles = _concrete_list(c, "load_roles")
     role_name = f"{service}-service"
-    if not any(r.get("name") == role_name for r in roles):
-        roles.append(
+    if not any(r.get("name") == role_name for r in _entries(c, "load_roles")):
+        c.JupyterHub.load_roles.append(
             {
                 "name": role_name,
                 "description": "Why users' servers stopped (gpuspawner service, /stop-notices)",
@@ -128,11 +135,10 @@ def add_service(
     ``ip``: the address to listen on when it differs from ``url``'s host
     (``0.0.0.0`` when the proxy runs in another pod). Returns the entry.
     """
-    services = _concrete_list(c, "services")
-    entry = next((s for s in services if s.get("name") == name), None)
+    entry = next((s for s in _entries(c, "services") if s.get("name") == name), None)
     if entry is None:
         entry = {"name": name}
-        services.append(entry)
+        c.JupyterHub.services.append(entry)
     entry.setdefault("url", url)
     entry.setdefault("command", service_command(c, ip=ip))
     entry.setdefault("oauth_no_confirm", True)

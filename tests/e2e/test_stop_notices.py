@@ -12,8 +12,10 @@ whole H100 pool from the session's other tests).
 from __future__ import annotations
 
 import html
+import json
 import re
 import time
+import urllib.error
 
 from gpuspawner import stopnotice
 from gpuspawner.admin.collect import KubeReader
@@ -141,6 +143,22 @@ async def test_each_stop_reason_is_shown_to_its_user_after_a_hub_restart(
         raw = response.read().decode()
     assert raw.count("data-gpuspawner-time") >= len(expected) + 2
     assert "<script>" in raw and "toLocaleTimeString" in raw
+
+    # the same notices through the gpuspawner service's REST endpoint
+    def rest():
+        try:
+            with opener.open(f"{hub.public_url}/services/gpuspawner/stop-notices", timeout=30) as r:
+                return {n["server"]: n for n in json.loads(r.read())["notices"]}
+        except urllib.error.HTTPError as e:  # the service still starting after the restart
+            assert e.code in (502, 503), e.read()
+            return None
+
+    served = wait_for(rest, 60, what="the gpuspawner service")
+    assert sorted(served) == sorted([*expected, "check"])
+    for name, sentence in expected.items():
+        assert served[name]["message"] == sentence
+    assert served["gpuidle"]["held"] == "1 × NVIDIA A100"
+    assert served["check"]["reason"] == "gpu-check"
 
     # the spawn page of that server shows its line too
     spawn = page_text(opener, f"{hub.public_url}/hub/spawn/{USER}/idle")

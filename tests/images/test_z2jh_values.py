@@ -93,3 +93,54 @@ def test_catalog_output_carries_the_prepuller_block_as_comments(matrix, tmp_path
     assert set(yaml.safe_load(text)) == {"images"}  # still a catalog file
     commented = "\n".join(line[2:] for line in text.splitlines() if line.startswith("# "))
     assert "prePuller:" in commented and "extraTolerations:" in commented
+
+
+def test_hub_image_is_the_one_the_image_tool_builds(matrix):
+    from packaging.version import Version
+
+    from gpuspawner import __version__
+    from gpuspawner.images.plan import repository
+
+    image = yaml.safe_load(VALUES.read_text())["hub"]["image"]
+    assert image["name"] == repository(matrix.registry, matrix.hub.name)
+    # the release of this package (`gpuspawner-images build hub` tags the package version)
+    assert image["tag"] == Version(__version__).base_version
+
+
+def test_services_as_the_chart_configures_them(chart_defaults):
+    """z2jh's jupyterhub_config.py turns hub.services/hub.loadRoles into lists, then runs extraConfig."""
+    import json
+
+    from traitlets.config import Config
+
+    from gpuspawner.userservice.app import PLACEMENT_ENV
+
+    hub = merged(chart_defaults, yaml.safe_load(VALUES.read_text()))["hub"]
+    c = Config()
+    for section, settings in hub["config"].items():
+        for name, value in settings.items():
+            c[section][name] = value
+    tolerations = chart_defaults["scheduling"]["userPods"]["tolerations"]
+    c.KubeSpawner.tolerations = tolerations  # as the chart sets them
+    c.JupyterHub.services = [{"name": k, **v} for k, v in hub["services"].items()]
+    c.JupyterHub.load_roles = [{"name": k, **v} for k, v in hub["loadRoles"].items()]
+    for snippet in hub["extraConfig"].values():
+        if "check_catalog" not in snippet:  # the catalog file is in the cluster's ConfigMap
+            exec(snippet, {"c": c})
+
+    services = {s["name"]: s for s in c.JupyterHub.services}
+    assert set(services) == {"gpuspawner-culler", "gpuspawner-admin", "gpuspawner"}
+    service = services["gpuspawner"]
+    assert service["url"] == "http://hub:10103"
+    assert service["command"][-1] == "--ip=0.0.0.0"
+    env = service["environment"]
+    assert env["GPUSPAWNER_CATALOG"] == hub["config"]["GPUSpawner"]["catalog_file"]
+    assert json.loads(env[PLACEMENT_ENV])["tolerations"] == tolerations
+    roles = {r["name"]: r for r in c.JupyterHub.load_roles}
+    assert roles["user"]["scopes"] == ["self", "access:services!service=gpuspawner"]
+    # the proxy (its own pod) reaches the service on the hub Service, through the policy
+    assert {"name": "gpuspawner", "port": 10103, "targetPort": 10103} in hub["service"][
+        "extraPorts"
+    ]
+    assert 10103 in hub["networkPolicy"]["allowedIngressPorts"]
+    assert "extra_handlers" not in VALUES.read_text()

@@ -156,27 +156,51 @@ async def test_without_the_service_the_form_keeps_its_figures_and_says_when(refl
     assert 'var url = "";' in other._render_options_form(await other._catalog_profile_list(other))
 
 
-async def test_another_form_gets_labels_with_their_time_and_no_live_script(reflector, tmp_path):
-    # jupyterhub-fancy-profiles sets its own template; our script cannot relabel its widgets
-    (tmp_path / "fancy.html").write_text(
-        "{% for p in profile_list %}{% for o in p.profile_options.values() %}"
-        "{% for c in o.choices.values() %}[{{ c.display_name }}]{% endfor %}"
-        "{% endfor %}{% endfor %}"
+FANCY_LIKE_FORM = (
+    "{% for p in profile_list %}{% for o in p.profile_options.values() %}"
+    "{% for c in o.choices.values() %}[{{ c.display_name }}]{% endfor %}"
+    "{% endfor %}{% endfor %}"
+)
+
+
+@pytest.mark.parametrize("how", ["template_path", "profile_form_template"])
+async def test_another_form_gets_labels_with_their_time_and_no_live_script(
+    reflector, tmp_path, how
+):
+    # jupyterhub-fancy-profiles puts its form.html on the template path; its widgets read
+    # the profile list once, so our script could not relabel them
+    (tmp_path / "form.html").write_text(FANCY_LIKE_FORM)
+    traits = (
+        {"additional_profile_form_template_paths": [str(tmp_path)]}
+        if how == "template_path"
+        else {"profile_form_template": FANCY_LIKE_FORM}
     )
-    spawner = capacity_spawner(
-        reflector,
-        user=with_services("gpuspawner"),
-        profile_form_template=(tmp_path / "fancy.html").read_text(),
-    )
+    spawner = capacity_spawner(reflector, user=with_services("gpuspawner"), **traits)
     profiles = await spawner._catalog_profile_list(spawner)
     a100_label = profiles[0]["profile_options"]["gpu_type"]["choices"]["a100"]["display_name"]
     assert re.fullmatch(
-        r"NVIDIA A100 \(80 GB per GPU\) \u2014 \d+ free of \d+ \(at most \d+ on one node\) as of \d\d:\d\d UTC",
+        r"NVIDIA A100 \(80 GB per GPU\) \u2014 \d+ free of \d+ \(at most \d+ on one node\)"
+        r" as of \d\d:\d\d UTC",
         a100_label,
     )
     html = spawner._render_options_form(profiles)
     assert f"[{a100_label}]" in html
     assert "<script" not in html and "counted live" not in html
+
+
+async def test_a_template_path_without_a_form_keeps_kubespawners_form_and_the_script(
+    reflector, tmp_path
+):
+    (tmp_path / "other.html").write_text("not the form")
+    spawner = capacity_spawner(
+        reflector,
+        user=with_services("gpuspawner"),
+        additional_profile_form_template_paths=[str(tmp_path)],
+    )
+    profiles = await spawner._catalog_profile_list(spawner)
+    html = spawner._render_options_form(profiles)
+    assert 'name="profile-option-pytorch--gpu_type"' in html and "var url = " in html
+    assert " as of " not in html
 
 
 def test_form_script_cannot_be_closed_by_the_data():

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 
-from traitlets.config import Config
+from traitlets.config import Config, LazyConfigValue, PyFileConfigLoader
 
 from gpuspawner.userservice import SERVICE_NAME
 from gpuspawner.userservice.app import CATALOG_JSON_ENV, PLACEMENT_ENV, UserService
 from gpuspawner.userservice.hubconfig import add_service, spawner_setting
 
 SCOPE = "access:services!service=gpuspawner"
+
+
+def final(value):
+    """A list setting as the hub will load it (a lazy value applied to the default [])."""
+    return copy.deepcopy(value).get_value([]) if isinstance(value, LazyConfigValue) else value
 
 
 def test_the_service_gets_the_catalog_and_placement_the_spawner_has():
@@ -23,7 +29,7 @@ def test_the_service_gets_the_catalog_and_placement_the_spawner_has():
     entry = add_service(
         c, url="http://127.0.0.1:10103", environ={"KUBECONFIG": "/k", "HOME": "/root"}
     )
-    assert c.JupyterHub.services == [entry]
+    assert final(c.JupyterHub.services) == [entry]
     assert entry["name"] == SERVICE_NAME == "gpuspawner"
     assert entry["url"] == "http://127.0.0.1:10103"
     assert entry["command"] == [
@@ -39,7 +45,10 @@ def test_the_service_gets_the_catalog_and_placement_the_spawner_has():
         "node_selector": {"pool": "gpu"},
         "tolerations": [{"key": "dedicated", "operator": "Exists"}],
     }
-    assert c.JupyterHub.load_roles == [{"name": "user", "scopes": ["self", SCOPE]}, SERVICE_ROLE]
+    assert final(c.JupyterHub.load_roles) == [
+        {"name": "user", "scopes": ["self", SCOPE]},
+        SERVICE_ROLE,
+    ]
 
 
 #: The service's own token reads users' servers with their state (/stop-notices).
@@ -83,10 +92,40 @@ def test_an_existing_user_role_and_service_entry_are_completed_not_replaced():
     c.JupyterHub.services.append({"name": "gpuspawner-culler"})
     entry = add_service(c, environ={})
     add_service(c, environ={})  # twice: still one entry, one scope
-    assert [s["name"] for s in c.JupyterHub.services] == ["gpuspawner", "gpuspawner-culler"]
+    assert [s["name"] for s in final(c.JupyterHub.services)] == [
+        "gpuspawner",
+        "gpuspawner-culler",
+    ]
     assert entry["url"] == "http://hub:10103" and entry["command"] == ["python3", "-m", "x"]
     assert entry["oauth_no_confirm"] is True
-    assert c.JupyterHub.load_roles == [
+    assert final(c.JupyterHub.load_roles) == [
         {"name": "user", "scopes": ["self", "read:users:groups!user", SCOPE]},
         SERVICE_ROLE,
+    ]
+
+
+def test_a_sub_config_keeps_the_parents_services_and_roles(tmp_path):
+    """config/sandbox/jupyterhub_config.py is loaded with load_subconfig after a preamble."""
+    (tmp_path / "sub.py").write_text(
+        "c = get_config()\n"
+        "c.JupyterHub.services.append({'name': 'gpuspawner-culler'})\n"
+        "from gpuspawner.userservice.hubconfig import add_service\n"
+        "add_service(c, url='http://127.0.0.1:9')\n"
+    )
+    (tmp_path / "main.py").write_text(
+        "c = get_config()\n"
+        "c.JupyterHub.services = [{'name': 'tester'}]\n"
+        "c.JupyterHub.load_roles = [{'name': 'tester', 'scopes': ['admin:users']}]\n"
+        f"load_subconfig({str(tmp_path / 'sub.py')!r})\n"
+    )
+    c = PyFileConfigLoader("main.py", path=str(tmp_path)).load_config()
+    assert [s["name"] for s in final(c.JupyterHub.services)] == [
+        "tester",
+        "gpuspawner-culler",
+        "gpuspawner",
+    ]
+    assert [r["name"] for r in final(c.JupyterHub.load_roles)] == [
+        "tester",
+        "user",
+        "gpuspawner-service",
     ]
