@@ -25,7 +25,7 @@ from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from traitlets.config import Application, catch_config_error
 
 from .. import labels
-from ..kube import KubeClient, KubeError, Reader
+from ..kube import KubeClient, KubeError, NotFound, Reader
 from ..serverpod import selector
 from ..services.hub import HubClient, HubError
 from ..services.prometheus import PrometheusClient, PrometheusError
@@ -415,6 +415,8 @@ class GPUCuller(
             await self.pods.annotate_pod(
                 server.pod, server.namespace or self.pods.namespace, annotations
             )
+        except NotFound:
+            return False  # no pod (any more): nobody to tell
         except KubeError as e:
             self.metrics.errors.labels(source="kubernetes").inc()
             self.log.warning(
