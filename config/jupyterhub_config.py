@@ -175,5 +175,14 @@ from gpuspawner.userservice.hubconfig import add_service  # noqa: E402
 add_service(c, url="http://127.0.0.1:10103")
 # --- end of the gpuspawner service ------------------------------------------
 
+# --- why a server stopped (docs/culler.md, "Why it stopped") -------------------
+# One line on the home page for each server stopped by someone other than its
+# user (the culler, an admin, a failed GPU check, a lost node) and for each
+# server the culler will stop soon; the spawn form shows its server's own line.
+from gpuspawner.hubpages import configure as show_stop_notices  # noqa: E402
+
+show_stop_notices(c)
+# --- end of why a server stopped ------------------------------------------------
+
 # Stop the hub at start with one readable line if the catalog is invalid.
 check_catalog(c)

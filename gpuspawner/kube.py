@@ -399,6 +399,25 @@ class KubeClient:
     async def list_nodes(self) -> list[dict]:
         return await self.reader.nodes(await self.api())
 
+    async def annotate_pod(
+        self, name: str, namespace: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        """Set annotations on a pod (None removes one) with one merge patch, retried like a list."""
+        api = await self.api()
+        body = {"metadata": {"annotations": dict(annotations)}}
+
+        async def attempt() -> dict:
+            return await request_json(
+                api.patch_namespaced_pod,
+                name,
+                namespace,
+                body,
+                what=f"Annotating pod {namespace}/{name}",
+                timeout=self.reader.timeout,
+            )
+
+        await self.reader.retry.run(attempt, self.reader.logger)
+
     async def close(self) -> None:
         if self._api is not None:
             await self._api.api_client.close()

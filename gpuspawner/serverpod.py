@@ -16,6 +16,7 @@ from typing import Any
 
 from . import labels
 from .options import parse_count
+from .stopnotice import CullWarning, StopNotice
 
 #: Resource name prefixes counted as accelerators besides the catalog's own
 #: resources: NVIDIA full GPUs, MIG slices and time-sliced replicas
@@ -109,6 +110,10 @@ class ServerPod:
     created: str
     #: The scheduler's message while the pod cannot be placed, else None.
     unschedulable: str | None
+    #: Why it is being stopped (``gpuspawner.io/stop-reason``); None when not recorded or unreadable.
+    stop_notice: StopNotice | None = None
+    #: The culler's pending warning (``gpuspawner.io/cull-warning``); None when none or unreadable.
+    cull_warning: CullWarning | None = None
 
     @classmethod
     def from_pod(cls, pod: Mapping[str, Any]) -> ServerPod:
@@ -137,6 +142,8 @@ class ServerPod:
             deleting=bool(meta.get("deletionTimestamp")),
             created=meta.get("creationTimestamp") or "",
             unschedulable=unschedulable_message(pod),
+            stop_notice=StopNotice.from_state(annotations.get(labels.ANNOTATION_STOP_REASON)),
+            cull_warning=CullWarning.from_state(annotations.get(labels.ANNOTATION_CULL_WARNING)),
         )
 
     @property

@@ -37,6 +37,7 @@ from . import (
     podspec,
     profiles,
     serverpod,
+    stopnotice,
 )
 from .capacity import Capacity, CapacityConfig, GPUUnschedulable
 from .catalog import Catalog, CatalogError, parse_catalog
@@ -78,6 +79,11 @@ def spawn_error(
 
 class GPUCheckFailed(Exception):
     """The validation init container reported broken or missing GPUs."""
+
+    def __init__(self, reason: str, kind: str = ""):
+        super().__init__(reason)
+        #: The failure's kind (``validation.podstatus.check_failure_kind``), for the stop notice.
+        self.kind = kind
 
 
 class GPUSpawner(CapacityConfig, KubeSpawner):
@@ -146,6 +152,12 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
     _admin_values: dict[str, Any] | None = None
 
     _gpu_mock: bool = False
+    #: Why this server was last stopped by someone other than its user; kept in the
+    #: state (across clear_state) until the user starts it again.
+    _stop_notice: stopnotice.StopNotice | None = None
+    #: While running: what it holds ("2 × NVIDIA A100") and its node, kept in the
+    #: state so that a pod that vanished with its node reads as "node lost".
+    _running: dict[str, str] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any):
         self._gpu_mock = bool(kwargs.get("_mock", False))
@@ -381,7 +393,19 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         )
 
     def _render_options_form(self, profile_list):
-        """KubeSpawner's form, plus the live GPU figures when the inventory has them."""
+        """KubeSpawner's form (after why this server last stopped), plus the live GPU figures."""
+        return self._stop_notice_html() + self._options_form_body(profile_list)
+
+    def _stop_notice_html(self) -> str:
+        notice = self.stop_notice()
+        if notice is None:
+            return ""
+        from .hubpages import notice_paragraph
+
+        html = notice_paragraph(stopnotice.notice_html(notice))
+        return html + stopnotice.LOCAL_TIME_SCRIPT
+
+    def _options_form_body(self, profile_list) -> str:
         if not self.gpu_catalog_configured:
             return super()._render_options_form(profile_list)
         form = self._kubespawner_form(profile_list)
@@ -654,8 +678,10 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
 
             reason = check_failure(pod)
             if reason:
+                from .validation.podstatus import check_failure_kind
+
                 metrics.count_validation_failure(pod)
-                raise GPUCheckFailed(reason)
+                raise GPUCheckFailed(reason, check_failure_kind(pod) or "")
             self.capacity.watch_scheduling(
                 pod, self._selection, timeout=self.gpu_unschedulable_timeout, who=self._log_name
             )
@@ -664,14 +690,142 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
     async def poll(self):
         if self._refused_before_pod:
             return 1
-        return await super().poll()
+        status = await super().poll()
+        pod = self._reflected_pod()
+        if status is None:
+            if pod is not None and self._running is not None:
+                self._running["node"] = (pod.get("spec") or {}).get("nodeName") or ""
+        elif self._running is not None:
+            # Stopped without the hub's stop(): by its own annotation, or with its node.
+            running, self._running = self._running, None
+            notice = serverpod.ServerPod.from_pod(pod).stop_notice if pod else None
+            if notice is None and running.get("node") and await self._node_lost(running["node"]):
+                notice = stopnotice.StopNotice(
+                    stopnotice.REASON_NODE_LOST, time.time(), detail=running["node"]
+                )
+            if notice is not None:
+                self._keep_stop_notice(notice, running.get("held", ""))
+        return status
+
+    # ------------------------------------------------------------------
+    # why it stopped (gpuspawner.stopnotice)
+    # ------------------------------------------------------------------
+
+    def _reflected_pod(self) -> dict | None:
+        if self.pod_reflector is None:
+            return None
+        return self.pod_reflector.pods.get(f"{self.namespace}/{self.pod_name}")
+
+    def _keep_stop_notice(self, notice: stopnotice.StopNotice, held: str) -> None:
+        self._stop_notice = notice.for_server(self.name, held)
+        self.log.info("%s stopped: %s", self._log_name, self._stop_notice.sentence())
+
+    async def _pod_stop_notice(self) -> stopnotice.StopNotice | None:
+        """The pod's stop-reason annotation: the reflector's copy, else the API's.
+
+        Who stops a server annotates the pod just before asking the hub to stop
+        it, so the watch may not have brought the annotation yet: one read then.
+        """
+        pod = self._reflected_pod()
+        notice = serverpod.ServerPod.from_pod(pod).stop_notice if pod else None
+        if notice is not None or self._gpu_mock:
+            return notice
+        try:
+            pod = await kube.request_json(
+                self.api.read_namespaced_pod,
+                self.pod_name,
+                self.namespace,
+                what=f"reading pod {self.pod_name}",
+                timeout=self.k8s_api_request_timeout,
+            )
+        except Exception as e:
+            if not isinstance(e, kube.NotFound):
+                self.log.warning("Could not read why %s is stopped: %s", self._log_name, e)
+            return None
+        return serverpod.ServerPod.from_pod(pod).stop_notice
+
+    async def _node_lost(self, node: str) -> bool:
+        """Whether ``node`` is gone or not Ready (False when the nodes cannot be read)."""
+        if self._gpu_mock:
+            return False
+        try:
+            listing = await kube.request_json(
+                self.api.list_node,
+                field_selector=f"metadata.name={node}",
+                what=f"reading node {node}",
+                timeout=self.k8s_api_request_timeout,
+            )
+        except Exception as e:
+            self.log.warning("Could not tell whether the node of %s is lost: %s", self._log_name, e)
+            return False
+        return stopnotice.node_is_lost(listing.get("items") or [], node)
+
+    async def stop(self, now=False):
+        running, self._running = self._running, None
+        notice = await self._pod_stop_notice()
+        if notice is not None:
+            self._keep_stop_notice(notice, (running or {}).get("held", ""))
+        return await super().stop(now=now)
+
+    def stop_notice(self) -> stopnotice.StopNotice | None:
+        """Why this server last stopped, until its user starts it again; None when they stopped it."""
+        if self._stop_notice is None:
+            return None
+        return self._stop_notice.for_server(self.name, "")
+
+    def cull_warning(self) -> stopnotice.CullWarning | None:
+        """The culler's pending warning on the running pod, else None."""
+        pod = self._reflected_pod()
+        warning = serverpod.ServerPod.from_pod(pod).cull_warning if pod else None
+        if warning is None:
+            return None
+        return warning.for_server(self.name, (self._running or {}).get("held", ""))
+
+    def get_state(self):
+        state = super().get_state()
+        if self._stop_notice is not None:
+            state[stopnotice.STATE_KEY] = self._stop_notice.to_state()
+        if self._running is not None:
+            state[stopnotice.RUNNING_STATE_KEY] = dict(self._running)
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self._stop_notice = stopnotice.StopNotice.from_state(state.get(stopnotice.STATE_KEY))
+        running = state.get(stopnotice.RUNNING_STATE_KEY)
+        self._running = None
+        if isinstance(running, dict):
+            self._running = {k: v for k, v in running.items() if isinstance(v, str)}
+
+    def clear_state(self):
+        # The stop notice survives: JupyterHub saves get_state() right after this.
+        super().clear_state()
+        self._running = None
+
+    def _held(self) -> str:
+        selection = self._selection
+        if selection is None or not selection.is_gpu or selection.gpu_type is None:
+            return ""
+        return stopnotice.held_text(selection.gpus, selection.gpu_type.display_name)
+
+    def _failed_start(self, reason: str, **fields: Any) -> None:
+        """Keep the notice of a start GPUSpawner itself gave up on."""
+        notice = stopnotice.StopNotice(reason, time.time(), **fields)
+        self._keep_stop_notice(notice, self._held())
 
     async def _start(self):
         self._refused_before_pod = False
+        self._stop_notice = None
+        self._running = None
         self.capacity.start_over()
         started = time.monotonic()
         try:
             result = await super()._start()
+            pod = self._reflected_pod() or {}
+            self._running = {
+                "held": self._held(),
+                "node": (pod.get("spec") or {}).get("nodeName") or "",
+            }
             if self._selection is not None and self._selection.is_gpu and self._selection.gpu_type:
                 metrics.observe_spawn_duration(
                     self._selection.gpu_type.key, time.monotonic() - started
@@ -683,6 +837,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             self.log.warning(
                 "Giving up on %s after %.0f s without free GPUs: %s", self._log_name, waited, e
             )
+            self._failed_start(stopnotice.REASON_STUCK_PENDING, seconds=float(waited))
             await self._delete_failed_pod("it could not be scheduled")
             raise spawn_error(
                 f"The server was not started because no node had the GPUs for it for "
@@ -695,6 +850,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             metrics.count_refusal("gpu-check")
             reason = str(e)
             self.log.warning("GPU check failed for %s: %s", self._log_name, reason)
+            self._failed_start(stopnotice.REASON_GPU_CHECK, kind=e.kind, detail=reason)
             await self._delete_failed_pod("its GPU check failed")
             raise spawn_error(
                 f"The GPUs given to this server failed their check, so it was not started: {reason}",

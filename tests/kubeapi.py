@@ -126,8 +126,26 @@ class StandInApi:
             {"kind": list_kind, "apiVersion": "v1", "metadata": meta, "items": page}
         )
 
+    async def _patch(self, request: web.Request) -> web.Response:
+        """A merge patch of a pod's annotations (null removes one), as the API server applies it."""
+        body = await request.json()
+        self.requests.append((request.method, request.path, request.content_type, body))
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        for pod in self.objects["pods"]:
+            meta = pod.get("metadata") or {}
+            if (meta.get("namespace"), meta.get("name")) == (namespace, name):
+                annotations = meta.setdefault("annotations", {})
+                for key, value in ((body.get("metadata") or {}).get("annotations") or {}).items():
+                    if value is None:
+                        annotations.pop(key, None)
+                    else:
+                        annotations[key] = value
+                return web.json_response(pod)
+        return web.json_response(status_body(404, f'pods "{name}" not found'), status=404)
+
     async def start(self) -> StandInApi:
         app = web.Application()
+        app.router.add_patch("/api/v1/namespaces/{namespace}/pods/{name}", self._patch)
         app.router.add_get("/api/v1/pods", self._answer)
         app.router.add_get("/api/v1/nodes", self._answer)
         app.router.add_get("/api/v1/namespaces/{namespace}/pods", self._answer)

@@ -143,3 +143,39 @@ def test_one_rule_for_the_pod_spec_and_the_schedulers_reasons():
     assert not podspec.requests_gpu({"limits": {"nvidia.com/hostdev": "1"}}, set())
     said = explain_unschedulable("0/2 nodes are available: 2 Insufficient nvidia.com/hostdev.")
     assert not said.insufficient_gpus
+
+
+def _annotated(**annotations):
+    pod = copy.deepcopy(GPU_PODS["jupyter-heidi-slice"])
+    pod["metadata"]["annotations"].update(annotations)
+    return pod
+
+
+def test_the_stop_reason_and_cull_warning_annotations():
+    from gpuspawner import labels, stopnotice
+
+    plain = ServerPod.from_pod(GPU_PODS["jupyter-heidi-slice"])
+    assert plain.stop_notice is None and plain.cull_warning is None
+    pod = ServerPod.from_pod(
+        _annotated(
+            **{
+                labels.ANNOTATION_STOP_REASON: json.dumps(
+                    {"reason": "gpu-idle", "at": 1e9, "seconds": 60}
+                ),
+                labels.ANNOTATION_CULL_WARNING: json.dumps({"reason": "idle", "cull_after": 2e9}),
+            }
+        )
+    )
+    assert pod.stop_notice == stopnotice.StopNotice("gpu-idle", 1e9, seconds=60)
+    assert pod.cull_warning == stopnotice.CullWarning("idle", 2e9)
+
+
+@pytest.mark.parametrize("junk", ["{", "null", '{"reason": "idle"}', '"idle"', ""])
+def test_an_unreadable_stop_annotation_is_no_notice(junk):
+    from gpuspawner import labels
+
+    pod = ServerPod.from_pod(
+        _annotated(**{labels.ANNOTATION_STOP_REASON: junk, labels.ANNOTATION_CULL_WARNING: junk})
+    )
+    assert pod.stop_notice is None and pod.cull_warning is None
+    assert pod.gpus == 2  # the rest of the pod still reads

@@ -19,12 +19,14 @@ import asyncio
 import json
 import logging
 import os
+import time
 from urllib.parse import urlencode, urlparse
 
 from traitlets import Bool, Float, Integer, Unicode, default
 from traitlets.config import Application, catch_config_error
 
-from ..kube import KubeClient, Reader
+from .. import labels, serverpod, stopnotice
+from ..kube import KubeClient, KubeError, Reader
 from ..services.hub import HubClient, HubError
 from ..services.settings import (
     HubServiceSettings,
@@ -111,6 +113,7 @@ class GPUAdmin(
         if self.use_kubernetes():
             client = KubeClient(self.namespace, Reader(logger=self.log))
             kube = KubeReader(client, all_namespaces=self.all_namespaces)
+        self.kube = kube
         try:
             prometheus = self.prometheus_client()
         except ValueError as e:
@@ -127,6 +130,32 @@ class GPUAdmin(
 
     def web_app(self):
         return make_app(self)
+
+    async def annotate_stop(self, user: str, server: str) -> None:
+        """Mark the server's pod "stopped by an admin" before the stop, for its user to read.
+
+        GPUSpawner keeps the annotation when the hub stops the server and shows
+        it to the user (docs/culler.md, "Why it stopped"). A failure is logged
+        and does not prevent the stop.
+        """
+        kube = getattr(self, "kube", None)
+        if kube is None:
+            return
+        notice = stopnotice.StopNotice(stopnotice.REASON_ADMIN, time.time())
+        value = json.dumps(notice.to_state())
+        try:
+            for pod in serverpod.server_pods(await kube.client.list_pods(serverpod.selector())):
+                if pod.key == (user, server) and pod.active:
+                    await kube.client.annotate_pod(
+                        pod.name, pod.namespace, {labels.ANNOTATION_STOP_REASON: value}
+                    )
+        except KubeError as e:
+            self.log.warning(
+                "Could not mark %s/%s as stopped by an admin, so its user is not told why: %s",
+                user,
+                server or "default",
+                e,
+            )
 
     async def run(self) -> None:
         url = urlparse(self.service_url)
@@ -186,6 +215,7 @@ def make_app(admin: GPUAdmin):
             server = self.get_argument("server", "")
             label = f"{user}/{server or 'default'}"
             admin.log.info("Admin %s asked to stop %s", self.admin_name(), label)
+            await admin.annotate_stop(user, server)
             try:
                 status = await admin.hub.stop_server(user, server)
                 notice = (

@@ -18,12 +18,14 @@ import json
 import os
 import time
 from collections import Counter
+from typing import Any
 from urllib.parse import urlparse
 
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from traitlets.config import Application, catch_config_error
 
-from ..kube import KubeClient, KubeError, Reader
+from .. import labels
+from ..kube import KubeClient, KubeError, NotFound, Reader
 from ..serverpod import selector
 from ..services.hub import HubClient, HubError
 from ..services.prometheus import PrometheusClient, PrometheusError
@@ -33,6 +35,7 @@ from ..services.settings import (
     PrometheusSettings,
     ServiceConfigFile,
 )
+from . import notices as N
 from . import policy as P
 from .demand import HubDemand, parse_hub_metrics, total_by_type
 from .hub import list_servers
@@ -258,6 +261,8 @@ class GPUCuller(
         super().__init__(**kwargs)
         self.metrics = CullerMetrics()
         self.warned: dict[tuple[str, str], P.WarningMark] = {}
+        #: Servers whose pod carries our cull-warning annotation.
+        self.annotated: set[tuple[str, str]] = set()
         self.last_decisions: list[P.Decision] = []
         self.hub: HubClient | None = None
         self.prometheus: PrometheusClient | None = None
@@ -430,6 +435,8 @@ class GPUCuller(
                 return
             async with semaphore:
                 self.log.info(P.log_line(d))
+                # Before the stop: GPUSpawner reads it when the hub stops the server.
+                await self._annotate(d.server, N.stop_annotations(d, time.time()))
                 try:
                     await self.hub.stop_server(d.server.user, d.server.name)
                 except HubError as e:
@@ -449,7 +456,46 @@ class GPUCuller(
                 self.metrics.warnings.labels(
                     reason=d.reason, profile=d.server.profile or "none"
                 ).inc()
-        await asyncio.gather(*(stop(d) for d in decisions if d.action == P.CULL))
+        await asyncio.gather(
+            *(stop(d) for d in decisions if d.action == P.CULL), self._annotate_warnings(decisions)
+        )
+
+    async def _annotate(self, server: P.Server, annotations: N.Annotations) -> bool:
+        """Write ``annotations`` on the server's pod; False (logged) when it cannot."""
+        if self.pods is None or not server.pod:
+            return False
+        try:
+            await self.pods.annotate_pod(
+                server.pod, server.namespace or self.pods.namespace, annotations
+            )
+        except NotFound:
+            return False  # no pod (any more): nobody to tell
+        except KubeError as e:
+            self.metrics.errors.labels(source="kubernetes").inc()
+            self.log.warning(
+                "Could not annotate the pod of %s, so its user is not told why or when: %s "
+                "(the culler needs 'patch' on pods)",
+                server.display,
+                e,
+            )
+            return False
+        return True
+
+    async def _annotate_warnings(self, decisions: list[P.Decision]) -> None:
+        """Put each new warning on its pod for the hub's home page; remove withdrawn ones."""
+        if self.dry_run or self.pods is None:
+            return
+        warned = {d.server.key: d for d in decisions if d.action == P.WARN}
+        jobs: dict[tuple[str, str], Any] = {}
+        for key, d in warned.items():
+            mark = self.warned.get(key)
+            if key not in self.annotated and mark is not None:
+                cull_after = mark.warned_at + self.policy.warning_period
+                jobs[key] = self._annotate(d.server, N.warning_annotations(d, cull_after))
+        for server in N.withdrawn(decisions, self.annotated, self.warned):
+            jobs[server.key] = self._annotate(server, {labels.ANNOTATION_CULL_WARNING: None})
+        done = dict(zip(jobs, await asyncio.gather(*jobs.values()), strict=True))
+        self.annotated = {key for key in warned if done.get(key, key in self.annotated)}
 
     def _record(
         self,

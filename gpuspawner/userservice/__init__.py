@@ -10,6 +10,9 @@ may use it with the scope ``access:services!service=gpuspawner``
   the service object, GETs fetched by the hub's pages).
 - :mod:`~gpuspawner.userservice.availability`: ``GET availability``, the
   spawn form's live GPU figures for the user who asks.
+- :mod:`~gpuspawner.userservice.stopnotices`: ``GET stop-notices``, why the
+  asking user's servers were stopped (JSON; the hub's REST server model cannot
+  carry it).
 - :mod:`~gpuspawner.userservice.app`: the service's settings, its own GPU
   inventory (the same watches as the hub's) and its handler list.
 - :mod:`~gpuspawner.userservice.hubconfig`: the hub configuration that runs it.

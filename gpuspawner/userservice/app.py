@@ -207,9 +207,11 @@ def handlers(service: UserService, prefix: str) -> list[tuple]:
     from jupyterhub.utils import url_path_join
 
     from .availability import AVAILABILITY_PATH, AvailabilityHandler
+    from .stopnotices import STOP_NOTICES_PATH, StopNoticesHandler, hub_client
 
     return [
         (url_path_join(prefix, AVAILABILITY_PATH), AvailabilityHandler, {"service": service}),
+        (url_path_join(prefix, STOP_NOTICES_PATH), StopNoticesHandler, {"hub": hub_client()}),
         (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
     ]
 

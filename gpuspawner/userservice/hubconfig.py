@@ -7,7 +7,8 @@ In ``jupyterhub_config.py``, after the GPUSpawner and KubeSpawner settings::
 
 adds the service (or completes an entry of the same name, as
 zero-to-jupyterhub's ``hub.services`` makes) and grants every user its access
-scope through the hub's ``user`` role. The service gets what it must agree
+scope through the hub's ``user`` role, and the service the scopes its
+``/stop-notices`` endpoint reads users' servers with (role ``gpuspawner-service``). The service gets what it must agree
 with the hub on, read from the same config: the catalog, the pod placement
 (node selector and tolerations every server pod gets, which the figures count
 with) and whether pods of every namespace count.
@@ -105,6 +106,22 @@ def grant_access(c: Config, service: str = SERVICE_NAME) -> None:
         scopes.append(access_scope(service))
 
 
+def grant_service_scopes(c: Config, service: str = SERVICE_NAME) -> None:
+    """The service's own token may read users' servers with their state (for stop notices)."""
+    from .stopnotices import STOP_NOTICE_SCOPES
+
+    role_name = f"{service}-service"
+    if not any(r.get("name") == role_name for r in _entries(c, "load_roles")):
+        c.JupyterHub.load_roles.append(
+            {
+                "name": role_name,
+                "description": "Why users' servers stopped (gpuspawner service, /stop-notices)",
+                "scopes": list(STOP_NOTICE_SCOPES),
+                "services": [service],
+            }
+        )
+
+
 def add_service(
     c: Config,
     url: str = "http://127.0.0.1:10103",
@@ -127,4 +144,5 @@ def add_service(
     entry.setdefault("oauth_no_confirm", True)
     entry["environment"] = {**service_environment(c, environ), **entry.get("environment", {})}
     grant_access(c, name)
+    grant_service_scopes(c, name)
     return entry

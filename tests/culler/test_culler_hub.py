@@ -31,6 +31,7 @@ from .hubtools import (
     pod_name,
     server_state,
     spawn,
+    stop_all,
     wait_ready,
     wait_stopped,
 )
@@ -434,3 +435,69 @@ async def test_managed_service_serves_metrics_through_the_proxy(hub):
     else:
         pytest.fail(f"no successful pass reported at {url}:\n{text[-1000:]}\n{hub.log()[-2000:]}")
     assert 'gpuspawner_culler_errors_total{source="hub"} 0.0' in text
+
+
+def running_pod(user: str) -> dict:
+    """The fixture's running A100 pod, as the user's."""
+    pod = json.loads(json.dumps(next(p for p in PODS if p["metadata"]["name"] == "jupyter-run")))
+    pod["metadata"]["name"] = pod_name(user)
+    pod["metadata"]["annotations"]["hub.jupyter.org/username"] = user
+    pod["metadata"]["labels"]["hub.jupyter.org/username"] = user
+    return pod
+
+
+def patches_of(kubeapi, *users: str) -> list:
+    """The stand-in's PATCH requests for these users' pods (servers left by earlier tests are culled too)."""
+    paths = {f"/api/v1/namespaces/jupyterhub/pods/{pod_name(u)}" for u in users}  # the fixture's
+    return [r for r in kubeapi.requests if r[0] == "PATCH" and r[1] in paths]
+
+
+async def test_the_pod_carries_the_warning_then_the_reason_before_the_stop(
+    hub, culler_token, kubeapi
+):
+    from gpuspawner import labels, stopnotice
+
+    start_servers(hub, {"noted": A100, "kept": A100})
+    kubeapi.objects["pods"] = [running_pod("noted"), running_pod("kept")]
+    pods = {p["metadata"]["name"]: p["metadata"] for p in kubeapi.objects["pods"]}
+    await asyncio.sleep(1.2)
+    app = make_culler(hub, culler_token, timeout=1, warning_period=600, kubernetes="on")
+    stop_server = app.hub.stop_server
+
+    async def stop_and_record(user, server):
+        kubeapi.requests.append(("hub DELETE", user))
+        return await stop_server(user, server)
+
+    app.hub.stop_server = stop_and_record
+    try:
+        d = by_name(await app.cull_pass())
+        assert d["noted"].action == d["kept"].action == P.WARN
+        for user in ("noted", "kept"):
+            warning = stopnotice.CullWarning.from_state(
+                pods[pod_name(user)]["annotations"][labels.ANNOTATION_CULL_WARNING]
+            )
+            assert warning.reason == "idle"
+            assert warning.cull_after == pytest.approx(app.warned[(user, "")].warned_at + 600)
+        assert len(patches_of(kubeapi, "noted", "kept")) == 2
+        await app.cull_pass()  # still warned: not written again
+        assert len(patches_of(kubeapi, "noted", "kept")) == 2
+
+        set_activity(hub, "kept")  # the warning is withdrawn, and so is its annotation
+        # the warning period has passed for 'noted'
+        mark = app.warned[("noted", "")]
+        app.warned[("noted", "")] = P.WarningMark(mark.warned_at - 600, mark.reason)
+        d = by_name(await app.cull_pass())
+        assert d["noted"].action == P.CULL and d["kept"].action != P.WARN
+        wait_stopped(hub, "noted")
+    finally:
+        await app.pods.close()
+        stop_all(hub)
+    assert labels.ANNOTATION_CULL_WARNING not in pods[pod_name("kept")]["annotations"]
+    noted = pods[pod_name("noted")]["annotations"]
+    assert labels.ANNOTATION_CULL_WARNING not in noted
+    notice = stopnotice.StopNotice.from_state(noted[labels.ANNOTATION_STOP_REASON])
+    assert notice.reason == stopnotice.REASON_IDLE
+    assert notice.seconds == pytest.approx(d["noted"].idle_seconds)  # the decision's idle time
+    writes = [r for r in kubeapi.requests if r[0] in ("PATCH", "hub DELETE") and "noted" in str(r)]
+    assert [w[0] for w in writes] == ["PATCH", "PATCH", "hub DELETE"]
+    assert labels.ANNOTATION_STOP_REASON in json.dumps(writes[1][3])

@@ -97,6 +97,7 @@ NEEDED = [
     ("list", "pods"),
     ("watch", "pods"),
     ("delete", "pods"),
+    ("patch", "pods"),  # why a server stopped (gpuspawner.io/stop-reason)
     ("list", "events"),
     ("watch", "events"),
 ]
@@ -105,7 +106,7 @@ NOT_GRANTED = [
     ("create", "services", HUB_NAMESPACE),
     ("create", "pods", "kube-system"),
     ("delete", "pods", "kube-system"),
-    ("patch", "pods", HUB_NAMESPACE),
+    ("patch", "pods", "kube-system"),
     ("patch", "nodes", None),
     ("create", "roles", HUB_NAMESPACE),
 ]

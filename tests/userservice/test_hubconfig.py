@@ -45,7 +45,19 @@ def test_the_service_gets_the_catalog_and_placement_the_spawner_has():
         "node_selector": {"pool": "gpu"},
         "tolerations": [{"key": "dedicated", "operator": "Exists"}],
     }
-    assert final(c.JupyterHub.load_roles) == [{"name": "user", "scopes": ["self", SCOPE]}]
+    assert final(c.JupyterHub.load_roles) == [
+        {"name": "user", "scopes": ["self", SCOPE]},
+        SERVICE_ROLE,
+    ]
+
+
+#: The service's own token reads users' servers with their state (/stop-notices).
+SERVICE_ROLE = {
+    "name": "gpuspawner-service",
+    "description": "Why users' servers stopped (gpuspawner service, /stop-notices)",
+    "scopes": ["read:users", "read:servers", "admin:server_state"],
+    "services": ["gpuspawner"],
+}
 
 
 def test_the_service_reads_what_the_hub_config_passes(monkeypatch):
@@ -87,7 +99,8 @@ def test_an_existing_user_role_and_service_entry_are_completed_not_replaced():
     assert entry["url"] == "http://hub:10103" and entry["command"] == ["python3", "-m", "x"]
     assert entry["oauth_no_confirm"] is True
     assert final(c.JupyterHub.load_roles) == [
-        {"name": "user", "scopes": ["self", "read:users:groups!user", SCOPE]}
+        {"name": "user", "scopes": ["self", "read:users:groups!user", SCOPE]},
+        SERVICE_ROLE,
     ]
 
 
@@ -111,4 +124,8 @@ def test_a_sub_config_keeps_the_parents_services_and_roles(tmp_path):
         "gpuspawner-culler",
         "gpuspawner",
     ]
-    assert [r["name"] for r in final(c.JupyterHub.load_roles)] == ["tester", "user"]
+    assert [r["name"] for r in final(c.JupyterHub.load_roles)] == [
+        "tester",
+        "user",
+        "gpuspawner-service",
+    ]

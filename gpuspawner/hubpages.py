@@ -1,0 +1,100 @@
+"""The hub's pages tell users why a server stopped, and when the culler will stop one.
+
+``configure(c)`` in the hub's config adds GPUSpawner's ``home.html`` (JupyterHub's
+own, plus one line per notice) to ``c.JupyterHub.template_paths`` and
+:func:`page_notices` to ``c.JupyterHub.template_vars``. The spawn page needs
+nothing here: GPUSpawner puts the server's own notice above its options form.
+
+The lines read only what the hub already holds: each server's stop notice from
+its saved state (:data:`gpuspawner.stopnotice.STATE_KEY`), and the culler's
+warning from the running server's pod as the hub's pod watch last saw it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import stopnotice
+
+#: GPUSpawner's templates (``home.html``), for ``c.JupyterHub.template_paths``.
+TEMPLATE_PATH = str(Path(__file__).parent / "templates")
+
+log = logging.getLogger("JupyterHub")
+
+
+def notice_paragraph(html: str, kind: str = "stopped") -> str:
+    """One notice line as the pages show it (``html`` is already escaped)."""
+    css = "alert-warning" if kind == "warning" else "alert-info"
+    return f'<p class="alert {css} gpuspawner-{kind}" role="status">{html}</p>'
+
+
+def _saved_notice(orm_spawner: Any) -> stopnotice.StopNotice | None:
+    state = getattr(orm_spawner, "state", None)
+    if not isinstance(state, dict):
+        return None
+    notice = stopnotice.StopNotice.from_state(state.get(stopnotice.STATE_KEY))
+    return notice.for_server(orm_spawner.name or "", "") if notice else None
+
+
+def user_notices(user: Any) -> list[str]:
+    """The HTML lines for ``user`` (JupyterHub's User): stop notices, then cull warnings."""
+    lines: list[str] = []
+    warnings: list[str] = []
+    loaded = getattr(user, "spawners", {}) or {}
+    for name, orm_spawner in sorted(user.orm_user.orm_spawners.items()):
+        # .get: reading must not create a spawner for every stopped server.
+        spawner = loaded.get(name)
+        if spawner is not None and (spawner.active or spawner.ready):
+            warning = getattr(spawner, "cull_warning", lambda: None)()
+            if warning is not None:
+                warnings.append(notice_paragraph(stopnotice.warning_html(warning), "warning"))
+            continue
+        notice = _saved_notice(orm_spawner)
+        if notice is not None:
+            lines.append(notice_paragraph(stopnotice.notice_html(notice)))
+    return lines + warnings
+
+
+def page_notices(user: Any) -> Callable[[], list[str]]:
+    """The ``template_vars`` entry: called by JupyterHub with the page's user (or None).
+
+    Returns a callable so that only the pages that show the lines (``home.html``)
+    compute them. A page never fails because of them: an error is logged and
+    no line is shown.
+    """
+
+    def lines() -> list[str]:
+        if user is None:
+            return []
+        try:
+            return user_notices(user)
+        except Exception:
+            log.exception("Could not read the stop notices of %s", getattr(user, "name", "?"))
+            return []
+
+    return lines
+
+
+def configure(c: Any) -> None:
+    """Show the notices on the hub's home page (call in jupyterhub_config.py).
+
+    Lists and dicts are changed in place, never replaced: in a file loaded with
+    ``load_subconfig`` an unset setting is a lazy value, and only as such does it
+    merge into the parent's.
+    """
+    paths = c.JupyterHub.template_paths
+    if isinstance(paths, list):
+        if TEMPLATE_PATH not in paths:
+            paths.insert(0, TEMPLATE_PATH)
+    elif TEMPLATE_PATH not in [obj for _, obj in paths.to_dict().get("inserts", [])]:
+        # JupyterHub's own template path stays behind ours
+        paths.insert(0, TEMPLATE_PATH)
+    c.JupyterHub.template_vars.update(
+        {
+            "gpuspawner_notices": page_notices,
+            "gpuspawner_local_time": stopnotice.LOCAL_TIME_SCRIPT,
+        }
+    )

@@ -1,0 +1,316 @@
+"""Why a server stopped, and when it will be stopped: the notices users read (pure).
+
+Whoever stops a server for a reason other than its user's own action (the
+culler, the admin GPU page, GPUSpawner itself) writes a :class:`StopNotice`
+as JSON on the pod's ``gpuspawner.io/stop-reason`` annotation before deleting
+it; GPUSpawner reads it back when the server stops, adds the server's name
+and what it held, and keeps it in its persisted state until the user starts
+that server again. The culler's warning before a cull is a
+:class:`CullWarning` on the ``gpuspawner.io/cull-warning`` annotation.
+
+Times are UTC epochs. A sentence names the time as ``14:02 UTC`` (plain text:
+the REST API, logs); :func:`notice_html` wraps it in
+``<time datetime="...">`` so the hub's page can show the reader's local time
+(:data:`LOCAL_TIME_SCRIPT`), with the UTC text as the fallback without
+JavaScript. Everything read back from an annotation or a stored state is
+checked: a value that does not parse reads as no notice, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+from html import escape
+from typing import Any
+
+#: The culler found no Jupyter activity for its idle timeout.
+REASON_IDLE = "idle"
+#: The culler found the server's GPUs idle for its GPU timeout.
+REASON_GPU_IDLE = "gpu-idle"
+#: The culler freed the GPUs for users waiting for that type.
+REASON_PRESSURE = "pressure"
+#: The culler's maximum server age was reached.
+REASON_MAX_AGE = "max-age"
+#: The GPU check (the init container) failed; ``kind`` names how.
+REASON_GPU_CHECK = "gpu-check"
+#: No node could take the server's GPUs for GPUSpawner.gpu_unschedulable_timeout.
+REASON_STUCK_PENDING = "stuck-pending"
+#: An admin stopped it from the GPU page (gpuspawner-admin).
+REASON_ADMIN = "admin"
+#: The node it ran on went away (deleted, or not Ready) and the pod with it.
+REASON_NODE_LOST = "node-lost"
+
+REASONS: tuple[str, ...] = (
+    REASON_IDLE,
+    REASON_GPU_IDLE,
+    REASON_PRESSURE,
+    REASON_MAX_AGE,
+    REASON_GPU_CHECK,
+    REASON_STUCK_PENDING,
+    REASON_ADMIN,
+    REASON_NODE_LOST,
+)
+
+#: Longest free text (a check's message, a node's name) kept in a notice.
+MAX_TEXT = 300
+
+
+def duration_text(seconds: float) -> str:
+    """``45 seconds``, ``12 minutes``, ``2 hours``, ``2 hours 30 minutes``, ``3 days``."""
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return _plural(seconds, "second")
+    minutes = seconds // 60
+    if minutes < 120:
+        return _plural(minutes, "minute")
+    hours, minutes = divmod(minutes, 60)
+    if hours >= 48:
+        return _plural(hours // 24, "day")
+    return _plural(hours, "hour") + (f" {_plural(minutes, 'minute')}" if minutes else "")
+
+
+def _plural(n: int, unit: str) -> str:
+    return f"{n} {unit}" if n == 1 else f"{n} {unit}s"
+
+
+def utc_clock(epoch: float) -> str:
+    """``14:02 UTC``."""
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%H:%M UTC")
+
+
+def iso_time(epoch: float) -> str:
+    """``2026-12-01T14:02:00Z``: what ``<time datetime>`` and the REST API carry."""
+    return datetime.fromtimestamp(int(epoch), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def held_text(gpus: int, gpu_name: str | None) -> str:
+    """``2 × NVIDIA A100``; "" for a CPU-only server."""
+    if gpus <= 0 or not gpu_name:
+        return ""
+    return f"{gpus} × {gpu_name}"
+
+
+def _server_phrase(server: str, held: str) -> str:
+    name = f"Your server '{server}'" if server else "Your server"
+    return f"{name} ({held})" if held else name
+
+
+def _text(value: Any) -> str:
+    return value[:MAX_TEXT] if isinstance(value, str) else ""
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+@dataclass(frozen=True)
+class StopNotice:
+    """Why and when a server was stopped by someone other than its user."""
+
+    #: One of :data:`REASONS`.
+    reason: str
+    #: When it was stopped (UTC epoch).
+    at: float
+    #: The hub's server name; "" for the default server.
+    server: str = ""
+    #: What it held (``2 × NVIDIA A100``); "" for none or unknown.
+    held: str = ""
+    #: The idle time (idle, gpu-idle, pressure), the age limit (max-age) or the
+    #: wait (stuck-pending), in seconds.
+    seconds: float | None = None
+    #: The GPU check's failure kind (gpu-check).
+    kind: str = ""
+    #: Free text: the GPU check's reason (gpu-check), the node's name (node-lost).
+    detail: str = ""
+
+    def because(self) -> str:
+        """The reason, as the end of a sentence starting "because"."""
+        span = duration_text(self.seconds) if self.seconds is not None else None
+        if self.reason == REASON_IDLE:
+            return f"it was not used for {span}" if span else "it was not used for a long time"
+        if self.reason == REASON_GPU_IDLE:
+            return f"its GPUs were idle for {span}" if span else "its GPUs were idle too long"
+        if self.reason == REASON_PRESSURE:
+            idle = f" for {span}" if span else ""
+            return f"its GPUs were idle{idle} while other users were waiting for them"
+        if self.reason == REASON_MAX_AGE:
+            return f"it reached the maximum age of {span}" if span else "it reached its maximum age"
+        if self.reason == REASON_GPU_CHECK:
+            kind = f" ({self.kind})" if self.kind else ""
+            detail = self.detail.rstrip(".")
+            return f"its GPUs failed their check{kind}" + (f": {detail}" if detail else "")
+        if self.reason == REASON_STUCK_PENDING:
+            wait = f" for {span}" if span else ""
+            return f"no node had free GPUs for it{wait}"
+        if self.reason == REASON_ADMIN:
+            return "an admin stopped it from the GPU page"
+        if self.reason == REASON_NODE_LOST:
+            node = f" ({self.detail})" if self.detail else ""
+            return f"the node it ran on{node} was lost"
+        return "it was stopped by the hub"
+
+    def sentence(self) -> str:
+        """``Your server 'train' (2 × NVIDIA A100) was stopped at 14:02 UTC because ...``"""
+        who = _server_phrase(self.server, self.held)
+        return f"{who} was stopped at {utc_clock(self.at)} because {self.because()}."
+
+    def to_state(self) -> dict[str, Any]:
+        """A JSON-able dict: the annotation's value and the spawner's state."""
+        return {k: v for k, v in asdict(self).items() if v not in ("", None)}
+
+    @classmethod
+    def from_state(cls, data: Any) -> StopNotice | None:
+        """The notice in ``data`` (a dict, or its JSON text); None when it is not one."""
+        if isinstance(data, (str, bytes)):
+            try:
+                data = json.loads(data)
+            except ValueError:
+                return None
+        if not isinstance(data, Mapping) or data.get("reason") not in REASONS:
+            return None
+        at = _number(data.get("at"))
+        if at is None:
+            return None
+        return cls(
+            reason=data["reason"],
+            at=at,
+            server=_text(data.get("server")),
+            held=_text(data.get("held")),
+            seconds=_number(data.get("seconds")),
+            kind=_text(data.get("kind")),
+            detail=_text(data.get("detail")),
+        )
+
+    def for_server(self, server: str, held: str) -> StopNotice:
+        """This notice naming the server as the hub knows it (an annotation does not)."""
+        return replace(self, server=server, held=held or self.held)
+
+    def as_json(self) -> dict[str, Any]:
+        """What the REST endpoint answers for it."""
+        return {
+            "server": self.server,
+            "reason": self.reason,
+            "stopped_at": iso_time(self.at),
+            "held": self.held,
+            "message": self.sentence(),
+        }
+
+
+@dataclass(frozen=True)
+class CullWarning:
+    """The culler's warning that a server will be stopped, and how to keep it."""
+
+    #: The cull reason it will be stopped for (one of the culler's: idle, gpu-idle, ...).
+    reason: str
+    #: When it will be stopped if nothing changes (UTC epoch).
+    cull_after: float
+    #: The idle time so far, in seconds (as :attr:`StopNotice.seconds`).
+    seconds: float | None = None
+    server: str = ""
+    held: str = ""
+
+    def keep_text(self) -> str:
+        """How to keep it, ending the warning's sentence."""
+        clock = utc_clock(self.cull_after)
+        if self.reason in (REASON_GPU_IDLE, REASON_PRESSURE):
+            return f"use it, or its GPUs, before {clock}"
+        if self.reason == REASON_MAX_AGE:
+            return "save your work: a server this old is stopped even when in use"
+        return f"use it before {clock}"
+
+    def sentence(self) -> str:
+        notice = StopNotice(reason=self.reason, at=self.cull_after, seconds=self.seconds)
+        who = _server_phrase(self.server, self.held)
+        return (
+            f"{who} will be stopped at {utc_clock(self.cull_after)} because "
+            f"{_present(notice.because())}. To keep it, {self.keep_text()}."
+        )
+
+    def to_state(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v not in ("", None)}
+
+    @classmethod
+    def from_state(cls, data: Any) -> CullWarning | None:
+        if isinstance(data, (str, bytes)):
+            try:
+                data = json.loads(data)
+            except ValueError:
+                return None
+        if not isinstance(data, Mapping) or data.get("reason") not in REASONS:
+            return None
+        cull_after = _number(data.get("cull_after"))
+        if cull_after is None:
+            return None
+        return cls(
+            reason=data["reason"],
+            cull_after=cull_after,
+            seconds=_number(data.get("seconds")),
+            server=_text(data.get("server")),
+            held=_text(data.get("held")),
+        )
+
+    def for_server(self, server: str, held: str) -> CullWarning:
+        return replace(self, server=server, held=held or self.held)
+
+
+def _present(because: str) -> str:
+    """A stop reason in the present perfect, for a warning ("its GPUs have been idle ...")."""
+    for past, present in (
+        ("its GPUs were idle", "its GPUs have been idle"),
+        ("it was not used", "it has not been used"),
+        ("other users were waiting", "other users are waiting"),
+        ("it reached the maximum age", "it reaches the maximum age"),
+    ):
+        because = because.replace(past, present)
+    return because
+
+
+def _html_with_time(sentence: str, epoch: float) -> str:
+    clock = utc_clock(epoch)
+    stamp = f'<time datetime="{iso_time(epoch)}" data-gpuspawner-time>{escape(clock)}</time>'
+    return stamp.join(escape(part) for part in sentence.split(clock))
+
+
+def notice_html(notice: StopNotice) -> str:
+    """The notice's sentence as HTML (escaped), its time in a ``<time>`` element."""
+    return _html_with_time(notice.sentence(), notice.at)
+
+
+def warning_html(warning: CullWarning) -> str:
+    """The warning's sentence as HTML (escaped), its times in ``<time>`` elements."""
+    return _html_with_time(warning.sentence(), warning.cull_after)
+
+
+#: Replaces each ``<time data-gpuspawner-time>`` text by the reader's local HH:MM.
+LOCAL_TIME_SCRIPT = """<script>
+document.querySelectorAll("time[data-gpuspawner-time]").forEach(function (t) {
+  var d = new Date(t.getAttribute("datetime"));
+  if (!isNaN(d)) {
+    t.textContent = d.toLocaleTimeString([], {hour: "2-digit", minute: "2-digit"});
+    t.title = t.getAttribute("datetime");
+  }
+});
+</script>"""
+
+
+#: The spawner's state keys: the notice of the last stop, and what the running server
+#: holds and where (for the notice of a stop the hub did not make).
+STATE_KEY = "gpuspawner_stop_notice"
+RUNNING_STATE_KEY = "gpuspawner_running"
+
+
+def node_is_lost(nodes: list[Mapping[str, Any]], name: str) -> bool:
+    """Whether the node ``name`` is gone from ``nodes`` (the API's listing) or not Ready."""
+    for node in nodes:
+        if (node.get("metadata") or {}).get("name") != name:
+            continue
+        for condition in (node.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "Ready":
+                return condition.get("status") != "True"
+        return True
+    return True

@@ -1,0 +1,100 @@
+"""Tests for gpuspawner.hubpages: the home page's lines, and the hub config they need."""
+
+from traitlets.config import Config
+
+from gpuspawner import hubpages, stopnotice
+
+AT = 1_800_000_000.0
+
+
+class OrmSpawner:
+    def __init__(self, name, state):
+        self.name = name
+        self.state = state
+
+
+class Spawner:
+    def __init__(self, active, warning=None):
+        self.active = active
+        self.ready = active
+        self._warning = warning
+
+    def cull_warning(self):
+        return self._warning
+
+
+class OrmUser:
+    def __init__(self, spawners):
+        self.orm_spawners = spawners
+
+
+class User:
+    def __init__(self, orm_spawners, loaded):
+        self.name = "carol"
+        self.orm_user = OrmUser(orm_spawners)
+        self.spawners = loaded
+
+
+def test_stopped_servers_show_their_notice_and_running_ones_their_warning():
+    notice = {"reason": "admin", "at": AT}
+    warning = stopnotice.CullWarning("idle", AT, server="run")
+    user = User(
+        {
+            "": OrmSpawner("", {stopnotice.STATE_KEY: notice}),
+            "<b>": OrmSpawner("<b>", {stopnotice.STATE_KEY: notice}),
+            "run": OrmSpawner("run", {stopnotice.STATE_KEY: notice}),  # being started again
+            "junk": OrmSpawner("junk", {stopnotice.STATE_KEY: "junk"}),
+            "none": OrmSpawner("none", None),
+        },
+        {"run": Spawner(True, warning), "": Spawner(False)},
+    )
+    lines = hubpages.user_notices(user)
+    assert len(lines) == 3
+    assert "Your server was stopped" in lines[0]
+    assert "Your server &#x27;&lt;b&gt;&#x27; was stopped" in lines[1]
+    assert "gpuspawner-warning" in lines[2] and "will be stopped" in lines[2]
+
+
+def test_a_page_never_fails_because_of_the_lines():
+    class Broken:
+        name = "x"
+
+        @property
+        def orm_user(self):
+            raise RuntimeError("db gone")
+
+    assert hubpages.page_notices(None)() == []
+    assert hubpages.page_notices(Broken())() == []
+
+
+def test_configure_adds_the_template_path_and_vars_once():
+    c = Config()
+    c.JupyterHub.template_paths = ["/site/templates"]
+    c.JupyterHub.template_vars = {"site": "x"}
+    hubpages.configure(c)
+    hubpages.configure(c)
+    assert c.JupyterHub.template_paths == [hubpages.TEMPLATE_PATH, "/site/templates"]
+    assert c.JupyterHub.template_vars["gpuspawner_notices"] is hubpages.page_notices
+    assert c.JupyterHub.template_vars["site"] == "x"
+
+
+def test_configure_in_a_sub_config_keeps_the_parents_settings(tmp_path):
+    from traitlets.config.loader import PyFileConfigLoader
+
+    (tmp_path / "sub.py").write_text(
+        "c = get_config()\nfrom gpuspawner.hubpages import configure\nconfigure(c)\nconfigure(c)\n"
+    )
+    (tmp_path / "main.py").write_text(
+        "c = get_config()\n"
+        "c.JupyterHub.template_paths = ['/site/templates']\n"
+        "c.JupyterHub.template_vars = {'site': 'x'}\n"
+        f"load_subconfig({str(tmp_path / 'sub.py')!r})\n"
+    )
+    c = PyFileConfigLoader("main.py", path=str(tmp_path)).load_config()
+    paths = c.JupyterHub.template_paths
+    assert paths == [hubpages.TEMPLATE_PATH, "/site/templates"]
+    assert sorted(c.JupyterHub.template_vars) == [
+        "gpuspawner_local_time",
+        "gpuspawner_notices",
+        "site",
+    ]
