@@ -437,8 +437,8 @@ async def test_managed_service_serves_metrics_through_the_proxy(hub):
     assert 'gpuspawner_culler_errors_total{source="hub"} 0.0' in text
 
 
-def running_pod(user: str) -> dict:
-    """The fixture's running A100 pod, as the user's."""
+def fixture_pod_of(user: str) -> dict:
+    """The fixture's running A100 pod (namespace jupyterhub), as the user's."""
     pod = json.loads(json.dumps(next(p for p in PODS if p["metadata"]["name"] == "jupyter-run")))
     pod["metadata"]["name"] = pod_name(user)
     pod["metadata"]["annotations"]["hub.jupyter.org/username"] = user
@@ -458,7 +458,7 @@ async def test_the_pod_carries_the_warning_then_the_reason_before_the_stop(
     from gpuspawner import labels, stopnotice
 
     start_servers(hub, {"noted": A100, "kept": A100})
-    kubeapi.objects["pods"] = [running_pod("noted"), running_pod("kept")]
+    kubeapi.objects["pods"] = [fixture_pod_of("noted"), fixture_pod_of("kept")]
     pods = {p["metadata"]["name"]: p["metadata"] for p in kubeapi.objects["pods"]}
     await asyncio.sleep(1.2)
     app = make_culler(hub, culler_token, timeout=1, warning_period=600, kubernetes="on")
