@@ -444,9 +444,11 @@ class GPUCuller(
         """Identifies the tokens of requests to /api/warning and /warnings through the hub."""
         from jupyterhub.services.auth import HubAuth
 
+        service = os.environ.get("JUPYTERHUB_SERVICE_NAME", self.name)
         return HubAuth(
             api_token=self.api_token,
             api_url=self.hub_api_url,
+            access_scopes={f"access:services!service={service}"},
             # a whoami answer is reused this long: one hub request per minute per
             # polling server, not one per poll
             cache_max_age=60,
@@ -486,6 +488,12 @@ class GPUCuller(
 
             async def get(self):
                 model = await self.caller()
+                if not auth.check_scopes(auth.access_scopes, model):
+                    raise web.HTTPError(
+                        403,
+                        "this token may not use the culler: grant "
+                        f"{', '.join(sorted(auth.access_scopes))} (c.Spawner.server_token_scopes)",
+                    )
                 self.set_header("Content-Type", "application/json")
                 self.set_header("Cache-Control", "no-store")
                 self.write(

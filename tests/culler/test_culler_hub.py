@@ -358,7 +358,8 @@ async def test_api_warning_tells_each_token_only_its_own_servers(hub, culler_tok
     url = f"http://127.0.0.1:{port}/api/warning"
 
     # a token like the server's own: access to that one server only
-    own = user_token(hub, "owner", ["access:servers!server=owner/"])
+    access = "access:services!service=gpuspawner-culler"
+    own = user_token(hub, "owner", ["access:servers!server=owner/", access])
     status, body = await fetch_status(url, own)
     assert status == 200, body
     answer = json.loads(body)
@@ -369,16 +370,20 @@ async def test_api_warning_tells_each_token_only_its_own_servers(hub, culler_tok
     assert "will be stopped at" in w["message"] and "use it before then" in w["message"]
 
     # the same user's token for another of its servers learns nothing about this one
-    other_server = user_token(hub, "owner", ["access:servers!server=owner/train"])
+    other_server = user_token(hub, "owner", ["access:servers!server=owner/train", access])
     assert json.loads((await fetch_status(url, other_server))[1])["warnings"] == []
     # another user's full token: only its own server, never the owner's
     bystander = user_token(hub, "bystander", ["inherit"])
     answer = json.loads((await fetch_status(url, bystander))[1])
     assert [(w["user"], w["server"]) for w in answer["warnings"]] == [("bystander", "")]
-    # a user with no warned server, and a service token (the hub's admin one): nothing
+    # a user with no warned server: nothing
     free = user_token(hub, "idle-free", ["inherit"])
     assert json.loads((await fetch_status(url, free))[1])["warnings"] == []
-    assert json.loads((await fetch_status(url, hub.token))[1])["warnings"] == []
+    # a service's token without access to the culler (the hub's test service): refused
+    assert (await fetch_status(url, hub.token))[0] == 403
+    # a token of the owner without access to the culler: refused, saying what to grant
+    status, body = await fetch_status(url, user_token(hub, "owner", ["access:servers!user"]))
+    assert status == 403 and access in json.loads(body)["message"], body
     # no token, or one the hub does not know: refused, in JSON
     for token in (None, "not-a-token"):
         status, body = await fetch_status(url, token)
