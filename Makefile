@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 .PHONY: setup system-packages test lint demo bench clean full-images
 
-setup: $(VENV)/.installed node_modules/.installed
+setup: $(VENV)/.installed node_modules/.installed $(VENV)/.labext-installed
 
 # Debian packages the suite needs that pip and npm cannot give (Prometheus, Chromium,
 # runc and iptables for the real nodes, Docker's engine and registry, debootstrap).
@@ -23,6 +23,20 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $@
+
+# JupyterLab's cull warning (extensions/gpuspawner-jupyterlab): its wheel, built with npm
+# and JupyterLab's builder, goes into the notebook images' build context and this venv.
+LABEXT := extensions/gpuspawner-jupyterlab
+LABEXT_WHEELS := images/common/wheels
+$(LABEXT_WHEELS)/.built: $(VENV)/.installed $(LABEXT)/pyproject.toml $(LABEXT)/hatch_build.py \
+		$(LABEXT)/package.json $(LABEXT)/src/index.js $(wildcard $(LABEXT)/gpuspawner_jupyterlab/*.py)
+	rm -rf $(LABEXT_WHEELS)
+	$(PY) -m pip wheel --quiet --no-deps -w $(LABEXT_WHEELS) ./$(LABEXT)
+	@touch $@
+
+$(VENV)/.labext-installed: $(LABEXT_WHEELS)/.built
+	$(PY) -m pip install --quiet --force-reinstall --no-deps $(LABEXT_WHEELS)/gpuspawner_jupyterlab-*.whl
 	@touch $@
 
 node_modules/.installed: package.json
@@ -54,4 +68,5 @@ bench: setup
 	$(PY) benchmarks/spawn_overhead.py
 
 clean:
-	rm -rf $(VENV) node_modules .pytest_cache .ruff_cache
+	rm -rf $(VENV) node_modules .pytest_cache .ruff_cache $(LABEXT_WHEELS) \
+		$(LABEXT)/node_modules $(LABEXT)/build $(LABEXT)/gpuspawner_jupyterlab/labextension

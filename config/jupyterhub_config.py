@@ -72,6 +72,8 @@ c.JupyterHub.services.append(
             "--config="
             + os.environ.get("GPUSPAWNER_CULLER_CONFIG", "/etc/gpuspawner/culler_config.py"),
         ],
+        # reached through the proxy at /services/gpuspawner-culler/ (its /api/warning)
+        "url": "http://127.0.0.1:10101",
         # the hub passes services only a few variables: hand on the API server's address
         "environment": {
             key: os.environ[key]
@@ -101,6 +103,23 @@ c.JupyterHub.load_roles.append(
             "read:metrics",
         ],
         "services": ["gpuspawner-culler"],
+    }
+)
+# The cull warning inside JupyterLab (gpuspawner-jupyterlab, in our images): a
+# server asks the culler's /api/warning about itself with its own token, through
+# the proxy. Every user may reach the culler (it only ever answers about the
+# caller's own servers), and server tokens carry that access besides the
+# defaults of JupyterHub's "server" role. Notebook pods reach the proxy through
+# the hub's Service (give it the proxy's port 8000) or set GPUSPAWNER_CULLER_URL.
+CULLER_ACCESS = "access:services!service=gpuspawner-culler"
+c.JupyterHub.load_roles.append({"name": "user", "scopes": ["self", CULLER_ACCESS]})
+c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server", CULLER_ACCESS]
+c.Spawner.environment.update(
+    {
+        "GPUSPAWNER_CULLER_URL": os.environ.get(
+            "GPUSPAWNER_CULLER_URL",
+            f"http://{c.JupyterHub.hub_connect_ip}:8000/services/gpuspawner-culler/",
+        )
     }
 )
 # --- end of gpuspawner-culler ---------------------------------------------------

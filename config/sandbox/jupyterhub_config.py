@@ -50,9 +50,17 @@ c.Authenticator.admin_users = {"admin"}  # (JupyterHub.admin_users is deprecated
 
 # The GPU-aware idle culler, as in config/jupyterhub_config.py, with the
 # hub's service-account kubeconfig handed on (services get few variables).
+# Reached through the proxy at /services/gpuspawner-culler/ on a free loopback
+# port (several sandbox hubs may run at once), for JupyterLab's cull warning.
+import socket  # noqa: E402
+
+with socket.socket() as _s:
+    _s.bind(("127.0.0.1", 0))
+    _culler_port = _s.getsockname()[1]
 c.JupyterHub.services.append(
     {
         "name": "gpuspawner-culler",
+        "url": f"http://127.0.0.1:{_culler_port}",
         "command": [
             sys.executable,
             "-m",
@@ -80,13 +88,18 @@ c.JupyterHub.load_roles.append(
         "services": ["gpuspawner-culler"],
     }
 )
+# JupyterLab's cull warning (gpuspawner-jupyterlab), as in config/jupyterhub_config.py:
+# every user may reach the culler, server tokens carry that access, and servers
+# (on this machine) ask it directly on its loopback port.
+CULLER_ACCESS = "access:services!service=gpuspawner-culler"
+c.JupyterHub.load_roles.append({"name": "user", "scopes": ["self", CULLER_ACCESS]})
+c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server", CULLER_ACCESS]
+c.Spawner.environment.update({"GPUSPAWNER_CULLER_URL": f"http://127.0.0.1:{_culler_port}/"})
 
 # --- gpuspawner-admin: the GPU page for admins (docs/admin.md) ----------------
 # A hub-managed service at /services/gpuspawner-admin/, on a free loopback port
 # (several sandbox hubs may run at once). Users need the custom scope
 # custom:gpuspawner:admin (granted to 'admin' below); others get 403.
-import socket  # noqa: E402
-
 with socket.socket() as _s:
     _s.bind(("127.0.0.1", 0))
     _admin_port = _s.getsockname()[1]

@@ -41,6 +41,7 @@ from .demand import HubDemand, parse_hub_metrics, total_by_type
 from .hub import list_servers
 from .pods import pods_by_server, waiting_requests, with_pods
 from .prometheus import gpu_view
+from .warning import warning_answer
 
 
 class CullerMetrics:
@@ -229,7 +230,7 @@ class GPUCuller(
 
     # --- metrics endpoint ---------------------------------------------------
     metrics_url = Unicode(
-        help="Where /metrics and /warnings are served. Default: $JUPYTERHUB_SERVICE_URL (the service's url in the hub config), else http://127.0.0.1:10101. Empty string: no endpoint."
+        help="Where /metrics, /warnings (every warned server; needs a hub token with read:servers) and /api/warning (the caller's own warned servers; a hub token) are served, also under the service's prefix. Default: $JUPYTERHUB_SERVICE_URL (the service's url in the hub config), else http://127.0.0.1:10101. Empty string: no endpoint."
     ).tag(config=True)
 
     @default("metrics_url")
@@ -570,24 +571,87 @@ class GPUCuller(
         return result
 
     # --- serving --------------------------------------------------------------
+    def hub_auth(self):
+        """Identifies the tokens of requests to /api/warning and /warnings through the hub."""
+        from jupyterhub.services.auth import HubAuth
+
+        service = os.environ.get("JUPYTERHUB_SERVICE_NAME", self.name)
+        return HubAuth(
+            api_token=self.api_token,
+            api_url=self.hub_api_url,
+            access_scopes={f"access:services!service={service}"},
+            # a whoami answer is reused this long: one hub request per minute per
+            # polling server, not one per poll
+            cache_max_age=60,
+            log=self.log,
+        )
+
     def _web_app(self):
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
         from tornado import web
 
         culler = self
+        auth = self.hub_auth()
 
         class MetricsHandler(web.RequestHandler):
             def get(self):
                 self.set_header("Content-Type", CONTENT_TYPE_LATEST)
                 self.write(generate_latest(culler.metrics.registry))
 
-        class WarningsHandler(web.RequestHandler):
-            def get(self):
+        class TokenHandler(web.RequestHandler):
+            """A request authenticated by a hub token (Authorization: token ...)."""
+
+            async def caller(self) -> dict:
+                token = auth.get_token(self, in_cookie=False)
+                model = await auth.user_for_token(token, sync=False) if token else None
+                if model is None:
+                    raise web.HTTPError(403, "a valid JupyterHub token is needed")
+                return model
+
+            def write_error(self, status_code, **kwargs):
+                self.set_header("Content-Type", "application/json")
+                reason = kwargs.get("exc_info", (None, None))[1]
+                message = getattr(reason, "log_message", None) or self._reason
+                self.finish(json.dumps({"status": status_code, "message": message}))
+
+        class WarningHandler(TokenHandler):
+            """The caller's own warned servers: what a single-user server asks about itself."""
+
+            async def get(self):
+                model = await self.caller()
+                if not auth.check_scopes(auth.access_scopes, model):
+                    raise web.HTTPError(
+                        403,
+                        "this token may not use the culler: grant "
+                        f"{', '.join(sorted(auth.access_scopes))} (c.Spawner.server_token_scopes)",
+                    )
+                self.set_header("Content-Type", "application/json")
+                self.set_header("Cache-Control", "no-store")
+                self.write(
+                    json.dumps(
+                        warning_answer(
+                            model, culler.warned, culler.policy.warning_period, culler.cull_every
+                        )
+                    )
+                )
+
+        class WarningsHandler(TokenHandler):
+            """Every warned server: only for tokens that may read every server anyway."""
+
+            async def get(self):
+                model = await self.caller()
+                # expanded scopes: an admin's token holds it too; a filtered one is not enough
+                if "read:servers" not in model.get("scopes", ()):
+                    raise web.HTTPError(403, "the read:servers scope (for all users) is needed")
                 self.set_header("Content-Type", "application/json")
                 self.write(json.dumps(culler.warnings_json()))
 
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/").rstrip("/")
-        routes = [(r"/metrics", MetricsHandler), (r"/warnings", WarningsHandler)]
+        routes = [
+            (r"/metrics", MetricsHandler),
+            (r"/warnings", WarningsHandler),
+            (r"/api/warning", WarningHandler),
+        ]
         if prefix:
             routes += [(prefix + path, handler) for path, handler in list(routes)]
         return web.Application(routes)
@@ -599,7 +663,7 @@ class GPUCuller(
         host = url.hostname or "127.0.0.1"
         port = url.port or (443 if url.scheme == "https" else 80)
         self._web_app().listen(port, address=host)
-        self.log.info("Serving /metrics and /warnings on %s:%d", host, port)
+        self.log.info("Serving /metrics, /warnings and /api/warning on %s:%d", host, port)
 
     async def run(self) -> None:
         self._listen()

@@ -17,25 +17,44 @@ from .spawners import NAMESPACE, pod_name
 CULLER_SERVICE = "gpuspawner-culler"
 
 
-def shipped_culler_role() -> dict:
-    """The culler's role as registered in config/jupyterhub_config.py (the one we ship)."""
+def shipped_config():
+    """config/jupyterhub_config.py as we ship it."""
     import os
 
     old = os.environ.get("GPUSPAWNER_CATALOG")
     os.environ["GPUSPAWNER_CATALOG"] = str(REPO / "config" / "catalog.yaml")
     try:
-        config = PyFileConfigLoader("jupyterhub_config.py", str(REPO / "config")).load_config()
+        return PyFileConfigLoader("jupyterhub_config.py", str(REPO / "config")).load_config()
     finally:
         if old is None:
             os.environ.pop("GPUSPAWNER_CATALOG", None)
         else:
             os.environ["GPUSPAWNER_CATALOG"] = old
-    load_roles = config.JupyterHub.load_roles
+
+
+def _shipped_roles() -> list[dict]:
+    load_roles = shipped_config().JupyterHub.load_roles
     if hasattr(load_roles, "get_value"):  # appended to: a LazyConfigValue
         load_roles = load_roles.get_value([])
-    roles = [r for r in load_roles if CULLER_SERVICE in r.get("services", [])]
+    return list(load_roles)
+
+
+def shipped_culler_role() -> dict:
+    """The culler's role as registered in config/jupyterhub_config.py (the one we ship)."""
+    roles = [r for r in _shipped_roles() if CULLER_SERVICE in r.get("services", [])]
     assert len(roles) == 1, roles
     return roles[0]
+
+
+def shipped_user_role() -> dict:
+    """The role every user has, as shipped: it lets users (and servers) ask the culler."""
+    [role] = [r for r in _shipped_roles() if r["name"] == "user"]
+    return role
+
+
+def shipped_server_token_scopes() -> list[str]:
+    """c.Spawner.server_token_scopes as shipped."""
+    return list(shipped_config().Spawner.server_token_scopes)
 
 
 def hub_config(
@@ -86,6 +105,7 @@ c.JupyterHub.last_activity_interval = 2
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}
 c.JupyterHub.services.append({service!r})
 c.JupyterHub.load_roles.append({{"name": "culler-test", "scopes": {scopes!r}, "services": [{CULLER_SERVICE!r}]}})
+c.JupyterHub.load_roles.append({shipped_user_role()!r})
 """
 
 

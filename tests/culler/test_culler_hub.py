@@ -342,7 +342,13 @@ async def test_dry_run_and_warning_period(hub, culler_token):
     app._listen()
     d = by_name(await app.cull_pass())
     assert d["warnme"].action == P.WARN
-    warnings = json.loads(await fetch(f"http://127.0.0.1:{port}/warnings"))
+    # every warned server, only for a token that may read every server
+    assert (await fetch_status(f"http://127.0.0.1:{port}/warnings"))[0] == 403
+    user_token = hub.api("POST", "/users/warnme/tokens", {"scopes": ["inherit"]}).json()["token"]
+    assert (await fetch_status(f"http://127.0.0.1:{port}/warnings", user_token))[0] == 403
+    status, body = await fetch_status(f"http://127.0.0.1:{port}/warnings", hub.token)
+    assert status == 200, body
+    warnings = json.loads(body)
     assert [(w["user"], w["server"], w["reason"]) for w in warnings] == [("warnme", "", "idle")]
     d = by_name(await app.cull_pass())
     assert d["warnme"].action == P.WARN  # not yet: the period has not passed
@@ -353,13 +359,76 @@ async def test_dry_run_and_warning_period(hub, culler_token):
     d = by_name(await app.cull_pass())
     assert d["warnme"].action == P.CULL
     wait_stopped(hub, "warnme")
-    assert json.loads(await fetch(f"http://127.0.0.1:{port}/warnings")) == []
+    status, body = await fetch_status(f"http://127.0.0.1:{port}/warnings", hub.token)
+    assert json.loads(body) == []
 
 
 async def fetch(url: str) -> str:
     from tornado.httpclient import AsyncHTTPClient
 
     return (await AsyncHTTPClient().fetch(url)).body.decode()
+
+
+async def fetch_status(url: str, token: str | None = None) -> tuple[int, str]:
+    """(status, body) of a GET, with a hub token if given."""
+    from tornado.httpclient import AsyncHTTPClient
+
+    headers = {"Authorization": f"token {token}"} if token else {}
+    r = await AsyncHTTPClient().fetch(url, headers=headers, raise_error=False)
+    return r.code, r.body.decode()
+
+
+def user_token(hub, user: str, scopes: list[str]) -> str:
+    hub.api("POST", f"/users/{user}")
+    r = hub.api("POST", f"/users/{user}/tokens", {"scopes": scopes})
+    assert r.status == 201, (r.status, r.body)
+    return r.json()["token"]
+
+
+async def test_api_warning_tells_each_token_only_its_own_servers(hub, culler_token):
+    """/api/warning: a server's token sees its own server's warning, nobody sees another's."""
+    start_servers(hub, {"owner": CPU, "bystander": CPU})
+    await asyncio.sleep(1.2)
+    port = free_port()
+    app = make_culler(
+        hub, culler_token, timeout=1, warning_period=600, metrics_url=f"http://127.0.0.1:{port}"
+    )
+    app._listen()
+    d = by_name(await app.cull_pass())
+    assert d["owner"].action == P.WARN and d["bystander"].action == P.WARN
+    url = f"http://127.0.0.1:{port}/api/warning"
+
+    # a token like the server's own: access to that one server only
+    access = "access:services!service=gpuspawner-culler"
+    own = user_token(hub, "owner", ["access:servers!server=owner/", access])
+    status, body = await fetch_status(url, own)
+    assert status == 200, body
+    answer = json.loads(body)
+    assert answer["user"] == "owner"
+    [w] = answer["warnings"]
+    assert (w["user"], w["server"], w["reason"]) == ("owner", "", "idle")
+    assert w["cull_at"] >= w["warned_at"] + 600
+    assert "will be stopped at" in w["message"] and "use it before then" in w["message"]
+
+    # the same user's token for another of its servers learns nothing about this one
+    other_server = user_token(hub, "owner", ["access:servers!server=owner/train", access])
+    assert json.loads((await fetch_status(url, other_server))[1])["warnings"] == []
+    # another user's full token: only its own server, never the owner's
+    bystander = user_token(hub, "bystander", ["inherit"])
+    answer = json.loads((await fetch_status(url, bystander))[1])
+    assert [(w["user"], w["server"]) for w in answer["warnings"]] == [("bystander", "")]
+    # a user with no warned server: nothing
+    free = user_token(hub, "idle-free", ["inherit"])
+    assert json.loads((await fetch_status(url, free))[1])["warnings"] == []
+    # a service's token without access to the culler (the hub's test service): refused
+    assert (await fetch_status(url, hub.token))[0] == 403
+    # a token of the owner without access to the culler: refused, saying what to grant
+    status, body = await fetch_status(url, user_token(hub, "owner", ["access:servers!user"]))
+    assert status == 403 and access in json.loads(body)["message"], body
+    # no token, or one the hub does not know: refused, in JSON
+    for token in (None, "not-a-token"):
+        status, body = await fetch_status(url, token)
+        assert status == 403 and json.loads(body)["status"] == 403, body
 
 
 async def test_hub_errors_are_retried_and_never_crash(hub, culler_token):

@@ -137,7 +137,11 @@ def test_services_as_the_chart_configures_them(chart_defaults):
     assert env["GPUSPAWNER_CATALOG"] == hub["config"]["GPUSpawner"]["catalog_file"]
     assert json.loads(env[PLACEMENT_ENV])["tolerations"] == tolerations
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
-    assert roles["user"]["scopes"] == ["self", "access:services!service=gpuspawner"]
+    assert roles["user"]["scopes"] == [
+        "self",
+        "access:services!service=gpuspawner",
+        "access:services!service=gpuspawner-culler",
+    ]
     # the proxy (its own pod) reaches the service on the hub Service, through the policy
     assert {"name": "gpuspawner", "port": 10103, "targetPort": 10103} in hub["service"][
         "extraPorts"

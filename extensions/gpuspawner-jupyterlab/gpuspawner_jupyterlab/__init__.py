@@ -1,0 +1,24 @@
+"""gpuspawner-jupyterlab: gpuspawner-culler's warning, shown inside JupyterLab.
+
+The server part (``/gpuspawner/warning`` on this server) asks the culler's
+``/api/warning`` with the server's own hub token; the lab part polls it and
+shows a JupyterLab notification once per warning.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def _jupyter_labextension_paths() -> list[dict]:
+    return [{"src": "labextension", "dest": "gpuspawner-jupyterlab"}]
+
+
+def _jupyter_server_extension_points() -> list[dict]:
+    return [{"module": "gpuspawner_jupyterlab"}]
+
+
+def _load_jupyter_server_extension(serverapp) -> None:
+    from .handlers import setup_handlers
+
+    setup_handlers(serverapp)
