@@ -14,7 +14,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from gpuspawner.compat import HTTPSpawnException, SpawnException, request_options
-from gpuspawner.images.matrix import read_constraints
+from gpuspawner.images.matrix import load_matrix, read_constraints
 from gpuspawner.options import Refusal
 from gpuspawner.spawner import RefusedSpawn, spawn_error
 
@@ -46,6 +46,17 @@ def test_each_tested_line_satisfies_the_package_requirements(line):
     requirements = package_requirements()
     for name, pinned in line_pins(line).items():
         assert Version(pinned) in requirements[name].specifier, (line, name, pinned)
+
+
+def test_the_oldest_line_is_the_hub_image_s_and_z2jh_s():
+    pins = line_pins("5.5")
+    matrix = load_matrix(REPO / "images" / "matrix.yaml")
+    assert pins["jupyterhub"] == matrix.hub.jupyterhub
+    z2jh = REPO / matrix.hub.requirements
+    if not z2jh.is_file():
+        pytest.skip(f"z2jh's hub requirements are not beside this checkout ({z2jh})")
+    z2jh_pins = read_constraints(z2jh.read_text())
+    assert {name: z2jh_pins[name] for name in pins} == pins
 
 
 def test_the_oldest_allowed_release_is_the_one_tested():
