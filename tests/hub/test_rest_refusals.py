@@ -146,10 +146,12 @@ c.GPUSpawner.catalog_file = {str(FIXTURES / "catalogs" / "bad-count.yaml")!r}
 from gpuspawner import check_catalog
 check_catalog(c)
 """,
-        timeout=30,
+        # waits, not a speed check: on a loaded 2-core machine importing JupyterHub,
+        # KubeSpawner and gpuspawner alone has taken 40 s before the hub could exit
+        timeout=120,
     )
     try:
-        assert hub.process.wait(timeout=30) == 1
+        assert hub.process.wait(timeout=120) == 1
     finally:
         hub.stop()
     log = hub.log()
