@@ -7,6 +7,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# JupyterHub 5.5 + KubeSpawner 7.0, zero-to-jupyterhub 4.4.0's hub (README, "Compatibility"):
+# `make test` also runs the unit and hub-level tests in this second virtualenv. The e2e,
+# image and sandbox tests run once, on the newest line in $(VENV): what they test (the
+# cluster, Docker, the images) does not depend on the hub's JupyterHub line.
+VENV_JH55 ?= .venv-jh55
+PYTEST_ARGS_JH55 ?= tests --ignore=tests/e2e --ignore=tests/images --ignore=tests/sandbox
 
 .PHONY: setup system-packages test lint demo bench clean full-images
 
@@ -17,12 +23,18 @@ setup: $(VENV)/.installed node_modules/.installed $(VENV)/.labext-installed
 system-packages:
 	@sh scripts/install-system-packages.sh
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml .ci/jupyterhub-6.1.txt
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.10 or newer is needed: install python3 (e.g. apt-get install python3 python3-venv)"; exit 1; }
 	@command -v npm >/dev/null || { echo "Node.js 18+ with npm is needed for configurable-http-proxy: install nodejs and npm (e.g. apt-get install nodejs npm)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test]' -c .ci/jupyterhub-6.1.txt
+	@touch $@
+
+$(VENV_JH55)/.installed: pyproject.toml .ci/jupyterhub-5.5.txt
+	$(PYTHON) -m venv $(VENV_JH55)
+	$(VENV_JH55)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_JH55)/bin/python -m pip install --quiet -e '.[test]' -c .ci/jupyterhub-5.5.txt
 	@touch $@
 
 # JupyterLab's cull warning (extensions/gpuspawner-jupyterlab): its wheel, built with npm
@@ -39,6 +51,10 @@ $(VENV)/.labext-installed: $(LABEXT_WHEELS)/.built
 	$(PY) -m pip install --quiet --force-reinstall --no-deps $(LABEXT_WHEELS)/gpuspawner_jupyterlab-*.whl
 	@touch $@
 
+$(VENV_JH55)/.labext-installed: $(LABEXT_WHEELS)/.built $(VENV_JH55)/.installed
+	$(VENV_JH55)/bin/python -m pip install --quiet --force-reinstall --no-deps $(LABEXT_WHEELS)/gpuspawner_jupyterlab-*.whl
+	@touch $@
+
 node_modules/.installed: package.json
 	npm install --no-audit --no-fund --loglevel=error
 	@touch $@
@@ -47,10 +63,19 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# pytest exits 5 when it collected no test: that is a failure here, never a pass.
-test: lint system-packages
-	@$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+# Both JupyterHub lines, each run to its end; pytest exits 5 when it collected no
+# test: that is a failure here, never a pass.
+test: lint system-packages $(VENV_JH55)/.installed $(VENV_JH55)/.labext-installed
+	@failed=0; \
+	echo "== the whole suite: JupyterHub 6.1 + KubeSpawner 7.1 ($(VENV)) =="; \
+	$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; rc=1; fi; \
+	[ $$rc -eq 0 ] || failed=1; \
+	echo "== unit and hub-level tests: JupyterHub 5.5 + KubeSpawner 7.0 ($(VENV_JH55)) =="; \
+	$(VENV_JH55)/bin/pytest -rs $(PYTEST_ARGS_JH55); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; rc=1; fi; \
+	[ $$rc -eq 0 ] || failed=1; \
+	exit $$failed
 
 # The local GPU cluster (real control plane built from Go, emulated GPU nodes)
 # and JupyterHub with GPUSpawner at http://127.0.0.1:8000/. Ctrl-C stops it all.
@@ -68,5 +93,5 @@ bench: setup
 	$(PY) benchmarks/spawn_overhead.py
 
 clean:
-	rm -rf $(VENV) node_modules .pytest_cache .ruff_cache $(LABEXT_WHEELS) \
+	rm -rf $(VENV) $(VENV_JH55) node_modules .pytest_cache .ruff_cache $(LABEXT_WHEELS) \
 		$(LABEXT)/node_modules $(LABEXT)/build $(LABEXT)/gpuspawner_jupyterlab/labextension

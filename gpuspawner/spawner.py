@@ -22,7 +22,6 @@ import os
 import time
 from typing import Any
 
-from jupyterhub.spawner import SpawnException
 from kubespawner import KubeSpawner
 from traitlets import Bool, Dict, List, Unicode, observe
 
@@ -41,6 +40,7 @@ from . import (
 )
 from .capacity import Capacity, CapacityConfig, GPUUnschedulable
 from .catalog import Catalog, CatalogError, parse_catalog
+from .compat import SpawnException, request_options
 from .options import (
     OPTION_PROFILE,
     Refusal,
@@ -56,9 +56,10 @@ class RefusedSpawn(SpawnException, ValueError):
     """A refused spawn request, as JupyterHub and KubeSpawner callers expect it.
 
     A ``SpawnException`` (JupyterHub answers with its status and message, and
-    logs no traceback) and a ``ValueError``, which is what KubeSpawner's
-    ``load_user_options`` raises for bad options: code that wraps it in
-    ``try/except ValueError`` sees GPUSpawner's refusals too.
+    logs no traceback; JupyterHub 5.5 has none, see :mod:`gpuspawner.compat`)
+    and a ``ValueError``, which is what KubeSpawner's ``load_user_options``
+    raises for bad options: code that wraps it in ``try/except ValueError``
+    sees GPUSpawner's refusals too.
     """
 
 
@@ -452,6 +453,10 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         )
 
     async def load_user_options(self) -> None:
+        try:
+            self.user_options = request_options(self.user_options)
+        except Refusal as refusal:
+            raise self._refusal(refusal) from None
         if not self.gpu_catalog_configured:
             return await self._load_kubespawner_profile()
         catalog = self._catalog_or_refuse()

@@ -105,7 +105,7 @@ class HubSpec:
     dockerfile: str
     z2jh_chart: str
     base_image: str
-    base_jupyterhub: str
+    #: The JupyterHub z2jh's requirements pin; the hub image keeps it.
     jupyterhub: str
     #: z2jh's pinned hub requirements.txt (what k8s-hub ships), relative to the repository root.
     requirements: str
@@ -216,9 +216,6 @@ def parse_matrix(data: Any, source: str = "<matrix>") -> Matrix:
             k: _str(raw_hub, k, where)
             for k in ("name", "dockerfile", "z2jh_chart", "base_image", "requirements")
         },
-        base_jupyterhub=_version(
-            _str(raw_hub, "base_jupyterhub", where), f"{where}.base_jupyterhub"
-        ),
         jupyterhub=_version(_str(raw_hub, "jupyterhub", where), f"{where}.jupyterhub"),
     )
     if hub.name in images:
@@ -326,8 +323,25 @@ def consistency_problems(
             )
         if root is not None:
             problems.extend(_file_problems(spec, root))
-    if root is not None and not (root / matrix.hub.dockerfile).is_file():
-        problems.append(f"hub.dockerfile {matrix.hub.dockerfile} does not exist")
+    if root is not None:
+        problems.extend(_hub_file_problems(matrix.hub, root))
+    return problems
+
+
+def _hub_file_problems(hub: HubSpec, root: Path) -> list[str]:
+    problems = []
+    if not (root / hub.dockerfile).is_file():
+        problems.append(f"hub.dockerfile {hub.dockerfile} does not exist")
+    # z2jh's requirements lie outside the repository; where they are absent (a bare
+    # clone) the image build itself says so.
+    requirements = root / hub.requirements
+    if requirements.is_file():
+        pinned = read_constraints(requirements.read_text()).get("jupyterhub")
+        if pinned != hub.jupyterhub:
+            problems.append(
+                f"hub.jupyterhub {hub.jupyterhub} is not the JupyterHub z2jh's hub "
+                f"requirements pin ({pinned}), which the hub image keeps"
+            )
     return problems
 
 

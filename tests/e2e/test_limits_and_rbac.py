@@ -6,8 +6,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from jupyterhub.spawner import SpawnException
 
+from gpuspawner.compat import SpawnException
 from gpuspawner.sandbox.demo import HUB_NAMESPACE
 
 from .conftest import ensure_user, stop_server, user_pods, wait_for, wait_ready

@@ -45,11 +45,21 @@ def ensure_user(hub, name):
             "'1e9' is not a valid number of GPUs: choose one of 0, 1, 2, 4 or 8.",
         ),
         (
+            # a "%" must survive the hub's formatting (JupyterHub 5.5 formats the error)
+            {"profile": "pytorch", "gpu_type": "a100", "gpus": "10%d"},
+            "'10%d' is not a valid number of GPUs: choose one of 0, 1, 2, 4 or 8.",
+        ),
+        (
             {"profile": "pytorch", "gpu_type": "a100", "gpus": []},
             "[] is not a valid number of GPUs: choose one of 0, 1, 2, 4 or 8.",
         ),
         (
             {"profile": "pytorch", "gpu_type": "v100", "gpus": "1"},
+            "There is no GPU type 'v100': choose 'a100', 'h100' or 'mig'.",
+        ),
+        (
+            # JupyterHub 6's documented body; JupyterHub 5.5 passes it whole (gpuspawner.compat)
+            {"user_options": {"profile": "pytorch", "gpu_type": "v100", "gpus": "1"}},
             "There is no GPU type 'v100': choose 'a100', 'h100' or 'mig'.",
         ),
         (
@@ -119,7 +129,10 @@ def test_refusals_leave_no_traceback_in_the_hub_log(gpu_hub):
     ensure_user(gpu_hub, "rita")
     gpu_hub.api("POST", "/users/rita/server", {"profile": "pytorch", "gpus": "1e9"})
     log = gpu_hub.log()
-    assert "Not starting rita's server" in log
+    # JupyterHub 6 logs "Not starting rita's server: …", 5.5 "Error starting rita's server: …";
+    # both log the refusal as one line naming its reason.
+    assert "rita's server" in log
+    assert "400 RefusedSpawn(reason=invalid-request): '1e9' is not a valid number of GPUs" in log
     assert "KeyError" not in log and "TraitError" not in log
     assert "Traceback" not in log
 
@@ -133,10 +146,12 @@ c.GPUSpawner.catalog_file = {str(FIXTURES / "catalogs" / "bad-count.yaml")!r}
 from gpuspawner import check_catalog
 check_catalog(c)
 """,
-        timeout=30,
+        # waits, not a speed check: on a loaded 2-core machine importing JupyterHub,
+        # KubeSpawner and gpuspawner alone has taken 40 s before the hub could exit
+        timeout=120,
     )
     try:
-        assert hub.process.wait(timeout=30) == 1
+        assert hub.process.wait(timeout=120) == 1
     finally:
         hub.stop()
     log = hub.log()

@@ -255,8 +255,10 @@ def test_hub_image(matrix):
     runs = " ".join(instructions(df, "RUN"))
     assert "--no-binary pycurl" in runs
     assert "pip install --no-index --find-links=/tmp/wheels/ -r /tmp/requirements.txt" in runs
-    assert "pip install /tmp/gpuspawner" in runs
-    assert "jupyterhub==${JUPYTERHUB_VERSION}" in runs
+    # gpuspawner under z2jh's pins, and nothing that names another JupyterHub.
+    assert f"{HUB_REQUIREMENTS_IN_CONTEXT} /tmp/z2jh-requirements.txt" in copies
+    assert "pip install --constraint /tmp/z2jh-requirements.txt /tmp/gpuspawner" in runs
+    assert "jupyterhub==" not in runs
     assert resolve(instructions(df, "USER")[-1], declared) == "1000"
     for key in OCI_LABELS:
         assert df.labels.get(f"org.opencontainers.image.{key}"), key

@@ -180,3 +180,31 @@ def test_select_unknown_image(matrix):
     with pytest.raises(MatrixError, match="cuda-jax is not an image of"):
         matrix.select(["cuda-jax"])
     assert [s.name for s in matrix.select(None)] == list(matrix.images)
+
+
+def test_hub_jupyterhub_other_than_z2jh_s_pin_is_reported(raw, tmp_path):
+    """The hub image keeps z2jh's JupyterHub: the matrix may not name another one."""
+    tree = tmp_path / "repo"
+    (tree / "images" / "hub").mkdir(parents=True)
+    (tree / "images" / "hub" / "Dockerfile").write_text("FROM scratch\n")
+    raw["hub"]["requirements"] = "z2jh/requirements.txt"
+    (tree / "z2jh").mkdir()
+    (tree / "z2jh" / "requirements.txt").write_text(
+        "jupyterhub==5.4.0\n    # via -r unfrozen/requirements.txt\n"
+    )
+    matrix = parse_matrix(raw)
+    problems = [
+        p
+        for p in consistency_problems(matrix, package_jupyterhub_requirement(), tree)
+        if p.startswith("hub.")
+    ]
+    assert problems == [
+        f"hub.jupyterhub {matrix.hub.jupyterhub} is not the JupyterHub z2jh's hub "
+        "requirements pin (5.4.0), which the hub image keeps"
+    ]
+    (tree / "z2jh" / "requirements.txt").write_text(f"jupyterhub=={matrix.hub.jupyterhub}\n")
+    assert not [
+        p
+        for p in consistency_problems(matrix, package_jupyterhub_requirement(), tree)
+        if p.startswith("hub.")
+    ]

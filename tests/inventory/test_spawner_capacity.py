@@ -12,11 +12,11 @@ import json
 import re
 
 import pytest
-from jupyterhub.spawner import SpawnException
 from kubespawner import KubeSpawner
 from traitlets.config import Config
 
 from gpuspawner import hubstate
+from gpuspawner.compat import SpawnException
 from gpuspawner.inventory.model import inventory_from
 from gpuspawner.spawner import GPUUnschedulable
 

@@ -1,0 +1,82 @@
+"""What differs between the JupyterHub and KubeSpawner lines gpuspawner supports.
+
+gpuspawner runs on JupyterHub 5.5 + KubeSpawner 7.0 (zero-to-jupyterhub 4.4.0's
+hub image) and on JupyterHub 6.x + KubeSpawner 7.1. Code that depends on the
+line asks here, so the difference lives in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jupyterhub import version_info
+from tornado import web
+
+from .options import Refusal
+
+#: JupyterHub 6 reads a server request's body as ``{"user_options": {…},
+#: "display_name": …}``, and a body without those keys as the options; 5.5 takes
+#: the whole body as the options.
+HUB_READS_USER_OPTIONS_KEY = version_info >= (6,)
+
+
+class HTTPSpawnException(web.HTTPError):
+    """JupyterHub 6's ``SpawnException``, as far as JupyterHub 5.5 can honour it.
+
+    JupyterHub 5.5 logs an ``HTTPError`` raised by a spawn as one line, without a
+    traceback, answers with its status code, and shows an exception's
+    ``jupyterhub_message`` (and ``jupyterhub_html_message``) on its pages and in
+    the progress stream. Its REST API answers with ``log_message % args``
+    instead: ``"%s"`` with the sentence as the only argument makes that the
+    sentence too, even when it holds a ``%``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        log_message: str = "",
+        message_html: str = "",
+        status_code: int = 400,
+    ):
+        super().__init__(status_code, "%s", message, reason=reason)
+        self.message = message
+        self.message_html = message_html
+        self.jupyterhub_message = message
+        if message_html:
+            self.jupyterhub_html_message = message_html
+        # JupyterHub 6 keeps the admin's detail in log_message; here tornado
+        # owns that name (and 5.5's REST API shows it), so it is kept apart.
+        self.detail = log_message or message
+
+    def __str__(self) -> str:
+        return f"{self.status_code} {type(self).__name__}(reason={self.reason}): {self.detail}"
+
+
+try:
+    from jupyterhub.spawner import SpawnException
+except ImportError:  # JupyterHub < 6.0
+    SpawnException = HTTPSpawnException  # type: ignore[misc, assignment]
+
+
+def request_options(user_options: Any, hub_reads_key: bool = HUB_READS_USER_OPTIONS_KEY) -> Any:
+    """The spawn options of a request, read as JupyterHub 6 reads a REST body.
+
+    On JupyterHub 5.5, ``{"user_options": {…}}`` (the body the README and
+    JupyterHub 6 document) arrives whole as the options; without this, its
+    options would be ignored and the defaults started.
+    """
+    if hub_reads_key or not isinstance(user_options, dict):
+        return user_options
+    if "user_options" not in user_options and "display_name" not in user_options:
+        return user_options
+    inner = user_options.get("user_options")
+    if inner is None:
+        return {}
+    if not isinstance(inner, dict):
+        raise Refusal("'user_options' must be an object (or null) of server options.")
+    return inner
+
+
+__all__ = ["HUB_READS_USER_OPTIONS_KEY", "HTTPSpawnException", "SpawnException", "request_options"]
