@@ -11,12 +11,7 @@ from gpuspawner.culler.demand import parse_hub_metrics, total_by_type
 from gpuspawner.culler.policy import Request
 from gpuspawner.inventory.model import Availability, NodeFigures
 
-
-class FakeSpawner:
-    """What the collector reads of a GPUSpawner (weakly referenced, like the real one)."""
-
-    def __init__(self, **attributes):
-        self.__dict__.update(attributes)
+from ..admin.test_metrics import FakeSpawner
 
 
 def published(state: hubstate.HubState, figures: dict) -> str:

@@ -7,6 +7,7 @@ service account of config/rbac.yaml. When the control plane cannot be built
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 
@@ -50,6 +51,21 @@ def hub(stack):
 @pytest.fixture
 def kube(stack):
     return stack.control_plane.admin_api()
+
+
+@contextlib.contextmanager
+def hub_with(stack, extra_config: str):
+    """The session's hub restarted with extra settings, and restored afterwards."""
+    before = stack.extra_hub_config
+    stack.extra_hub_config = before + extra_config
+    stack.stop_hub()
+    stack.start_hub()
+    try:
+        yield stack.hub
+    finally:
+        stack.extra_hub_config = before
+        stack.stop_hub()
+        stack.start_hub()
 
 
 def ensure_user(hub, name):

@@ -21,7 +21,15 @@ import pytest
 
 from gpuspawner.sandbox.kubeapi import ApiError
 
-from .conftest import ensure_user, pod_of, server_state, stop_server, wait_for, wait_ready
+from .conftest import (
+    ensure_user,
+    hub_with,
+    pod_of,
+    server_state,
+    stop_server,
+    wait_for,
+    wait_ready,
+)
 
 CAPACITY_CONFIG = """
 c.GPUSpawner.gpu_unschedulable_timeout = 10
@@ -30,16 +38,8 @@ c.GPUSpawner.gpu_unschedulable_timeout = 10
 
 @pytest.fixture(scope="module")
 def capacity_hub(stack):
-    before = stack.extra_hub_config
-    stack.extra_hub_config = before + CAPACITY_CONFIG
-    stack.stop_hub()
-    stack.start_hub()
-    try:
-        yield stack.hub
-    finally:
-        stack.extra_hub_config = before
-        stack.stop_hub()
-        stack.start_hub()
+    with hub_with(stack, CAPACITY_CONFIG) as hub:
+        yield hub
 
 
 def user_token(hub, name):

@@ -15,7 +15,15 @@ import urllib.request
 
 import pytest
 
-from .conftest import ensure_user, pod_of, server_state, stop_server, wait_for, wait_ready
+from .conftest import (
+    ensure_user,
+    hub_with,
+    pod_of,
+    server_state,
+    stop_server,
+    wait_for,
+    wait_ready,
+)
 from .test_culler import run_culler
 from .test_scheduling_and_validation import progress_messages
 
@@ -162,16 +170,8 @@ c.GPUSpawner.gpu_queue_timeout = 240
 
 @pytest.fixture
 def queue_hub(stack):
-    before = stack.extra_hub_config
-    stack.extra_hub_config = before + QUEUE_CONFIG
-    stack.stop_hub()
-    stack.start_hub()
-    try:
-        yield stack.hub
-    finally:
-        stack.extra_hub_config = before
-        stack.stop_hub()
-        stack.start_hub()
+    with hub_with(stack, QUEUE_CONFIG) as hub:
+        yield hub
 
 
 def test_a_queued_request_starts_as_soon_as_the_culler_frees_its_gpus(

@@ -8,7 +8,15 @@ import re
 
 import pytest
 
-from .conftest import browser_log_in, ensure_user, pod_of, server_state, stop_server, wait_for
+from .conftest import (
+    browser_log_in,
+    ensure_user,
+    hub_with,
+    pod_of,
+    server_state,
+    stop_server,
+    wait_for,
+)
 
 TYPES = "select[name='profile-option-pytorch--gpu_type']"
 COUNTS = "select[name='profile-option-pytorch--gpus']"
@@ -179,16 +187,8 @@ setup_ui(c)
 @pytest.fixture
 def fancy_hub(stack):
     """The session's hub restarted with jupyterhub-fancy-profiles' form, restored afterwards."""
-    before = stack.extra_hub_config
-    stack.extra_hub_config = before + FANCY_CONFIG
-    stack.stop_hub()
-    stack.start_hub()
-    try:
-        yield stack.hub
-    finally:
-        stack.extra_hub_config = before
-        stack.stop_hub()
-        stack.start_hub()
+    with hub_with(stack, FANCY_CONFIG) as hub:
+        yield hub
 
 
 def test_fancy_profiles_form_says_when_its_figures_were_counted(browser, fancy_hub):
