@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import json
 import logging
+import re
 import urllib.error
 import urllib.request
 
@@ -173,7 +175,9 @@ def blocking_pod(name, node):
     }
 
 
-def test_pod_stuck_without_gpus_fails_fast_with_the_reason_and_is_removed(capacity_hub, kube):
+def test_pod_stuck_without_gpus_fails_fast_with_the_reason_and_is_removed(
+    stack, capacity_hub, kube
+):
     """GPUs of a terminating pod look free (it is going), but the scheduler counts them
     until the pod is gone: a request admitted meanwhile stays unschedulable, and must fail
     within the fail-fast time instead of the start timeout."""
@@ -226,6 +230,14 @@ def test_pod_stuck_without_gpus_fails_fast_with_the_reason_and_is_removed(capaci
             in log
         )
         assert "have too few free NVIDIA A100 GPUs" in log
+
+        # After a hub restart, the user is told why at their next visit.
+        stack.stop_hub()
+        hub = stack.start_hub()
+        with browser(hub, "stuck").open(f"{hub.public_url}/hub/home", timeout=30) as page:
+            home = html.unescape(re.sub(r"<[^>]+>", "", page.read().decode()))
+        assert "Your server (1 × NVIDIA A100) was stopped at" in home, home[-2000:]
+        assert "because no node had free GPUs for it for 10 seconds." in home
     finally:
         for name in names:
             with contextlib.suppress(ApiError):
