@@ -369,7 +369,7 @@ class GPUCuller(
             self.metrics.errors.labels(source="hub").inc()
             self.log.error("Pass abandoned, the hub's users could not be listed: %s", e)
             return None
-        pending: list[P.Request] = []
+        pending: list[P.Request] | None = None
         if self.pods is not None:
             try:
                 pods = await self.pods.list_pods(selector())
@@ -379,7 +379,8 @@ class GPUCuller(
                 self.metrics.errors.labels(source="kubernetes").inc()
                 self.log.warning("%s; no pressure mode this pass.", e)
         pressure = None
-        if self.pods is not None:
+        # Without the pods there are no nodes to free GPUs on: no pressure mode.
+        if pending is not None:
             hub_demand = await self._hub_demand()
             pressure = P.Pressure(
                 requests=hub_demand.requests + tuple(pending), free=hub_demand.free
