@@ -7,10 +7,10 @@ cluster; the pod the hub's watch holds is a stand-in reflector's dict.
 import json
 
 import pytest
-from jupyterhub.spawner import SpawnException
 from kubespawner import KubeSpawner
 
 from gpuspawner import labels, stopnotice
+from gpuspawner.compat import SpawnException
 from gpuspawner.spawner import GPUCheckFailed, GPUSpawner
 
 from .test_spawner import _isolated, build, make_spawner  # noqa: F401 (the fixture)
