@@ -98,6 +98,23 @@ def _server_phrase(server: str, held: str) -> str:
     return f"{name} ({held})" if held else name
 
 
+def _stored(data: Any) -> Mapping[str, Any] | None:
+    """A stored notice or warning (a dict, or its JSON text) with a known reason; else None."""
+    if isinstance(data, (str, bytes)):
+        try:
+            data = json.loads(data)
+        except ValueError:
+            return None
+    if not isinstance(data, Mapping) or data.get("reason") not in REASONS:
+        return None
+    return data
+
+
+def _compact(record: Any) -> dict[str, Any]:
+    """A dataclass as a JSON-able dict without its empty fields."""
+    return {k: v for k, v in asdict(record).items() if v not in ("", None)}
+
+
 def _text(value: Any) -> str:
     return value[:MAX_TEXT] if isinstance(value, str) else ""
 
@@ -161,17 +178,13 @@ class StopNotice:
 
     def to_state(self) -> dict[str, Any]:
         """A JSON-able dict: the annotation's value and the spawner's state."""
-        return {k: v for k, v in asdict(self).items() if v not in ("", None)}
+        return _compact(self)
 
     @classmethod
     def from_state(cls, data: Any) -> StopNotice | None:
         """The notice in ``data`` (a dict, or its JSON text); None when it is not one."""
-        if isinstance(data, (str, bytes)):
-            try:
-                data = json.loads(data)
-            except ValueError:
-                return None
-        if not isinstance(data, Mapping) or data.get("reason") not in REASONS:
+        data = _stored(data)
+        if data is None:
             return None
         at = _number(data.get("at"))
         if at is None:
@@ -232,16 +245,12 @@ class CullWarning:
         )
 
     def to_state(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v not in ("", None)}
+        return _compact(self)
 
     @classmethod
     def from_state(cls, data: Any) -> CullWarning | None:
-        if isinstance(data, (str, bytes)):
-            try:
-                data = json.loads(data)
-            except ValueError:
-                return None
-        if not isinstance(data, Mapping) or data.get("reason") not in REASONS:
+        data = _stored(data)
+        if data is None:
             return None
         cull_after = _number(data.get("cull_after"))
         if cull_after is None:
