@@ -23,6 +23,7 @@ from gpuspawner.userservice.stopnotices import user_notices
 
 from ..conftest import REPO
 from ..hub.hubprocess import free_port, start_hub
+from .test_hub import user_token
 
 NOTICES = "/services/gpuspawner/stop-notices"
 
@@ -70,13 +71,6 @@ add_service(c, url="http://127.0.0.1:{free_port()}", environ={{}})
         pytest.fail(f"JupyterHub exited during start:\n{hub.log()[-3000:]}")
     yield hub
     hub.stop()
-
-
-def user_token(hub, name):
-    assert hub.api("POST", f"/users/{name}").status in (201, 409)
-    r = hub.api("POST", f"/users/{name}/tokens", {"note": "stop notices test"})
-    assert r.status in (200, 201), r.body
-    return r.json()["token"]
 
 
 def get(hub, token):
