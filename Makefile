@@ -23,18 +23,18 @@ setup: $(VENV)/.installed node_modules/.installed $(VENV)/.labext-installed
 system-packages:
 	@sh scripts/install-system-packages.sh
 
-$(VENV)/.installed: pyproject.toml .ci/jupyterhub-6.1.txt
+$(VENV)/.installed: pyproject.toml sandbox/pyproject.toml .ci/jupyterhub-6.1.txt
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.10 or newer is needed: install python3 (e.g. apt-get install python3 python3-venv)"; exit 1; }
 	@command -v npm >/dev/null || { echo "Node.js 18+ with npm is needed for configurable-http-proxy: install nodejs and npm (e.g. apt-get install nodejs npm)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]' -c .ci/jupyterhub-6.1.txt
+	$(PY) -m pip install --quiet -e '.[test]' -e ./sandbox -c .ci/jupyterhub-6.1.txt
 	@touch $@
 
-$(VENV_JH55)/.installed: pyproject.toml .ci/jupyterhub-5.5.txt
+$(VENV_JH55)/.installed: pyproject.toml sandbox/pyproject.toml .ci/jupyterhub-5.5.txt
 	$(PYTHON) -m venv $(VENV_JH55)
 	$(VENV_JH55)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV_JH55)/bin/python -m pip install --quiet -e '.[test]' -c .ci/jupyterhub-5.5.txt
+	$(VENV_JH55)/bin/python -m pip install --quiet -e '.[test]' -e ./sandbox -c .ci/jupyterhub-5.5.txt
 	@touch $@
 
 # JupyterLab's cull warning (extensions/gpuspawner-jupyterlab): its wheel, built with npm

@@ -245,7 +245,7 @@ def api_naive(nodes: list[dict], pods: list[dict], catalog, runs: int) -> tuple[
     """Load the objects into the sandbox's API server, then list them per request."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from gpuspawner.sandbox import testing
+    from gpuspawner_sandbox import testing
 
     with tempfile.TemporaryDirectory() as tmp, testing.running_control_plane(Path(tmp)) as cp:
         api = cp.admin_api()

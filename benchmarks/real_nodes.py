@@ -3,7 +3,7 @@
     sudo .venv/bin/python benchmarks/real_nodes.py [--nodes 2] [--pods 5]
 
 Starts the sandbox's real control plane, then ``--nodes`` real nodes (the
-kubelet, containerd, runc, CNI; gpuspawner.sandbox.nodes), and measures:
+kubelet, containerd, runc, CNI; gpuspawner_sandbox.nodes), and measures:
 
 * each node's start-up: from creating its directories, cgroups and bridge to
   the Node being Ready in the API (nodes start one after the other, so the
@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuspawner.sandbox import nodebuild, nodeconfig, nodes
-from gpuspawner.sandbox.controlplane import ControlPlane
+from gpuspawner_sandbox import nodebuild, nodeconfig, nodes
+from gpuspawner_sandbox.controlplane import ControlPlane
 
 IDLE_SECONDS = 20
 

@@ -24,9 +24,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gpuspawner.sandbox import build
-from gpuspawner.sandbox.demo import SANDBOX_HUB_CONFIG, SandboxStack
-from gpuspawner.sandbox.hubprocess import start_hub
+from gpuspawner_sandbox import build
+from gpuspawner_sandbox.demo import SANDBOX_HUB_CONFIG, SandboxStack
+from gpuspawner_sandbox.hubprocess import start_hub
 
 CATALOG = """
 images:

@@ -1,7 +1,7 @@
 # JupyterHub configuration for the local GPU cluster (gpuspawner-sandbox demo
 # and the end-to-end tests). It is loaded after a generated preamble that sets
 # the loopback addresses, ports, proxy, database and the demo login; see
-# gpuspawner/sandbox/hubprocess.py and gpuspawner/sandbox/demo.py.
+# sandbox/gpuspawner_sandbox/hubprocess.py and sandbox/gpuspawner_sandbox/demo.py.
 import os
 import shutil
 import sys

@@ -20,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from gpuspawner.sandbox.demo import DEMO_PASSWORD, SandboxStack  # noqa: E402
+from gpuspawner_sandbox.demo import DEMO_PASSWORD, SandboxStack  # noqa: E402
 
 SERVERS = [
     ("admin", "", {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}),

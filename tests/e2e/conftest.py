@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from gpuspawner.sandbox.demo import SandboxStack
-from gpuspawner.sandbox.testing import control_plane_binary
+from gpuspawner_sandbox.demo import SandboxStack
+from gpuspawner_sandbox.testing import control_plane_binary
 
 from ..conftest import FIXTURES
 
@@ -146,7 +146,7 @@ def browser():
 
 def browser_log_in(browser, hub, name, path="/hub/home"):
     """A browser page logged into the hub as ``name`` (dummy authenticator), opened at ``path``."""
-    from gpuspawner.sandbox.demo import DEMO_PASSWORD
+    from gpuspawner_sandbox.demo import DEMO_PASSWORD
 
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()

@@ -21,7 +21,7 @@ import urllib.request
 
 import pytest
 
-from gpuspawner.sandbox.kubeapi import ApiError
+from gpuspawner_sandbox.kubeapi import ApiError
 
 from .conftest import (
     ensure_user,
@@ -68,7 +68,7 @@ def browser(hub, name):
     import re
     import urllib.parse
 
-    from gpuspawner.sandbox.demo import DEMO_PASSWORD
+    from gpuspawner_sandbox.demo import DEMO_PASSWORD
 
     opener = urllib.request.build_opener(
         urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())

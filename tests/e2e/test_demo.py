@@ -9,8 +9,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from gpuspawner.sandbox.hubprocess import free_port
-from gpuspawner.sandbox.testing import control_plane_binary, processes_mentioning
+from gpuspawner_sandbox.hubprocess import free_port
+from gpuspawner_sandbox.testing import control_plane_binary, processes_mentioning
 
 
 class Visitor:

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gpuspawner.compat import SpawnException
-from gpuspawner.sandbox.demo import HUB_NAMESPACE
+from gpuspawner_sandbox.demo import HUB_NAMESPACE
 
 from .conftest import ensure_user, stop_server, user_pods, wait_for, wait_ready
 
@@ -74,7 +74,7 @@ def test_ten_concurrent_requests_start_exactly_two_and_a_restart_changes_nothing
 
 def access_allowed(stack, kubeconfig, verb, resource, namespace=None, group=""):
     """Ask the API server whether the kubeconfig's identity may do this (SelfSubjectAccessReview)."""
-    from gpuspawner.sandbox.kubeapi import KubeApi
+    from gpuspawner_sandbox.kubeapi import KubeApi
 
     api = KubeApi.from_kubeconfig(kubeconfig)
     attributes = {"verb": verb, "resource": resource, "group": group}

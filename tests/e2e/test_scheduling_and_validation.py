@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from gpuspawner.sandbox.devices import Fault, clear_faults, inject_fault
+from gpuspawner_sandbox.devices import Fault, clear_faults, inject_fault
 
 from .conftest import ensure_user, pod_of, server_state, stop_server, wait_for, wait_ready
 

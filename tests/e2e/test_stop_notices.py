@@ -23,8 +23,8 @@ from gpuspawner.admin.service import GPUAdmin
 from gpuspawner.culler import notices
 from gpuspawner.culler import policy as P
 from gpuspawner.kube import KubeClient
-from gpuspawner.sandbox.demo import HUB_NAMESPACE
-from gpuspawner.sandbox.devices import Fault, clear_faults, inject_fault
+from gpuspawner_sandbox.demo import HUB_NAMESPACE
+from gpuspawner_sandbox.devices import Fault, clear_faults, inject_fault
 
 from .conftest import ensure_user, pod_of, server_state, stop_server, wait_for, wait_ready
 from .test_capacity import browser

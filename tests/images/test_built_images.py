@@ -18,8 +18,8 @@ from packaging.utils import canonicalize_name
 
 from gpuspawner.images.plan import STAGE_LABEL, image_ref
 from gpuspawner.labels import IMAGE_LABEL_CUDA, IMAGE_LABEL_DRIVER_FLOOR, IMAGE_LABEL_FRAMEWORK
-from gpuspawner.sandbox.hubprocess import free_port, start_hub
 from gpuspawner.validation.command import check_command
+from gpuspawner_sandbox.hubprocess import free_port, start_hub
 
 from .conftest import FIXTURES, REPO
 

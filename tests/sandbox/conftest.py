@@ -1,14 +1,14 @@
 """One real control plane for the whole test session (built on first use).
 
 Without Go the sandbox tests are skipped with a loud reason; with CI=true that
-is a failure instead. See gpuspawner/sandbox/testing.py.
+is a failure instead. See sandbox/gpuspawner_sandbox/testing.py.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from gpuspawner.sandbox import testing
+from gpuspawner_sandbox import testing
 
 
 @pytest.fixture(scope="session")

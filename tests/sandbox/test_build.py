@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuspawner.sandbox import build
+from gpuspawner_sandbox import build
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpuspawner.sandbox import cli, hoststate, nodeconfig, nodes, testing
+from gpuspawner_sandbox import cli, hoststate, nodeconfig, nodes, testing
 
 
 def test_status_when_nothing_runs(tmp_path, capsys):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpuspawner.sandbox import containers as ct
+from gpuspawner_sandbox import containers as ct
 
 POD = {
     "metadata": {

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuspawner.sandbox import build, testing
-from gpuspawner.sandbox.controlplane import ControlPlane, ControlPlaneError
-from gpuspawner.sandbox.kubeapi import ApiError, KubeApi
+from gpuspawner_sandbox import build, testing
+from gpuspawner_sandbox.controlplane import ControlPlane, ControlPlaneError
+from gpuspawner_sandbox.kubeapi import ApiError, KubeApi
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "k8s"
 GPU = "nvidia.com/gpu"
@@ -303,7 +303,7 @@ def test_node_identities_are_held_to_their_own_node(control_plane):
 def test_a_port_taken_after_it_was_picked_means_a_retry(
     control_plane_binary, tmp_path, monkeypatch
 ):
-    from gpuspawner.sandbox import controlplane
+    from gpuspawner_sandbox import controlplane
 
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))

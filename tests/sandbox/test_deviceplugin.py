@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from gpuspawner.sandbox import gpudriver, hoststate, nodeconfig, nodes, testing
-from gpuspawner.sandbox.topology import GPU_RESOURCE, extended_resources, parse_topology
+from gpuspawner_sandbox import gpudriver, hoststate, nodeconfig, nodes, testing
+from gpuspawner_sandbox.topology import GPU_RESOURCE, extended_resources, parse_topology
 
 NVLINK_NODE = "dp-nvlink-0"
 MIG_NODE = "dp-mig-0"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpuspawner.sandbox.devices import (
+from gpuspawner_sandbox.devices import (
     DeviceError,
     DevicePool,
     Fault,
@@ -14,8 +14,8 @@ from gpuspawner.sandbox.devices import (
     resolve_visible,
     visible_devices_env,
 )
-from gpuspawner.sandbox.devices import _main as devices_cli
-from gpuspawner.sandbox.topology import GPU_RESOURCE, parse_topology
+from gpuspawner_sandbox.devices import _main as devices_cli
+from gpuspawner_sandbox.topology import GPU_RESOURCE, parse_topology
 
 
 def node(count=4, **extra):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gpuspawner.sandbox import gpudriver
-from gpuspawner.sandbox.topology import parse_topology
+from gpuspawner_sandbox import gpudriver
+from gpuspawner_sandbox.topology import parse_topology
 
 TOPOLOGY = parse_topology(
     {

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuspawner.sandbox import testing
-from gpuspawner.sandbox.devices import Fault, clear_faults, inject_fault
-from gpuspawner.sandbox.kubeapi import ApiError
-from gpuspawner.sandbox.kubelet import READY_FILE
-from gpuspawner.sandbox.topology import parse_topology
+from gpuspawner_sandbox import testing
+from gpuspawner_sandbox.devices import Fault, clear_faults, inject_fault
+from gpuspawner_sandbox.kubeapi import ApiError
+from gpuspawner_sandbox.kubelet import READY_FILE
+from gpuspawner_sandbox.topology import parse_topology
 
 GPU = "nvidia.com/gpu"
 TOLERATE_GPU = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]
@@ -60,7 +60,7 @@ def kubelet(control_plane, tmp_path_factory):
         [
             sys.executable,
             "-m",
-            "gpuspawner.sandbox.kubelet",
+            "gpuspawner_sandbox.kubelet",
             "--kubeconfig",
             str(control_plane.admin_kubeconfig),
             "--topology",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuspawner.sandbox import nodebuild
+from gpuspawner_sandbox import nodebuild
 
 
 def test_go_install_commands_use_the_modules_own_pin_and_tags():

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuspawner.sandbox import nodeconfig
-from gpuspawner.sandbox.nodeconfig import NodeNetwork, NodePaths
+from gpuspawner_sandbox import nodeconfig
+from gpuspawner_sandbox.nodeconfig import NodeNetwork, NodePaths
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -148,7 +148,7 @@ def test_forward_rules_drop_only_what_leaves_the_pod_range():
 
 
 def test_device_plugin_args_taint_and_labels_of_a_gpu_node(tmp_path):
-    from gpuspawner.sandbox.topology import parse_topology
+    from gpuspawner_sandbox.topology import parse_topology
 
     node = parse_topology(
         {

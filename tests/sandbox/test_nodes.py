@@ -21,8 +21,8 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from gpuspawner.sandbox import hoststate, nodebuild, nodeconfig, nodes, testing
-from gpuspawner.sandbox.kubeapi import ApiError
+from gpuspawner_sandbox import hoststate, nodebuild, nodeconfig, nodes, testing
+from gpuspawner_sandbox.kubeapi import ApiError
 
 NODES = ("real-0", "real-1")
 #: The nodes share the session's control plane with the stand-in kubelet's
@@ -305,7 +305,7 @@ def test_a_failed_start_leaves_the_host_as_it_was(pytestconfig, control_plane, t
 
 
 def test_an_unknown_device_list_strategy_is_refused_before_anything_starts(tmp_path):
-    from gpuspawner.sandbox.topology import parse_topology
+    from gpuspawner_sandbox.topology import parse_topology
 
     spec = parse_topology({"nodes": [{"name": "g", "gpu": {"model": "L4", "count": 1}}]}).node("g")
     binaries = nodebuild.NodeBinaries(*(tmp_path,) * 5)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuspawner.sandbox import nvidia_smi
-from gpuspawner.sandbox.devices import Fault, container_device_state, node_devices
-from gpuspawner.sandbox.topology import parse_topology
+from gpuspawner_sandbox import nvidia_smi
+from gpuspawner_sandbox.devices import Fault, container_device_state, node_devices
+from gpuspawner_sandbox.topology import parse_topology
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "nvidia-smi"
 

@@ -7,7 +7,7 @@ import io
 import json
 import tarfile
 
-from gpuspawner.sandbox import ociimage
+from gpuspawner_sandbox import ociimage
 
 
 def _members(archive: bytes) -> dict[str, bytes | None]:

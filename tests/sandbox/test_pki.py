@@ -8,7 +8,7 @@ import ssl
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gpuspawner.sandbox import pki
+from gpuspawner_sandbox import pki
 
 
 def subject(cert: x509.Certificate, oid) -> list[str]:

@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from gpuspawner.sandbox.devices import container_device_state, node_devices
-from gpuspawner.sandbox.kubelet import is_loopback_url
-from gpuspawner.sandbox.pods import (
+from gpuspawner_sandbox.devices import container_device_state, node_devices
+from gpuspawner_sandbox.kubelet import is_loopback_url
+from gpuspawner_sandbox.pods import (
     AddressPool,
     extended_resource_names,
     image_id,
@@ -17,7 +17,7 @@ from gpuspawner.sandbox.pods import (
     termination_message,
     write_smi_wrapper,
 )
-from gpuspawner.sandbox.topology import parse_topology
+from gpuspawner_sandbox.topology import parse_topology
 
 GPU = "nvidia.com/gpu"
 

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from gpuspawner.sandbox import testing
+from gpuspawner_sandbox import testing
 
 
 @pytest.mark.parametrize("value", ["true", "1", "TRUE"])

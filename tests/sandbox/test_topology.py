@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from gpuspawner.sandbox.topology import (
+from gpuspawner_sandbox.topology import (
     GPU_RESOURCE,
     TopologyError,
     extended_resources,

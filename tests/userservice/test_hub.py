@@ -18,7 +18,7 @@ import urllib.request
 
 import pytest
 
-from gpuspawner.sandbox.testing import wait_for
+from gpuspawner_sandbox.testing import wait_for
 
 from ..conftest import FIXTURES
 from ..hub.hubprocess import free_port, start_hub
@@ -113,7 +113,7 @@ def test_users_get_their_own_figures_with_a_token(hub):
 
 
 def test_a_browser_logs_in_to_the_service_through_the_hub(hub):
-    from gpuspawner.sandbox.demo import DEMO_PASSWORD
+    from gpuspawner_sandbox.demo import DEMO_PASSWORD
 
     user_token(hub, "otto")
     opener = urllib.request.build_opener(

@@ -18,8 +18,8 @@ import pytest
 from jupyterhub.spawner import Spawner
 
 from gpuspawner import stopnotice
-from gpuspawner.sandbox.testing import wait_for
 from gpuspawner.userservice.stopnotices import user_notices
+from gpuspawner_sandbox.testing import wait_for
 
 from ..conftest import REPO
 from ..hub.hubprocess import free_port, start_hub

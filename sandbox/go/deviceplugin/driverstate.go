@@ -20,7 +20,7 @@ const (
 )
 
 // DriverState is one node's emulated NVIDIA driver: what NVML would report.
-// The sandbox writes it (gpuspawner/sandbox/gpudriver.py) and changes it to
+// The sandbox writes it (sandbox/gpuspawner_sandbox/gpudriver.py) and changes it to
 // inject faults; the plugin re-reads it whenever it changes. Its device
 // fields (minor numbers, UUIDs, MIG layout) are what a CDI spec for the node
 // is generated from.

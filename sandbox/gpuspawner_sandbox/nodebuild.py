@@ -2,7 +2,7 @@
 the CNI plugins, and the programs inside our own pause and test images.
 
 The kubelet itself is a component of the control plane's multi-call binary
-(:mod:`gpuspawner.sandbox.build`, ``k8s kubelet``), which shares its compile.
+(:mod:`gpuspawner_sandbox.build`, ``k8s kubelet``), which shares its compile.
 containerd and the CNI plugins have their own ``go.mod`` files and are built
 from them, unchanged, with ``go install module/cmd/x@version`` (the Go module
 proxy serves them; nothing is vendored). runc is Debian's package
@@ -260,7 +260,7 @@ def build_all(cache: Path | None = None, *, out: TextIO | None = None) -> NodeBi
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gpuspawner.sandbox.nodebuild",
+        prog="python -m gpuspawner_sandbox.nodebuild",
         description="Build the real nodes' kubelet, containerd, CNI plugins and image programs.",
     )
     parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """What a real node is configured with, rendered from data (no I/O here).
 
 One node = its own containerd, kubelet, cgroup root, bridge and directories
-on this machine (see :mod:`gpuspawner.sandbox.nodes`, which writes these files
+on this machine (see :mod:`gpuspawner_sandbox.nodes`, which writes these files
 and starts the processes). The settings are the ones that mattered in the
 trial on a machine of our kind (``shared/notes/real-nodes.md``); each
 non-obvious one says why next to it.
@@ -188,7 +188,7 @@ def containerd_config(paths: NodePaths, runc: Path, cni_bin_dir: Path) -> str:
     runtime = 'plugins."io.containerd.cri.v1.runtime"'
     images = 'plugins."io.containerd.cri.v1.images"'
     return f"""\
-# Written by gpuspawner.sandbox.nodes for one sandbox node; private paths only.
+# Written by gpuspawner_sandbox.nodes for one sandbox node; private paths only.
 version = 3
 root = {_toml_str(str(paths.containerd_root))}
 state = {_toml_str(str(paths.containerd_state))}

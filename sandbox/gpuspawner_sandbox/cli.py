@@ -31,16 +31,16 @@ from .controlplane import (
 )
 
 DEFAULT_STATE_DIR = build.REPO_ROOT / ".cache" / "sandbox" / "state"
-KUBELET_MODULE = "gpuspawner.sandbox.kubelet"
+KUBELET_MODULE = "gpuspawner_sandbox.kubelet"
 KUBELET_STATE = "kubelet.json"
 #: The file the kubelet writes into its state dir once its nodes are registered
-#: (gpuspawner.sandbox.kubelet.READY_FILE; not imported, to keep `status` light).
+#: (gpuspawner_sandbox.kubelet.READY_FILE; not imported, to keep `status` light).
 KUBELET_READY_FILE = "kubelet.ready"
 
 
 # -- the local kubelet, started and stopped alongside the control plane ---------
 #
-# The kubelet (gpuspawner.sandbox.kubelet) owns the emulated GPU nodes. It is a
+# The kubelet (gpuspawner_sandbox.kubelet) owns the emulated GPU nodes. It is a
 # separate process so that `up` can return; its pid is recorded in
 # <state-dir>/kubelet.json and `down` stops it before the control plane.
 
@@ -154,7 +154,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         where = args.topology or "the default topology"
         print(f"Local kubelet started (pid {kubelet}); its nodes from {where} are registered.")
     else:
-        print("The local kubelet (gpuspawner.sandbox.kubelet) is not available: no nodes.")
+        print("The local kubelet (gpuspawner_sandbox.kubelet) is not available: no nodes.")
 
     print(f"Logs: {cp.log_dir}")
     print(f"export KUBECONFIG={cp.admin_kubeconfig}")
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         "--topology",
         type=Path,
         default=None,
-        help="the emulated nodes (YAML; default: gpuspawner/sandbox/topology.yaml)",
+        help="the emulated nodes (YAML; default: sandbox/gpuspawner_sandbox/topology.yaml)",
     )
     up.add_argument("--no-kubelet", action="store_true", help="start the control plane only")
     up.add_argument(

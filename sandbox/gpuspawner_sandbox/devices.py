@@ -11,7 +11,7 @@ already holding such a device keeps it.
 Faults are injected through a JSON file in the sandbox state directory
 (``faults.json``), read by the local kubelet (health) and by every emulated
 ``nvidia-smi`` call (what the container sees). ``python -m
-gpuspawner.sandbox.devices inject|clear|list`` edits it; tests may call
+gpuspawner_sandbox.devices inject|clear|list`` edits it; tests may call
 :func:`inject_fault` / :func:`clear_faults` directly.
 """
 
@@ -319,7 +319,7 @@ def container_device_state(node: NodeSpec, devices: list[Device], faults_file: P
 
 def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gpuspawner.sandbox.devices",
+        prog="python -m gpuspawner_sandbox.devices",
         description="Inject or clear emulated GPU faults in a running sandbox.",
     )
     sub = parser.add_subparsers(dest="cmd", required=True)

@@ -1,6 +1,6 @@
 """The local kubelet: owns the sandbox's emulated GPU nodes and runs their pods as local processes.
 
-``python -m gpuspawner.sandbox.kubelet --kubeconfig K --topology T --state-dir S``
+``python -m gpuspawner_sandbox.kubelet --kubeconfig K --topology T --state-dir S``
 
 What it does, as a kubelet does, through the real API server:
 
@@ -62,7 +62,7 @@ from .topology import (
     node_taints,
 )
 
-log = logging.getLogger("gpuspawner.sandbox.kubelet")
+log = logging.getLogger("gpuspawner_sandbox.kubelet")
 
 LEASE_NAMESPACE = "kube-node-lease"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
@@ -616,7 +616,7 @@ async def serve(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gpuspawner.sandbox.kubelet",
+        prog="python -m gpuspawner_sandbox.kubelet",
         description="Run the sandbox's emulated GPU nodes and their pods as local processes.",
     )
     parser.add_argument("--kubeconfig", required=True, type=Path, help="admin kubeconfig")

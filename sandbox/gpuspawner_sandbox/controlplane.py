@@ -1,7 +1,7 @@
 """Start and stop a real Kubernetes control plane on loopback.
 
 etcd, kube-apiserver, kube-scheduler and kube-controller-manager all come from
-the one binary that :mod:`gpuspawner.sandbox.build` compiles from the official
+the one binary that :mod:`gpuspawner_sandbox.build` compiles from the official
 Go modules; each runs as its own child process with its output in
 ``<state_dir>/logs/<component>.log``. Nothing is emulated here: the API server
 validates, admits and authorises (RBAC and the Node authorizer) exactly as in
@@ -161,7 +161,7 @@ class ControlPlane:
         if not self.binary.exists():
             raise ControlPlaneError(
                 f"The control plane binary {self.binary} does not exist; "
-                "build it with `python -m gpuspawner.sandbox.build`."
+                "build it with `python -m gpuspawner_sandbox.build`."
             )
         recorded = read_state(self.state_dir)
         if recorded and any(pid_is_ours(p, self.state_dir) for p in recorded["pids"].values()):

@@ -42,14 +42,14 @@ from .topology import NodeSpec
 if TYPE_CHECKING:
     from .kubelet import Kubelet
 
-log = logging.getLogger("gpuspawner.sandbox.kubelet")
+log = logging.getLogger("gpuspawner_sandbox.kubelet")
 
 #: Kubernetes keeps at most this much of a termination message.
 MAX_MESSAGE = 4096
 #: FallbackToLogsOnError uses at most this many lines / bytes of the log.
 FALLBACK_LINES = 80
 FALLBACK_BYTES = 2048
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 #: Where pod IPs come from unless the kubelet is told otherwise: 127.0.0.2, 127.0.0.3, ...
 DEFAULT_POD_RANGE = "127.0.0.0/16"
@@ -786,7 +786,7 @@ def write_smi_wrapper(path: Path, state_file: Path) -> None:
     """The container's ``nvidia-smi``: the emulator bound to this container's devices."""
     code = (
         f"import sys; sys.path.insert(0, {str(PACKAGE_ROOT)!r}); "
-        "from gpuspawner.sandbox.nvidia_smi import main; sys.exit(main())"
+        "from gpuspawner_sandbox.nvidia_smi import main; sys.exit(main())"
     )
     path.write_text(
         "#!/bin/sh\n"

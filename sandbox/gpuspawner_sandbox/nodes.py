@@ -15,7 +15,7 @@ before it happens, so :func:`teardown` (from this process or from
 even after a failed start.
 
 A GPU node (one whose topology entry has GPUs) also gets its emulated driver's
-state file (:mod:`gpuspawner.sandbox.gpudriver`), our device plugin beside its
+state file (:mod:`gpuspawner_sandbox.gpudriver`), our device plugin beside its
 kubelet in its mount namespace (``k8s device-plugin``: the kubelet's own
 device manager allocates, checkpoints and withdraws unhealthy GPUs), the
 ``nvidia.com/gpu`` taint at registration, and the labels GPU feature discovery

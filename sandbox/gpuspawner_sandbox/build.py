@@ -1,6 +1,6 @@
 """Build the sandbox control plane binary from the Go module in ``sandbox/go``.
 
-``python -m gpuspawner.sandbox.build`` compiles ``k8s.io/kubernetes`` (API
+``python -m gpuspawner_sandbox.build`` compiles ``k8s.io/kubernetes`` (API
 server, scheduler, controller manager) and embedded etcd into one binary. The
 result is cached as ``.cache/sandbox/bin/k8s-<version>-<hash>``, where the hash
 covers ``go.mod``, ``go.sum`` and every non-test ``.go`` file of the module
@@ -306,7 +306,7 @@ def _prune(current: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gpuspawner.sandbox.build",
+        prog="python -m gpuspawner_sandbox.build",
         description="Build the sandbox's Kubernetes control plane (cached; rebuilt on change).",
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if cached")
