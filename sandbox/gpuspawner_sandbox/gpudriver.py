@@ -23,6 +23,28 @@ from typing import Any
 from .topology import NodeSpec
 
 DRIVER_STATE_FILE = "gpu-driver.json"
+
+# --- where the emulated driver meets containers (issue 11) ---------------------------------
+# The layout below is shared by the CDI spec (what NVIDIA's runtime injects), the emulated
+# nvidia-smi (what it reads inside a container) and the emulated DCGM exporter (what it
+# reads on the node). Under <node root>/<DRIVER_DIR_NAME>/:
+#   bin/nvidia-smi                  the static emulated nvidia-smi, mounted at SMI_CONTAINER_PATH
+#   dev/nvidia<minor>, dev/nvidiactl, dev/nvidia-uvm, dev/nvidia-caps/nvidia-cap<N>
+#                                   character devices (NVIDIA_MAJOR, ...): nothing can open them
+#   view/driver/driver.json         driver-level facts (version, CUDA, loaded), read-only in every
+#                                   GPU container at <CONTAINER_VIEW_ROOT>/driver/
+#   view/gpus/<GPU-UUID>/gpu.json   one GPU's facts and state (health, ECC, remapping, MIG layout),
+#                                   read-only at <CONTAINER_VIEW_ROOT>/gpus/<GPU-UUID>/, only in
+#                                   containers given that GPU or one of its MIG devices
+#   usage/<GPU-UUID>/usage.json     what workloads on that GPU report (utilisation, memory used),
+#                                   writable (mode 1777) at <CONTAINER_VIEW_ROOT>/usage/<GPU-UUID>/
+# Directories, never single files, are mounted: files are replaced atomically (rename), which a
+# file bind mount would not follow.
+DRIVER_DIR_NAME = "nvidia-driver"
+CONTAINER_VIEW_ROOT = "/run/nvidia-emulated"
+SMI_CONTAINER_PATH = "/usr/bin/nvidia-smi"
+NVIDIA_MAJOR = 195
+NVIDIACTL_MINOR = 255
 HEALTHY = "healthy"
 UNHEALTHY = "unhealthy"
 
