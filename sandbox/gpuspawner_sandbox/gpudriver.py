@@ -36,8 +36,11 @@ DRIVER_STATE_FILE = "gpu-driver.json"
 #   view/gpus/<GPU-UUID>/gpu.json   one GPU's facts and state (health, ECC, remapping, MIG layout),
 #                                   read-only at <CONTAINER_VIEW_ROOT>/gpus/<GPU-UUID>/, only in
 #                                   containers given that GPU or one of its MIG devices
-#   usage/<GPU-UUID>/usage.json     what workloads on that GPU report (utilisation, memory used),
-#                                   writable (mode 1777) at <CONTAINER_VIEW_ROOT>/usage/<GPU-UUID>/
+#   usage/<GPU-UUID>/usage.json     what workloads on that GPU report, writable (mode 1777) at
+#                                   <CONTAINER_VIEW_ROOT>/usage/<GPU-UUID>/:
+#                                   {"gpu_util_percent": 0-100, "fb_used_mib": int, "until": unix
+#                                   time}; it counts only while now < until (a dead workload's
+#                                   figures expire), otherwise the GPU is idle (0 %, 0 MiB used)
 # Directories, never single files, are mounted: files are replaced atomically (rename), which a
 # file bind mount would not follow.
 DRIVER_DIR_NAME = "nvidia-driver"
