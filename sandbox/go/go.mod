@@ -2,7 +2,7 @@
 // embedded etcd. Change the pin here (and in the replace block, which must
 // list every k8s.io staging module that k8s.io/kubernetes requires at v0.0.0),
 // then run `go mod tidy`; gpuspawner_sandbox.build rebuilds on any change.
-module sandbox/gpuspawner_sandbox/k8s
+module gpuspawner/sandbox/k8s
 
 go 1.26.0
 

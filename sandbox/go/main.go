@@ -40,7 +40,7 @@ import (
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 
-	"sandbox/gpuspawner_sandbox/k8s/deviceplugin"
+	"gpuspawner/sandbox/k8s/deviceplugin"
 )
 
 const usage = "usage: k8s etcd|kube-apiserver|kube-scheduler|kube-controller-manager|kubelet|device-plugin [flags]"

@@ -40,6 +40,8 @@ GO_MISSING = (
 #: Files whose content decides whether the cached binary is still current,
 #: besides every non-test ``.go`` file (see :func:`source_files`).
 SOURCE_FILES = ("go.mod", "go.sum")
+#: Our packages the ``k8s`` binary links (its cache key covers them; tests check main.go agrees).
+K8S_PACKAGES = ("deviceplugin",)
 
 #: How often a "still building" line is printed when nothing else was.
 PROGRESS_INTERVAL = 15.0
@@ -67,13 +69,36 @@ def kubernetes_version(go_mod: str) -> str:
 
 
 def source_files(module_dir: Path) -> list[str]:
-    """The module's files that determine the binary, relative to it (tests do not)."""
+    """The module's files that determine the ``k8s`` binary, relative to it (tests do not).
+
+    Only the root package and the packages of ours it links (:data:`K8S_PACKAGES`): the
+    module also holds small separate programs (under ``cmd/``) whose changes must not
+    relink the ``k8s`` binary, which takes minutes.
+    """
+    roots = [module_dir.glob("*.go"), *(module_dir.joinpath(d).rglob("*.go") for d in K8S_PACKAGES)]
     go_files = sorted(
         str(p.relative_to(module_dir))
-        for p in module_dir.rglob("*.go")
+        for files in roots
+        for p in files
         if not p.name.endswith("_test.go")
     )
     return [*SOURCE_FILES, *go_files]
+
+
+def module_imports(go_source: str, module: str) -> set[str]:
+    """The packages of ``module`` a Go source file imports, relative to the module."""
+    prefix = module + "/"
+    blocks = re.findall(r"^import\s*\((.*?)^\)", go_source, re.MULTILINE | re.DOTALL)
+    singles = re.findall(r'^import\s+(?:[\w.]+\s+)?("[^"]+")', go_source, re.MULTILINE)
+    paths = re.findall(r'"([^"\s]+)"', "\n".join([*blocks, *singles]))
+    return {path[len(prefix) :] for path in paths if path.startswith(prefix)}
+
+
+def module_path(go_mod: str) -> str:
+    match = re.search(r"^module\s+(\S+)", go_mod, re.MULTILINE)
+    if not match:
+        raise BuildError("sandbox/go/go.mod names no module.")
+    return match.group(1)
 
 
 def source_hash(module_dir: Path) -> str:

@@ -22,10 +22,52 @@ def module_copy(tmp_path) -> Path:
 
 
 def test_repo_holds_only_our_go_files():
-    names = sorted(p.name for p in build.GO_MODULE_DIR.iterdir())
-    assert names == ["deviceplugin", "go.mod", "go.sum", "main.go"]
-    assert "deviceplugin/server.go" in build.source_files(build.GO_MODULE_DIR)
-    assert not [n for n in build.source_files(build.GO_MODULE_DIR) if n.endswith("_test.go")]
+    module = build.GO_MODULE_DIR
+    assert not (module / "vendor").exists()
+    assert sorted(p.name for p in module.iterdir() if p.is_file()) == [
+        "go.mod",
+        "go.sum",
+        "main.go",
+    ]
+    assert "deviceplugin/server.go" in build.source_files(module)
+    assert not [n for n in build.source_files(module) if n.endswith("_test.go")]
+
+
+def test_k8s_binary_key_covers_every_package_of_ours_it_links():
+    module = build.GO_MODULE_DIR
+    name = build.module_path((module / "go.mod").read_text())
+    linked = set()
+    for source in build.source_files(module):
+        if source.endswith(".go"):
+            linked |= build.module_imports((module / source).read_text(), name)
+    assert "deviceplugin" in linked
+    assert linked <= set(build.K8S_PACKAGES)
+
+
+def test_separate_programs_do_not_change_the_k8s_binary_key(module_copy):
+    before = build.source_hash(module_copy)
+    program = module_copy / "cmd" / "tool" / "main.go"
+    program.parent.mkdir(parents=True)
+    program.write_text("package main\n\nfunc main() {}\n")
+    assert build.source_hash(module_copy) == before
+    (module_copy / "deviceplugin" / "extra.go").write_text("package deviceplugin\n")
+    assert build.source_hash(module_copy) != before
+
+
+def test_module_imports_reads_import_blocks_and_single_imports():
+    source = (
+        "// Package x (a comment with parentheses) does things.\n"
+        "package main\n\n"
+        'import "m/one"\n'
+        'import alias "m/two/sub"\n'
+        "import (\n"
+        '\t"fmt"\n'
+        '\tdp "m/three"\n'
+        '\t_ "m/four" // side effects\n'
+        ")\n"
+        'var s = "m/not-an-import"\n'
+    )
+    assert build.module_imports(source, "m") == {"one", "two/sub", "three", "four"}
 
 
 def test_pin_is_a_recent_release_with_every_staging_module_replaced():
