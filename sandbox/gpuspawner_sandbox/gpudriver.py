@@ -44,6 +44,9 @@ DRIVER_STATE_FILE = "gpu-driver.json"
 # Directories, never single files, are mounted: files are replaced atomically (rename), which a
 # file bind mount would not follow.
 DRIVER_DIR_NAME = "nvidia-driver"
+#: usage/<GPU-UUID>/usage.json under DRIVER_DIR_NAME (and under CONTAINER_VIEW_ROOT).
+USAGE_DIR_NAME = "usage"
+USAGE_FILE_NAME = "usage.json"
 CONTAINER_VIEW_ROOT = "/run/nvidia-emulated"
 SMI_CONTAINER_PATH = "/usr/bin/nvidia-smi"
 NVIDIA_MAJOR = 195

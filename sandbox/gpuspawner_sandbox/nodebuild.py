@@ -104,6 +104,7 @@ class NodeBinaries:
     cni_dir: Path
     images_dir: Path  # pause, tool (static; packed into OCI images)
     runc: Path
+    dcgm_exporter: Path  # the emulated DCGM exporter (static; one per GPU node)
 
     @property
     def containerd(self) -> Path:
@@ -229,6 +230,71 @@ def build_image_programs(
     return target
 
 
+#: Small static programs of our own Go module (``sandbox/go/cmd/<name>``), each its own
+#: binary: changing one relinks neither the ``k8s`` binary nor the others.
+DCGM_EXPORTER = "dcgm-exporter"
+
+
+def module_program_files(name: str, module_dir: Path = build.GO_MODULE_DIR) -> list[str]:
+    """The files that decide a program of our module (relative to it): go.mod, go.sum, and
+    the non-test ``.go`` files of ``cmd/<name>`` and of every package of ours it imports."""
+    module = build.module_path((module_dir / "go.mod").read_text())
+    seen: set[str] = set()
+    todo = [f"cmd/{name}"]
+    files: list[str] = []
+    while todo:
+        package = todo.pop()
+        if package in seen:
+            continue
+        seen.add(package)
+        for path in sorted((module_dir / package).glob("*.go")):
+            if path.name.endswith("_test.go"):
+                continue
+            files.append(str(path.relative_to(module_dir)))
+            todo += build.module_imports(path.read_text(), module)
+    return [*build.SOURCE_FILES, *sorted(files)]
+
+
+def module_program_path(
+    name: str, module_dir: Path = build.GO_MODULE_DIR, cache: Path | None = None
+) -> Path:
+    """Where a program of our module is cached for its current sources (it may not exist)."""
+    digest = hashlib.sha256()
+    for rel in module_program_files(name, module_dir):
+        digest.update(rel.encode() + b"\0" + (module_dir / rel).read_bytes() + b"\0")
+    cache = cache if cache is not None else build.cache_dir()
+    return cache / "bin" / f"{name}-{digest.hexdigest()[:12]}" / name
+
+
+def build_module_program(
+    name: str,
+    module_dir: Path = build.GO_MODULE_DIR,
+    cache: Path | None = None,
+    *,
+    out: TextIO | None = None,
+) -> Path:
+    """Build ``cmd/<name>`` of our module (static) if missing; return the binary's path."""
+    out = out if out is not None else sys.stderr
+    target = module_program_path(name, module_dir, cache)
+    if target.is_file():
+        return target
+    go = build.find_go()
+    tmp = target.parent.with_name(target.parent.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    print(f"Building {name} (sandbox/go/cmd/{name})…", file=out, flush=True)
+    cmd = [go, "build", "-v", "-trimpath", "-ldflags=-s -w", "-o", str(tmp / name)]
+    try:
+        build.run_go([*cmd, f"./cmd/{name}"], module_dir, _go_env(), out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(target.parent, ignore_errors=True)
+    tmp.rename(target.parent)
+    _prune(target.parent, name)
+    return target
+
+
 def find_runc() -> Path:
     """Debian's runc (or any runc on PATH)."""
     for candidate in (*RUNC_CANDIDATES, shutil.which("runc")):
@@ -255,6 +321,7 @@ def build_all(cache: Path | None = None, *, out: TextIO | None = None) -> NodeBi
         cni_dir=dirs[CNI_PLUGINS.name],
         images_dir=build_image_programs(cache=cache, out=out),
         runc=runc,
+        dcgm_exporter=build_module_program(DCGM_EXPORTER, cache=cache, out=out),
     )
 
 

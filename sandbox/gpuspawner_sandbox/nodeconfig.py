@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .gpudriver import DRIVER_STATE_FILE
+from .gpudriver import DRIVER_DIR_NAME, DRIVER_STATE_FILE, USAGE_DIR_NAME
 from .topology import NodeSpec, node_labels, node_taints
 
 #: Every pod network lives inside this range; the forward-drop rule drops
@@ -173,6 +173,11 @@ class NodePaths:
     def device_plugins(self) -> Path:
         """The kubelet's device-plugins directory as the host sees it (sockets, checkpoint)."""
         return self.private_dir("/var/lib/kubelet") / "device-plugins"
+
+    @property
+    def gpu_usage(self) -> Path:
+        """The emulated driver's usage/ directory (usage/<UUID>/usage.json; gpudriver.py)."""
+        return self.root / DRIVER_DIR_NAME / USAGE_DIR_NAME
 
     def private_dir(self, host_dir: str) -> Path:
         """The node's own directory that is bind-mounted over ``host_dir``."""
@@ -396,6 +401,21 @@ def device_plugin_args(paths: NodePaths, node: NodeSpec, device_list_strategy: s
         "--plugin-dir=/var/lib/kubelet/device-plugins",
         f"--mig-strategy={node.mig_strategy}",
         f"--device-list-strategy={device_list_strategy}",
+    ]
+
+
+#: The kubelet's PodResources socket, inside the node's mount namespace.
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+def dcgm_exporter_args(paths: NodePaths, listen: str) -> list[str]:
+    """The emulated DCGM exporter's flags for a GPU node, serving on ``listen`` (IP:PORT)."""
+    return [
+        f"--driver-state={paths.driver_state}",
+        f"--usage-dir={paths.gpu_usage}",
+        # The node's own /var/lib/kubelet is mounted here in its mount namespace.
+        f"--pod-resources-socket={POD_RESOURCES_SOCKET}",
+        f"--listen={listen}",
     ]
 
 

@@ -19,8 +19,10 @@ state file (:mod:`gpuspawner_sandbox.gpudriver`), our device plugin beside its
 kubelet in its mount namespace (``k8s device-plugin``: the kubelet's own
 device manager allocates, checkpoints and withdraws unhealthy GPUs), the
 ``nvidia.com/gpu`` taint at registration, and the labels GPU feature discovery
-sets, written with the node's own credentials. NVIDIA's container runtime and
-a CDI spec are not wired yet (issue 11).
+sets, written with the node's own credentials, and the emulated DCGM exporter
+(``sandbox/go/cmd/dcgm-exporter``) on the node IP, its address recorded as
+``dcgm_exporter``. NVIDIA's container runtime and a CDI spec are not wired yet
+(issue 11).
 """
 
 from __future__ import annotations
@@ -390,6 +392,19 @@ class RealNodes:
                 "device-plugin",
                 [*enter, str(self.binaries.k8s), "device-plugin", *plugin_args],
             )
+            # On the node IP (our bridge's address) only, as a node's exporter
+            # serves on the node; Prometheus scrapes the recorded address.
+            rec["dcgm_exporter"] = f"{net.node_ip}:{free_port(net.node_ip)}"
+            self._save()
+            self._spawn(
+                name,
+                "dcgm-exporter",
+                [
+                    *enter,
+                    str(self.binaries.dcgm_exporter),
+                    *nodeconfig.dcgm_exporter_args(paths, rec["dcgm_exporter"]),
+                ],
+            )
 
     def _write_files(self, name: str, paths: NodePaths, net: NodeNetwork) -> None:
         for d in (
@@ -524,6 +539,10 @@ class RealNodes:
                 old.wait(timeout=5)
         self._spawn(name, "kubelet", self.kubelet_cmds[name])
 
+    def dcgm_exporter(self, name: str) -> str | None:
+        """``IP:PORT`` of a GPU node's emulated DCGM exporter (its /metrics); None otherwise."""
+        return self.state["nodes"][name].get("dcgm_exporter")
+
     def node_ip(self, name: str) -> str:
         return NodeNetwork(self.names.index(name)).node_ip
 
@@ -653,8 +672,9 @@ def _teardown_node(name: str, rec: dict[str, Any]) -> None:
     # node's mount namespace (shims, the namespace holder). With the last of
     # them the namespace goes, and with it every mount and pod network
     # namespace inside it.
-    if "device-plugin" in pids:
-        _stop_pid(pids["device-plugin"], marker)
+    for component in ("dcgm-exporter", "device-plugin"):
+        if component in pids:
+            _stop_pid(pids[component], marker)
     if "kubelet" in pids:
         _stop_pid(pids["kubelet"], marker)
     _kill_until_empty(lambda: _cgroup_pids(rec.get("cgroups", [])))

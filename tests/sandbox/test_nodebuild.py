@@ -56,3 +56,65 @@ def test_a_cached_tool_is_not_rebuilt(tmp_path, monkeypatch):
 def test_go_arch_names():
     assert nodebuild.go_arch("x86_64") == "amd64"
     assert nodebuild.go_arch("aarch64") == "arm64"
+
+
+def test_the_dcgm_exporter_is_keyed_by_the_packages_it_links():
+    files = nodebuild.module_program_files(nodebuild.DCGM_EXPORTER)
+    assert files[:2] == ["go.mod", "go.sum"]
+    for name in (
+        "cmd/dcgm-exporter/main.go",
+        "dcgm/exposition.go",
+        "gpuusage/gpuusage.go",
+        "podresources/podresources.go",
+        "deviceplugin/driverstate.go",
+    ):
+        assert name in files
+    # Not the k8s binary's main package, and no tests.
+    assert "main.go" not in files
+    assert not [f for f in files if f.endswith("_test.go")]
+
+
+def _module(tmp_path):
+    module = tmp_path / "mod"
+    for directory in ("cmd/prog", "lib", "other"):
+        (module / directory).mkdir(parents=True)
+    (module / "go.mod").write_text("module example.org/m\n\ngo 1.26\n")
+    (module / "go.sum").write_text("")
+    (module / "cmd/prog/main.go").write_text(
+        'package main\n\nimport (\n\t"fmt"\n\n\t"example.org/m/lib"\n)\n'
+    )
+    (module / "lib/lib.go").write_text('package lib\n\nimport "example.org/m/lib2"\n')
+    (module / "lib2").mkdir()
+    (module / "lib2/lib2.go").write_text("package lib2\n")
+    (module / "other/other.go").write_text("package other\n")
+    return module
+
+
+def test_a_module_programs_key_follows_its_imports_transitively(tmp_path):
+    module = _module(tmp_path)
+    assert nodebuild.module_program_files("prog", module) == [
+        "go.mod",
+        "go.sum",
+        "cmd/prog/main.go",
+        "lib/lib.go",
+        "lib2/lib2.go",
+    ]
+    before = nodebuild.module_program_path("prog", module, tmp_path)
+    assert before.name == "prog" and before.parent.name.startswith("prog-")
+    (module / "other/other.go").write_text("package other // changed\n")
+    assert nodebuild.module_program_path("prog", module, tmp_path) == before
+    (module / "lib2/lib2.go").write_text("package lib2 // changed\n")
+    assert nodebuild.module_program_path("prog", module, tmp_path) != before
+
+
+def test_a_cached_module_program_is_not_rebuilt(tmp_path, monkeypatch):
+    module = _module(tmp_path)
+    target = nodebuild.module_program_path("prog", module, tmp_path)
+    target.parent.mkdir(parents=True)
+    target.write_text("")
+
+    def no_go():
+        raise AssertionError("Go must not run for a cached program")
+
+    monkeypatch.setattr(nodebuild.build, "find_go", no_go)
+    assert nodebuild.build_module_program("prog", module, tmp_path) == target

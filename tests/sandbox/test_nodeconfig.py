@@ -174,3 +174,19 @@ def test_device_plugin_args_taint_and_labels_of_a_gpu_node(tmp_path):
     assert labels["nvidia.com/gpu.count"] == "14"
     assert all(k.startswith("nvidia.com/") for k in labels)
     assert paths.device_plugins == paths.private_dir("/var/lib/kubelet") / "device-plugins"
+
+
+def test_dcgm_exporter_args_read_the_nodes_driver_and_the_kubelets_pod_resources(tmp_path):
+    from gpuspawner_sandbox import gpudriver
+
+    paths = NodePaths(tmp_path / "g")
+    args = nodeconfig.dcgm_exporter_args(paths, "10.244.3.1:9400")
+    assert args == [
+        f"--driver-state={paths.driver_state}",
+        f"--usage-dir={tmp_path / 'g' / gpudriver.DRIVER_DIR_NAME / gpudriver.USAGE_DIR_NAME}",
+        "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
+        "--listen=10.244.3.1:9400",
+    ]
+    # The socket is the node's own: its /var/lib/kubelet is private to its mount namespace.
+    assert nodeconfig.POD_RESOURCES_SOCKET.startswith("/var/lib/kubelet/")
+    assert "/var/lib/kubelet" in nodeconfig.PRIVATE_HOST_DIRS
