@@ -37,8 +37,12 @@ type Owner struct {
 }
 
 // Assignments flattens a List answer into one entry per container and
-// resource that has devices, in a stable order.
+// resource that has devices, in a stable order. The kubelet lists a
+// container's devices of one resource in several entries (one per device or
+// NUMA node, with its topology); they are merged here.
 func Assignments(resp *podresourcesapi.ListPodResourcesResponse) []Assignment {
+	type key struct{ namespace, pod, container, resource string }
+	merged := map[key]*Assignment{}
 	var out []Assignment
 	for _, pod := range resp.GetPodResources() {
 		for _, c := range pod.GetContainers() {
@@ -46,17 +50,17 @@ func Assignments(resp *podresourcesapi.ListPodResourcesResponse) []Assignment {
 				if len(d.GetDeviceIds()) == 0 {
 					continue
 				}
-				ids := append([]string(nil), d.GetDeviceIds()...)
-				sort.Strings(ids)
-				out = append(out, Assignment{
-					Namespace: pod.GetNamespace(),
-					Pod:       pod.GetName(),
-					Container: c.GetName(),
-					Resource:  d.GetResourceName(),
-					DeviceIDs: ids,
-				})
+				k := key{pod.GetNamespace(), pod.GetName(), c.GetName(), d.GetResourceName()}
+				if merged[k] == nil {
+					merged[k] = &Assignment{Namespace: k.namespace, Pod: k.pod, Container: k.container, Resource: k.resource}
+				}
+				merged[k].DeviceIDs = append(merged[k].DeviceIDs, d.GetDeviceIds()...)
 			}
 		}
+	}
+	for _, a := range merged {
+		sort.Strings(a.DeviceIDs)
+		out = append(out, *a)
 	}
 	sort.Slice(out, func(i, j int) bool {
 		a, b := out[i], out[j]

@@ -18,7 +18,9 @@ func response() *podresourcesapi.ListPodResourcesResponse {
 		{Name: "jupyter-alice", Namespace: "hub", Containers: []*podresourcesapi.ContainerResources{
 			{Name: "init", Devices: nil},
 			{Name: "notebook", Devices: []*podresourcesapi.ContainerDevices{
-				{ResourceName: "nvidia.com/gpu", DeviceIds: []string{"GPU-c", "GPU-a"}},
+				// The kubelet lists each device (NUMA node) in its own entry.
+				{ResourceName: "nvidia.com/gpu", DeviceIds: []string{"GPU-c"}},
+				{ResourceName: "nvidia.com/gpu", DeviceIds: []string{"GPU-a"}},
 				{ResourceName: "example.com/nic", DeviceIds: []string{"nic0"}},
 			}},
 		}},

@@ -1,0 +1,227 @@
+"""The emulated DCGM exporter on a real GPU node, scraped by a real Prometheus.
+
+One GPU node (four A100s, device list strategy ``envvar``) runs as a real node
+with its exporter (``sandbox/go/cmd/dcgm-exporter``) beside the kubelet. A pod
+holds two GPUs through the kubelet's own device manager; the exporter learns
+which through the kubelet's PodResources API, as NVIDIA's exporter does. Its
+exposition and label mapping are unit-tested in Go (``sandbox/go/dcgm``); these
+tests prove it against the real kubelet and a real Prometheus (Debian's package).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from gpuspawner_sandbox import gpudriver, nodeconfig, nodes, testing
+from gpuspawner_sandbox.topology import GPU_RESOURCE, parse_topology
+from tests.culler.promserver import Prometheus, start_prometheus
+
+NODE = "dcgm-gpu-0"
+TOPOLOGY = parse_topology(
+    {"nodes": [{"name": NODE, "gpu": {"model": "A100-SXM4-80GB", "count": 4}}]}
+)
+#: Keeps the other tests' pods (which may tolerate nvidia.com/gpu) off this node.
+TAINT_KEY = "gpuspawner.test/dcgm"
+UTIL = "DCGM_FI_DEV_GPU_UTIL"
+
+wait_for = functools.partial(testing.wait_for, timeout=120, interval=0.3)
+
+
+@dataclass
+class Running:
+    nodes: nodes.RealNodes
+    prometheus: Prometheus
+
+
+@pytest.fixture(scope="module")
+def gpu_node(pytestconfig, control_plane, tmp_path_factory):
+    state_dir = tmp_path_factory.mktemp("dcgm-node")
+    with testing.running_real_nodes(
+        state_dir,
+        control_plane,
+        [NODE],
+        pytestconfig,
+        taints=(f"{TAINT_KEY}=true:NoSchedule",),
+        specs={NODE: TOPOLOGY.node(NODE)},
+        device_list_strategy="envvar",
+    ) as running:
+        prometheus = start_prometheus(
+            tmp_path_factory.mktemp("dcgm-prometheus"), running.dcgm_exporter(NODE)
+        )
+        try:
+            yield Running(running, prometheus)
+        finally:
+            prometheus.stop()
+
+
+@pytest.fixture(scope="module")
+def burner(gpu_node, control_plane):
+    """A pod holding two GPUs: (namespace, pod object, its NVIDIA_VISIBLE_DEVICES)."""
+    with testing.temporary_namespace(control_plane, "dcgm") as namespace:
+        api = control_plane.admin_api()
+        api.post(f"/api/v1/namespaces/{namespace}/pods", _gpu_pod("burner", 2))
+
+        def running():
+            pod = api.get(f"/api/v1/namespaces/{namespace}/pods/burner")
+            statuses = pod["status"].get("containerStatuses", [])
+            return pod if statuses and "running" in statuses[0]["state"] else None
+
+        pod = wait_for("pod burner to run", running)
+        container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+        pids = wait_for(
+            "the container's process", lambda: testing.container_pids(NODE, container_id)
+        )
+        visible = testing.process_environment(pids[0])["NVIDIA_VISIBLE_DEVICES"].split(",")
+        yield namespace, pod, visible
+
+
+def _gpu_pod(name: str, gpus: int) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "tolerations": [{"operator": "Exists"}],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": nodeconfig.TOOL_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "args": ["sleep", "infinity"],
+                    "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
+                }
+            ],
+        },
+    }
+
+
+def _by_uuid(result: list[dict]) -> dict[str, dict]:
+    return {item["metric"]["UUID"]: item for item in result}
+
+
+def _list_pod_resources(gpu_node: Running) -> list[dict]:
+    """``dcgm-exporter --list-pod-resources`` in the node's mount namespace (its kubelet)."""
+    holder = gpu_node.nodes.state["nodes"][NODE]["pids"]["holder"]
+    result = subprocess.run(
+        [
+            "nsenter",
+            f"--mount=/proc/{holder}/ns/mnt",
+            "--",
+            str(gpu_node.nodes.binaries.dcgm_exporter),
+            "--list-pod-resources",
+            f"--pod-resources-socket={nodeconfig.POD_RESOURCES_SOCKET}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _checkpointed(gpu_node: Running, pod_uid: str) -> list[str]:
+    """The GPU ids the kubelet's device manager checkpointed for a pod."""
+    path = gpu_node.nodes.paths(NODE).device_plugins / "kubelet_internal_checkpoint"
+    ids = []
+    for entry in json.loads(path.read_text())["Data"]["PodDeviceEntries"]:
+        if entry["PodUID"] == pod_uid and entry["ResourceName"] == GPU_RESOURCE:
+            for numa_ids in entry["DeviceIDs"].values():
+                ids += numa_ids
+    return sorted(ids)
+
+
+def test_the_exporter_serves_on_the_node_ip_only(gpu_node):
+    address = gpu_node.nodes.dcgm_exporter(NODE)
+    ip, port = address.rsplit(":", 1)
+    assert ip == gpu_node.nodes.node_ip(NODE)
+    pid = gpu_node.nodes.state["nodes"][NODE]["pids"]["dcgm-exporter"]
+    assert testing.listening_addresses(pid) == [(ip, int(port))]
+
+
+def test_prometheus_sees_the_pods_two_gpus_with_its_labels_and_the_others_without(gpu_node, burner):
+    namespace, _pod, visible = burner
+    assert len(visible) == 2
+    all_uuids = {gpu.uuid for gpu in TOPOLOGY.node(NODE).gpus}
+    assert set(visible) < all_uuids
+
+    def mapped(result):
+        series = _by_uuid(result)
+        return set(series) == all_uuids and {
+            u for u, s in series.items() if s["metric"].get("pod")
+        } == set(visible)
+
+    result = _by_uuid(gpu_node.prometheus.wait_for(f'{UTIL}{{Hostname="{NODE}"}}', mapped))
+    driver = gpudriver.driver_state(TOPOLOGY.node(NODE))
+    for gpu in driver["gpus"]:
+        labels = result[gpu["uuid"]]["metric"]
+        assert labels["gpu"] == str(gpu["index"])
+        assert labels["device"] == f"nvidia{gpu['minor']}"
+        assert labels["pci_bus_id"] == gpu["bus_id"]
+        assert labels["modelName"] == gpu["name"]
+        assert labels["DCGM_FI_DRIVER_VERSION"] == driver["driver_version"]
+        owner = (labels.get("namespace"), labels.get("pod"), labels.get("container"))
+        if gpu["uuid"] in visible:
+            assert owner == (namespace, "burner", "main")
+        else:
+            # Prometheus drops empty labels: a free GPU has none of the three.
+            assert owner == (None, None, None)
+
+
+def test_list_pod_resources_agrees_with_the_checkpoint_and_the_environment(gpu_node, burner):
+    namespace, pod, visible = burner
+    listed = [
+        a
+        for a in _list_pod_resources(gpu_node)
+        if a["namespace"] == namespace and a["pod"] == "burner"
+    ]
+    assert listed == [
+        {
+            "namespace": namespace,
+            "pod": "burner",
+            "container": "main",
+            "resource": GPU_RESOURCE,
+            "device_ids": sorted(visible),
+        }
+    ]
+    assert _checkpointed(gpu_node, pod["metadata"]["uid"]) == sorted(visible)
+
+
+def test_a_usage_file_raises_exactly_its_gpus_utilisation_until_it_expires(gpu_node, burner):
+    _, _, visible = burner
+    busy = visible[0]
+    usage_file = gpu_node.nodes.paths(NODE).gpu_usage / busy / gpudriver.USAGE_FILE_NAME
+    usage_file.parent.mkdir(parents=True, exist_ok=True)
+    until = time.time() + 20
+    tmp = usage_file.with_name("usage.json.tmp")
+    # As a workload writes it: atomically, with an expiry.
+    tmp.write_text(json.dumps({"gpu_util_percent": 73, "fb_used_mib": 1234, "until": until}))
+    tmp.replace(usage_file)
+    try:
+        query = f'{UTIL}{{Hostname="{NODE}"}}'
+        result = _by_uuid(
+            gpu_node.prometheus.wait_for(
+                query, lambda r: _by_uuid(r).get(busy, {}).get("value", [0, "0"])[1] == "73"
+            )
+        )
+        assert {u for u, s in result.items() if s["value"][1] != "0"} == {busy}
+        used = _by_uuid(
+            gpu_node.prometheus.query(f'DCGM_FI_DEV_FB_USED{{UUID="{busy}"}}')["data"]["result"]
+        )
+        assert used[busy]["value"][1] == "1234"
+        # After `until` the figures no longer count: the GPU is idle again.
+        gpu_node.prometheus.wait_for(
+            query,
+            lambda r: len(r) == 4 and all(s["value"][1] == "0" for s in r),
+            timeout=60,
+        )
+        assert time.time() >= until
+    finally:
+        usage_file.unlink(missing_ok=True)
