@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass
 
 import pytest
@@ -23,9 +25,20 @@ from gpuspawner_sandbox.topology import GPU_RESOURCE, parse_topology
 from tests.culler.promserver import Prometheus, start_prometheus
 
 NODE = "dcgm-gpu-0"
+MIG_NODE = "dcgm-mig-0"
 TOPOLOGY = parse_topology(
-    {"nodes": [{"name": NODE, "gpu": {"model": "A100-SXM4-80GB", "count": 4}}]}
+    {
+        "nodes": [
+            {"name": NODE, "gpu": {"model": "A100-SXM4-80GB", "count": 4}},
+            {
+                "name": MIG_NODE,
+                "gpu": {"model": "A100-SXM4-80GB", "count": 1},
+                "mig": {"strategy": "mixed", "profiles": {"3g.40gb": 1, "1g.10gb": 2}},
+            },
+        ]
+    }
 )
+MIG_RESOURCE = "nvidia.com/mig-1g.10gb"
 #: Keeps the other tests' pods (which may tolerate nvidia.com/gpu) off this node.
 TAINT_KEY = "gpuspawner.test/dcgm"
 UTIL = "DCGM_FI_DEV_GPU_UTIL"
@@ -45,10 +58,10 @@ def gpu_node(pytestconfig, control_plane, tmp_path_factory):
     with testing.running_real_nodes(
         state_dir,
         control_plane,
-        [NODE],
+        [NODE, MIG_NODE],
         pytestconfig,
         taints=(f"{TAINT_KEY}=true:NoSchedule",),
-        specs={NODE: TOPOLOGY.node(NODE)},
+        specs={n.name: n for n in TOPOLOGY.nodes},
         device_list_strategy="envvar",
     ) as running:
         prometheus = start_prometheus(
@@ -81,13 +94,13 @@ def burner(gpu_node, control_plane):
         yield namespace, pod, visible
 
 
-def _gpu_pod(name: str, gpus: int) -> dict:
+def _gpu_pod(name: str, gpus: int, node: str = NODE, resource: str = GPU_RESOURCE) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name},
         "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "nodeSelector": {"kubernetes.io/hostname": node},
             "tolerations": [{"operator": "Exists"}],
             "terminationGracePeriodSeconds": 1,
             "containers": [
@@ -96,7 +109,7 @@ def _gpu_pod(name: str, gpus: int) -> dict:
                     "image": nodeconfig.TOOL_IMAGE,
                     "imagePullPolicy": "Never",
                     "args": ["sleep", "infinity"],
-                    "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
+                    "resources": {"limits": {resource: str(gpus)}},
                 }
             ],
         },
@@ -107,9 +120,9 @@ def _by_uuid(result: list[dict]) -> dict[str, dict]:
     return {item["metric"]["UUID"]: item for item in result}
 
 
-def _list_pod_resources(gpu_node: Running) -> list[dict]:
+def _list_pod_resources(gpu_node: Running, node: str = NODE) -> list[dict]:
     """``dcgm-exporter --list-pod-resources`` in the node's mount namespace (its kubelet)."""
-    holder = gpu_node.nodes.state["nodes"][NODE]["pids"]["holder"]
+    holder = gpu_node.nodes.state["nodes"][node]["pids"]["holder"]
     result = subprocess.run(
         [
             "nsenter",
@@ -225,3 +238,60 @@ def test_a_usage_file_raises_exactly_its_gpus_utilisation_until_it_expires(gpu_n
         assert time.time() >= until
     finally:
         usage_file.unlink(missing_ok=True)
+
+
+_SERIES = re.compile(r"^(\w+)\{(.*)\} (\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _scrape(address: str) -> list[tuple[str, dict[str, str], str]]:
+    """One scrape of an exporter's /metrics: (metric, labels, value) per series."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    series = []
+    for line in text.splitlines():
+        if m := _SERIES.match(line):
+            series.append((m.group(1), dict(_LABEL.findall(m.group(2))), m.group(3)))
+    return series
+
+
+def test_a_mig_node_is_reported_per_mig_instance_with_its_pod(gpu_node, control_plane):
+    (gpu,) = TOPOLOGY.node(MIG_NODE).gpus
+    with testing.temporary_namespace(control_plane, "dcgm-mig") as namespace:
+        api = control_plane.admin_api()
+        api.post(f"/api/v1/namespaces/{namespace}/pods", _gpu_pod("mig", 1, MIG_NODE, MIG_RESOURCE))
+
+        def allocated():
+            return [
+                a
+                for a in _list_pod_resources(gpu_node, MIG_NODE)
+                if a["namespace"] == namespace and a["pod"] == "mig"
+            ]
+
+        (assignment,) = wait_for("the MIG device's allocation", allocated)
+        assert assignment["resource"] == MIG_RESOURCE
+        (held,) = assignment["device_ids"]
+        mig = next(m for m in gpu.mig if m.uuid == held)
+
+        series = _scrape(gpu_node.nodes.dcgm_exporter(MIG_NODE))
+        metrics = {metric for metric, _, _ in series}
+        # NVML has no utilisation per MIG device: its activity is GR_ENGINE_ACTIVE.
+        assert "DCGM_FI_DEV_GPU_UTIL" not in metrics
+        assert {"DCGM_FI_DEV_FB_USED", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"} <= metrics
+        used = [labels for metric, labels, _ in series if metric == "DCGM_FI_DEV_FB_USED"]
+        assert len(used) == len(gpu.mig) == 3
+        for labels in used:
+            # Each instance carries its parent GPU's identity.
+            assert (labels["gpu"], labels["UUID"]) == (str(gpu.index), gpu.uuid)
+            assert labels["Hostname"] == MIG_NODE
+        assert sorted((lab["GPU_I_PROFILE"], lab["GPU_I_ID"]) for lab in used) == sorted(
+            (m.profile.name, str(m.gi)) for m in gpu.mig
+        )
+        owned = [labels for labels in used if labels["pod"]]
+        assert len(owned) == 1
+        assert (owned[0]["GPU_I_PROFILE"], owned[0]["GPU_I_ID"]) == (mig.profile.name, str(mig.gi))
+        assert (owned[0]["namespace"], owned[0]["pod"], owned[0]["container"]) == (
+            namespace,
+            "mig",
+            "main",
+        )
