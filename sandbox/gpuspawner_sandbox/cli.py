@@ -214,7 +214,11 @@ def start_real_nodes(
         cp.stop()
         raise
     for name in names:
-        print(f"  {name} Ready in {real.started_in[name]:.1f}s (node IP {real.node_ip(name)})")
+        exporter = real.dcgm_exporter(name)
+        metrics = f"; DCGM metrics at http://{exporter}/metrics" if exporter else ""
+        print(
+            f"  {name} Ready in {real.started_in[name]:.1f}s (node IP {real.node_ip(name)}{metrics})"
+        )
     return real
 
 

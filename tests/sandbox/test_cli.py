@@ -87,6 +87,8 @@ def test_up_real_nodes_status_down(pytestconfig, tmp_path, capsys):
         assert cli.main(args) == 0
         out = capsys.readouterr().out
         assert "cli-gpu-0 Ready in" in out and "cli-cpu-0 Ready in" in out
+        exporter = nodes.read_state(state)["nodes"]["cli-gpu-0"]["dcgm_exporter"]
+        assert f"DCGM metrics at http://{exporter}/metrics" in out
 
         assert cli.main(["--state-dir", str(state), "status"]) == 0
         status = capsys.readouterr().out
@@ -95,6 +97,8 @@ def test_up_real_nodes_status_down(pytestconfig, tmp_path, capsys):
             assert f"cli-gpu-0/{part} " in status
         assert "cli-gpu-0/device-plugin " in status
         assert "cli-cpu-0/device-plugin" not in status
+        assert "cli-gpu-0/dcgm-exporter " in status
+        assert "cli-cpu-0/dcgm-exporter" not in status
         plugin = nodes.read_state(state)["nodes"]["cli-gpu-0"]["pids"]["device-plugin"]
         cmdline = Path(f"/proc/{plugin}/cmdline").read_bytes().split(b"\0")
         assert b"--device-list-strategy=cdi-cri" in cmdline
