@@ -10,6 +10,7 @@ tests prove it against the real kubelet and a real Prometheus (Debian's package)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gpuspawner_sandbox import gpudriver, nodeconfig, nodes, testing
+from gpuspawner_sandbox import gpudriver, hoststate, nodeconfig, nodes, testing
 from gpuspawner_sandbox.topology import GPU_RESOURCE, parse_topology
 from tests.culler.promserver import Prometheus, start_prometheus
 
@@ -50,11 +51,16 @@ wait_for = functools.partial(testing.wait_for, timeout=120, interval=0.3)
 class Running:
     nodes: nodes.RealNodes
     prometheus: Prometheus
+    before: dict
+    roots: list[str]
 
 
 @pytest.fixture(scope="module")
 def gpu_node(pytestconfig, control_plane, tmp_path_factory):
+    testing.node_binaries(pytestconfig)  # build (with progress) before the snapshot
     state_dir = tmp_path_factory.mktemp("dcgm-node")
+    roots = [nodeconfig.cgroup_root(n.name) for n in TOPOLOGY.nodes]
+    before = hoststate.snapshot(state_dir / "nodes", roots)
     with testing.running_real_nodes(
         state_dir,
         control_plane,
@@ -68,7 +74,7 @@ def gpu_node(pytestconfig, control_plane, tmp_path_factory):
             tmp_path_factory.mktemp("dcgm-prometheus"), running.dcgm_exporter(NODE)
         )
         try:
-            yield Running(running, prometheus)
+            yield Running(running, prometheus, before, roots)
         finally:
             prometheus.stop()
 
@@ -295,3 +301,44 @@ def test_a_mig_node_is_reported_per_mig_instance_with_its_pod(gpu_node, control_
             "mig",
             "main",
         )
+
+
+def test_down_stops_the_exporters_and_restores_the_host(gpu_node):
+    """Runs late in this module: it stops the GPU nodes, exporters included."""
+    state_dir = gpu_node.nodes.state_dir
+    assert all(nodes.status(state_dir)[n.name]["dcgm-exporter"] for n in TOPOLOGY.nodes)
+    address = gpu_node.nodes.dcgm_exporter(NODE)
+    gpu_node.nodes.stop()
+    after = hoststate.snapshot(state_dir / "nodes", gpu_node.roots)
+    assert hoststate.differences(gpu_node.before, after) == []
+    assert testing.processes_mentioning(str(state_dir / "nodes")) == []
+    with pytest.raises(OSError):
+        _scrape(address)
+
+
+def test_an_exporter_that_fails_fails_the_start_and_leaves_the_host(
+    pytestconfig, control_plane, tmp_path
+):
+    """After the module's nodes are down: a GPU node whose exporter exits at once."""
+    binaries = testing.node_binaries(pytestconfig)
+    broken = tmp_path / "dcgm-exporter"
+    broken.write_text('#!/bin/sh\necho "no DCGM here" >&2\nexit 3\n')
+    broken.chmod(0o755)
+    spec = TOPOLOGY.node(NODE)
+    roots = [nodeconfig.cgroup_root(spec.name)]
+    before = hoststate.snapshot(tmp_path / "state" / "nodes", roots)
+    running = nodes.RealNodes(
+        tmp_path / "state",
+        control_plane,
+        dataclasses.replace(binaries, dcgm_exporter=broken),
+        [spec.name],
+        specs={spec.name: spec},
+    )
+    with pytest.raises(
+        nodes.NodeError, match=rf"dcgm-exporter of node {spec.name} exited with code 3"
+    ) as e:
+        running.start(timeout=120)
+    assert "no DCGM here" in str(e.value)
+    after = hoststate.snapshot(tmp_path / "state" / "nodes", roots)
+    assert hoststate.differences(before, after) == []
+    assert nodes.read_state(tmp_path / "state") is None
