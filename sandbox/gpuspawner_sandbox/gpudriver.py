@@ -286,10 +286,12 @@ def _withdrawn(fault: dict[str, Any]) -> bool:
     return FAULT_KINDS[fault["kind"]].withdraws if withdraw is None else bool(withdraw)
 
 
-def _with_fault_health(state: dict[str, Any]) -> dict[str, Any]:
-    """Set every device's health from the faults: unhealthy while a withdrawing fault lasts."""
+def _with_fault_health(state: dict[str, Any], gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    """Set the health of ``gpus`` (whose faults changed) and their MIG devices from the
+    faults: unhealthy while a withdrawing fault lasts. Other GPUs keep theirs, which
+    :func:`with_health` may have set."""
     node_wide = any(_withdrawn(f) for f in state.get("faults", []))
-    for gpu in state["gpus"]:
+    for gpu in gpus:
         bad = node_wide or any(_withdrawn(f) for f in gpu.get("faults", []))
         for device in (gpu, *gpu.get("mig", [])):
             device["health"] = UNHEALTHY if bad else HEALTHY
@@ -317,12 +319,13 @@ def with_fault(
         raise DriverStateError(f"The {kind!r} fault applies to a whole node, not to one GPU.")
     fault = {"kind": kind, "value": value, "withdraw": withdraw}
     new = _copy(state)
+    hit = [_find_gpu(new, gpu)] if gpu is not None else new["gpus"]
     if known.scope == "driver":
         new.setdefault("faults", []).append(fault)
     else:
-        for g in [_find_gpu(new, gpu)] if gpu is not None else new["gpus"]:
+        for g in hit:
             g.setdefault("faults", []).append(dict(fault))
-    return _with_fault_health(new)
+    return _with_fault_health(new, hit)
 
 
 def without_faults(
@@ -340,9 +343,10 @@ def without_faults(
 
     if gpu is None:
         new["faults"] = [f for f in new.get("faults", []) if keep(f)]
-    for g in [_find_gpu(new, gpu)] if gpu is not None else new["gpus"]:
+    hit = [_find_gpu(new, gpu)] if gpu is not None else new["gpus"]
+    for g in hit:
         g["faults"] = [f for f in g.get("faults", []) if keep(f)]
-    return _with_fault_health(new)
+    return _with_fault_health(new, hit)
 
 
 def _value(fault: dict[str, Any], default: str) -> str:
