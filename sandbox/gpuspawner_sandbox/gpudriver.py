@@ -41,7 +41,9 @@ DRIVER_STATE_FILE = "gpu-driver.json"
 # --- where the emulated driver meets containers (issue 11) ---------------------------------
 # The layout below is shared by the CDI spec (what NVIDIA's runtime injects), the emulated
 # nvidia-smi (what it reads inside a container) and the emulated DCGM exporter (what it
-# reads on the node). Under <node root>/<DRIVER_DIR_NAME>/:
+# reads on the node). Under <node root>/<DRIVER_DIR_NAME>/ (DriverPaths):
+#   gpu-driver.json                 the aggregate state (DRIVER_STATE_FILE): the device plugin's
+#                                   --driver-state and the CDI spec's source; never in a container
 #   bin/nvidia-smi                  the static emulated nvidia-smi, mounted at SMI_CONTAINER_PATH
 #   dev/nvidia<minor>, dev/nvidiactl, dev/nvidia-uvm, dev/nvidia-caps/nvidia-cap<N>
 #                                   character devices (NVIDIA_MAJOR, ...): nothing can open them
@@ -55,6 +57,11 @@ DRIVER_STATE_FILE = "gpu-driver.json"
 #                                   {"gpu_util_percent": 0-100, "fb_used_mib": int, "until": unix
 #                                   time}; it counts only while now < until (a dead workload's
 #                                   figures expire), otherwise the GPU is idle (0 %, 0 MiB used)
+# A container sees a GPU in nvidia-smi when both its view/gpus/<GPU-UUID>/ is mounted and its
+# /dev/nvidia<minor> exists; a MIG device of it when, in addition, /dev/nvidia-caps/
+# nvidia-cap<gi_cap_minor> and nvidia-cap<ci_cap_minor> (recorded per MIG device) exist. So
+# a MIG device's CDI entry gives the parent's /dev/nvidia<minor>, both caps nodes, and the
+# parent GPU's view and usage directories.
 # Directories, never single files, are mounted: files are replaced atomically (rename), which a
 # file bind mount would not follow.
 DRIVER_DIR_NAME = "nvidia-driver"
