@@ -1,6 +1,6 @@
 """Build what a real node runs besides the kubelet: containerd, its runc shim,
-the CNI plugins, NVIDIA's container runtime (GPU nodes), and the programs
-inside our own pause and test images.
+the CNI plugins, NVIDIA's container runtime (GPU nodes), the programs inside
+our own pause and test images, and the emulated driver's nvidia-smi.
 
 The kubelet itself is a component of the control plane's multi-call binary
 (:mod:`gpuspawner_sandbox.build`, ``k8s kubelet``), which shares its compile.
@@ -26,11 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from . import build
+from . import build, gpudriver
 
 #: Our Go module with the pause and test-tool programs (standard library only).
 IMAGE_MODULE_DIR = build.REPO_ROOT / "sandbox" / "nodeimages"
 IMAGE_PROGRAMS = ("pause", "tool")
+
+#: The emulated nvidia-smi: a small static program of the sandbox's Go module, built on its
+#: own (linking it into `k8s` would relink that, which takes minutes).
+SMI_PACKAGES = ("cmd/nvidia-smi", "nvidiasmi")
 
 #: Debian's runc (the package scripts/install-system-packages.sh installs).
 RUNC_CANDIDATES = ("/usr/sbin/runc", "/usr/bin/runc")
@@ -123,6 +127,7 @@ class NodeBinaries:
     images_dir: Path  # pause, tool (static; packed into OCI images)
     runc: Path
     nvidia_dir: Path  # nvidia-container-runtime, nvidia-cdi-hook, nvidia-ctk
+    nvidia_smi: Path  # the emulated driver's nvidia-smi (static)
 
     @property
     def containerd(self) -> Path:
@@ -262,6 +267,67 @@ def build_image_programs(
     return target
 
 
+def smi_ldflags() -> str:
+    """The linker flags that give nvidia-smi the driver's layout from gpudriver's constants."""
+    settings = {
+        "viewRoot": gpudriver.CONTAINER_VIEW_ROOT,
+        "driverDir": gpudriver.VIEW_DRIVER_DIR,
+        "gpusDir": gpudriver.VIEW_GPUS_DIR,
+        "usageDir": gpudriver.USAGE_DIR,
+        "driverFile": gpudriver.DRIVER_VIEW_FILE,
+        "gpuFile": gpudriver.GPU_VIEW_FILE,
+        "usageFile": gpudriver.USAGE_FILE,
+        "capsDir": gpudriver.NVIDIA_CAPS_DIR,
+        "emulatedRootEnv": gpudriver.EMULATED_ROOT_ENV,
+    }
+    return " ".join(["-s", "-w", *(f"-X main.{k}={v}" for k, v in settings.items())])
+
+
+def smi_source_hash(module_dir: Path = build.GO_MODULE_DIR) -> str:
+    """A short digest of what decides nvidia-smi: its packages' files, go.mod, the flags."""
+    digest = hashlib.sha256(smi_ldflags().encode() + b"\0")
+    files = [module_dir / "go.mod", module_dir / "go.sum"]
+    for package in SMI_PACKAGES:
+        files += sorted(p for p in (module_dir / package).rglob("*") if p.is_file())
+    for path in files:
+        if path.name.endswith("_test.go"):
+            continue
+        digest.update(str(path.relative_to(module_dir)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def smi_dir(module_dir: Path = build.GO_MODULE_DIR, cache: Path | None = None) -> Path:
+    cache = cache if cache is not None else build.cache_dir()
+    return cache / "bin" / f"nvidia-smi-{smi_source_hash(module_dir)}"
+
+
+def build_nvidia_smi(
+    module_dir: Path = build.GO_MODULE_DIR, cache: Path | None = None, *, out: TextIO | None = None
+) -> Path:
+    """Build the emulated nvidia-smi (static) if missing; return the binary's path."""
+    out = out if out is not None else sys.stderr
+    target = smi_dir(module_dir, cache)
+    if _complete(target, ("nvidia-smi",)):
+        return target / "nvidia-smi"
+    go = build.find_go()
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    print("Building the emulated nvidia-smi (standard library only; seconds)…", file=out)
+    cmd = [go, "build", "-v", "-trimpath", f"-ldflags={smi_ldflags()}"]
+    cmd += ["-o", str(tmp / "nvidia-smi"), f"./{SMI_PACKAGES[0]}"]
+    try:
+        build.run_go(cmd, module_dir, _go_env(), out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    _prune(target, "nvidia-smi")
+    return target / "nvidia-smi"
+
+
 def find_runc() -> Path:
     """Debian's runc (or any runc on PATH)."""
     for candidate in (*RUNC_CANDIDATES, shutil.which("runc")):
@@ -289,6 +355,7 @@ def build_all(cache: Path | None = None, *, out: TextIO | None = None) -> NodeBi
         images_dir=build_image_programs(cache=cache, out=out),
         runc=runc,
         nvidia_dir=dirs[NVIDIA_TOOLKIT.name],
+        nvidia_smi=build_nvidia_smi(cache=cache, out=out),
     )
 
 

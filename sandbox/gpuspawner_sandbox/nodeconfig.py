@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .gpudriver import DRIVER_STATE_FILE
+from .gpudriver import DriverPaths
 from .topology import NodeSpec, node_labels, node_taints
 
 #: Every pod network lives inside this range; the forward-drop rule drops
@@ -165,9 +165,14 @@ class NodePaths:
         return self.root / "mounts.ready"
 
     @property
+    def driver(self) -> DriverPaths:
+        """The emulated NVIDIA driver's files (GPU nodes only; see gpudriver.py)."""
+        return DriverPaths.of_node(self.root)
+
+    @property
     def driver_state(self) -> Path:
-        """The emulated NVIDIA driver's state (GPU nodes only; see gpudriver.py)."""
-        return self.root / DRIVER_STATE_FILE
+        """The emulated NVIDIA driver's aggregate state, what the device plugin reads."""
+        return self.driver.state
 
     @property
     def cdi_dir(self) -> Path:

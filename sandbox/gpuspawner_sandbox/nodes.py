@@ -15,7 +15,8 @@ before it happens, so :func:`teardown` (from this process or from
 even after a failed start.
 
 A GPU node (one whose topology entry has GPUs) also gets its emulated driver's
-state file (:mod:`gpuspawner_sandbox.gpudriver`), our device plugin beside its
+directory (:mod:`gpuspawner_sandbox.gpudriver`: state, projections, nvidia-smi),
+our device plugin beside its
 kubelet in its mount namespace (``k8s device-plugin``: the kubelet's own
 device manager allocates, checkpoints and withdraws unhealthy GPUs), the
 ``nvidia.com/gpu`` taint at registration, and the labels GPU feature discovery
@@ -418,6 +419,8 @@ class RealNodes:
         paths.resolv_conf.write_text(nodeconfig.resolv_conf())
         spec = self.gpu_spec(name)
         if spec:
+            paths.driver.bin_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(self.binaries.nvidia_smi, paths.driver.nvidia_smi)
             gpudriver.write_driver_state(paths.driver_state, gpudriver.driver_state(spec))
         config = nodeconfig.kubelet_configuration(
             paths, net, node=name, client_ca=self.cp.ca_file, healthz_port=free_port()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuspawner_sandbox import nodebuild
+from gpuspawner_sandbox import build, gpudriver, nodebuild
 
 
 def test_go_install_commands_use_the_modules_own_pin_and_tags():
@@ -51,6 +51,39 @@ def test_a_cached_tool_is_not_rebuilt(tmp_path, monkeypatch):
 
     monkeypatch.setattr(nodebuild.build, "find_go", no_go)
     assert nodebuild.build_tool(nodebuild.CNI_PLUGINS, tmp_path) == target
+
+
+def _smi_module(tmp_path):
+    module = tmp_path / "mod"
+    for package in (*nodebuild.SMI_PACKAGES, "deviceplugin"):
+        (module / package).mkdir(parents=True)
+        (module / package / "x.go").write_text("package x\n")
+    (module / "go.mod").write_text("module x\n")
+    (module / "go.sum").write_text("")
+    return module
+
+
+def test_nvidia_smi_key_covers_its_packages_only(tmp_path):
+    module = _smi_module(tmp_path)
+    before = nodebuild.smi_source_hash(module)
+    (module / "deviceplugin" / "x.go").write_text("package x // the k8s binary's\n")
+    (module / "nvidiasmi" / "x_test.go").write_text("package x\n")
+    assert nodebuild.smi_source_hash(module) == before
+    (module / "nvidiasmi" / "capture.json").write_text("{}")
+    assert nodebuild.smi_source_hash(module) != before
+    assert nodebuild.smi_dir(module, tmp_path).parent == tmp_path / "bin"
+
+
+def test_nvidia_smi_is_not_part_of_the_k8s_binary():
+    linked = build.source_files(build.GO_MODULE_DIR)
+    assert not [f for f in linked if f.startswith(nodebuild.SMI_PACKAGES)]
+
+
+def test_nvidia_smi_learns_the_layout_from_gpudriver():
+    flags = nodebuild.smi_ldflags().split(" ")
+    assert f"main.viewRoot={gpudriver.CONTAINER_VIEW_ROOT}" in flags
+    assert f"main.gpuFile={gpudriver.GPU_VIEW_FILE}" in flags
+    assert f"main.emulatedRootEnv={gpudriver.EMULATED_ROOT_ENV}" in flags
 
 
 def test_go_arch_names():
