@@ -35,6 +35,10 @@ FORWARD_CHAIN = "GPUSPAWNER-PODS"
 IMAGE_REGISTRY = "gpuspawner.invalid"
 PAUSE_IMAGE = f"{IMAGE_REGISTRY}/pause:v1"
 TOOL_IMAGE = f"{IMAGE_REGISTRY}/tool:v1"
+#: The test tool in an image that declares NVIDIA_VISIBLE_DEVICES=all, as
+#: NVIDIA's CUDA base images do (the seed's security case).
+CUDA_TOOL_IMAGE = f"{IMAGE_REGISTRY}/tool-cuda:v1"
+CUDA_IMAGE_ENV = ("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility")
 DEAD_REGISTRY = "http://127.0.0.1:9"
 
 #: Host paths the kubelet and containerd use whatever they are told; each
