@@ -374,6 +374,19 @@ def test_with_cdi_annotations_the_images_variable_is_ignored(gpu_nodes, control_
     assert smi_gpus(got.pid) == {allocated}
 
 
+def test_on_a_cdi_node_a_cpu_pod_of_that_image_still_gets_every_gpu(
+    gpu_nodes, control_plane, namespace
+):
+    """What the CDI strategies do not close: a pod given no devices has no annotation,
+    so NVIDIA's runtime (with its defaults) reads the image's variable after all."""
+    api = control_plane.admin_api()
+    manifest = kubespawner_cpu_pod("cdi-node-cpu", ANNOTATIONS)
+    api.post(f"/api/v1/namespaces/{namespace}/pods", manifest)
+    got = seen(api, namespace, "cdi-node-cpu")
+    assert checkpointed(gpu_nodes, ANNOTATIONS, got.pod) == []
+    assert got.devices == gpu_devices(gpu_nodes, ANNOTATIONS, all_gpus(ANNOTATIONS)) | SHARED
+
+
 def test_a_cdi_cri_mig_pod_sees_exactly_its_mig_devices(gpu_nodes, control_plane, namespace):
     """cdi-cri: containerd resolves the plugin's CDI names itself; the image's =all does
     nothing, since the spec's edit leaves the runtime NVIDIA_VISIBLE_DEVICES=void (d)."""
