@@ -41,7 +41,9 @@ DRIVER_STATE_FILE = "gpu-driver.json"
 # --- where the emulated driver meets containers (issue 11) ---------------------------------
 # The layout below is shared by the CDI spec (what NVIDIA's runtime injects), the emulated
 # nvidia-smi (what it reads inside a container) and the emulated DCGM exporter (what it
-# reads on the node). Under <node root>/<DRIVER_DIR_NAME>/:
+# reads on the node). Under <node root>/<DRIVER_DIR_NAME>/ (DriverPaths):
+#   gpu-driver.json                 the aggregate state (DRIVER_STATE_FILE): the device plugin's
+#                                   --driver-state and the CDI spec's source; never in a container
 #   bin/nvidia-smi                  the static emulated nvidia-smi, mounted at SMI_CONTAINER_PATH
 #   dev/nvidia<minor>, dev/nvidiactl, dev/nvidia-uvm, dev/nvidia-caps/nvidia-cap<N>
 #                                   character devices (NVIDIA_MAJOR, ...): nothing can open them
@@ -55,6 +57,11 @@ DRIVER_STATE_FILE = "gpu-driver.json"
 #                                   {"gpu_util_percent": 0-100, "fb_used_mib": int, "until": unix
 #                                   time}; it counts only while now < until (a dead workload's
 #                                   figures expire), otherwise the GPU is idle (0 %, 0 MiB used)
+# A container sees a GPU in nvidia-smi when both its view/gpus/<GPU-UUID>/ is mounted and its
+# /dev/nvidia<minor> exists; a MIG device of it when, in addition, /dev/nvidia-caps/
+# nvidia-cap<gi_cap_minor> and nvidia-cap<ci_cap_minor> (recorded per MIG device) exist. So
+# a MIG device's CDI entry gives the parent's /dev/nvidia<minor>, both caps nodes, and the
+# parent GPU's view and usage directories.
 # Directories, never single files, are mounted: files are replaced atomically (rename), which a
 # file bind mount would not follow.
 DRIVER_DIR_NAME = "nvidia-driver"
@@ -292,10 +299,12 @@ def _withdrawn(fault: dict[str, Any]) -> bool:
     return FAULT_KINDS[fault["kind"]].withdraws if withdraw is None else bool(withdraw)
 
 
-def _with_fault_health(state: dict[str, Any]) -> dict[str, Any]:
-    """Set every device's health from the faults: unhealthy while a withdrawing fault lasts."""
+def _with_fault_health(state: dict[str, Any], gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    """Set the health of ``gpus`` (whose faults changed) and their MIG devices from the
+    faults: unhealthy while a withdrawing fault lasts. Other GPUs keep theirs, which
+    :func:`with_health` may have set."""
     node_wide = any(_withdrawn(f) for f in state.get("faults", []))
-    for gpu in state["gpus"]:
+    for gpu in gpus:
         bad = node_wide or any(_withdrawn(f) for f in gpu.get("faults", []))
         for device in (gpu, *gpu.get("mig", [])):
             device["health"] = UNHEALTHY if bad else HEALTHY
@@ -323,12 +332,13 @@ def with_fault(
         raise DriverStateError(f"The {kind!r} fault applies to a whole node, not to one GPU.")
     fault = {"kind": kind, "value": value, "withdraw": withdraw}
     new = _copy(state)
+    hit = [_find_gpu(new, gpu)] if gpu is not None else new["gpus"]
     if known.scope == "driver":
         new.setdefault("faults", []).append(fault)
     else:
-        for g in [_find_gpu(new, gpu)] if gpu is not None else new["gpus"]:
+        for g in hit:
             g.setdefault("faults", []).append(dict(fault))
-    return _with_fault_health(new)
+    return _with_fault_health(new, hit)
 
 
 def without_faults(
@@ -346,9 +356,10 @@ def without_faults(
 
     if gpu is None:
         new["faults"] = [f for f in new.get("faults", []) if keep(f)]
-    for g in [_find_gpu(new, gpu)] if gpu is not None else new["gpus"]:
+    hit = [_find_gpu(new, gpu)] if gpu is not None else new["gpus"]
+    for g in hit:
         g["faults"] = [f for f in g.get("faults", []) if keep(f)]
-    return _with_fault_health(new)
+    return _with_fault_health(new, hit)
 
 
 def _value(fault: dict[str, Any], default: str) -> str:

@@ -228,6 +228,33 @@ def test_an_unhealthy_gpu_leaves_allocatable_through_the_kubelet(gpu_nodes, cont
     )
 
 
+def test_an_injected_xid_fault_withdraws_the_gpu_and_clearing_it_brings_it_back(
+    gpu_nodes, control_plane
+):
+    """A GPU fallen off the bus (XID 79) is one NVIDIA's plugin reports unhealthy; a
+    pending row remap is not. The driver's files are there for containers."""
+    api = control_plane.admin_api()
+    driver = gpu_nodes.nodes.paths(NVLINK_NODE).driver
+    gpus = TOPOLOGY.node(NVLINK_NODE).gpus
+    assert driver.nvidia_smi.stat().st_mode & 0o111
+    assert [p.name for p in sorted((driver.view_dir / gpudriver.VIEW_GPUS_DIR).iterdir())] == (
+        sorted(g.uuid for g in gpus)
+    )
+    try:
+        gpudriver.inject_fault(driver.state, "row-remap-pending", gpus[0].uuid)
+        gpudriver.inject_fault(driver.state, "lost", gpus[1].uuid)
+        wait_for(
+            "the lost GPU to leave allocatable",
+            lambda: _allocatable(api, NVLINK_NODE, GPU_RESOURCE) == str(len(gpus) - 1),
+        )
+    finally:
+        gpudriver.clear_faults(driver.state)
+    wait_for(
+        "the GPU to return once the fault is cleared",
+        lambda: _allocatable(api, NVLINK_NODE, GPU_RESOURCE) == str(len(gpus)),
+    )
+
+
 def test_the_cdi_strategy_hands_cdi_device_names_to_the_runtime(
     gpu_nodes, control_plane, namespace
 ):

@@ -146,6 +146,15 @@ def test_withdraw_overrides_the_kinds_default():
     assert [g["health"] for g in loud["gpus"]] == ["healthy", "healthy", "unhealthy", "healthy"]
 
 
+def test_a_fault_on_one_gpu_leaves_the_health_set_on_another():
+    state = gpudriver.driver_state(TOPOLOGY.node("nv"))
+    uuids = [g["uuid"] for g in state["gpus"]]
+    state = gpudriver.with_health(state, uuids[0], healthy=False)
+    state = gpudriver.with_fault(state, "row-remap-pending", uuids[1])
+    state = gpudriver.without_faults(state, gpu=uuids[1])
+    assert [g["health"] for g in state["gpus"]] == ["unhealthy"] + ["healthy"] * 3
+
+
 def test_a_gpu_fault_without_a_gpu_hits_every_gpu_and_clearing_one_gpu_keeps_the_rest():
     state = gpudriver.driver_state(TOPOLOGY.node("nv"))
     state = gpudriver.with_fault(state, "lost")

@@ -132,11 +132,14 @@ func Values(g GPU, count int, d Driver, c Capture, now time.Time) map[string]str
 		}
 	}
 	bus := strings.Split(g.BusID, ":")
+	if len(bus) != 3 {
+		bus = []string{"0000", "00", "00.0"} // not a PCI address; the state writer never does this
+	}
 	domain := bus[0]
 	if len(domain) > 4 {
 		domain = domain[len(domain)-4:]
 	}
-	device, _, _ := strings.Cut(bus[len(bus)-1], ".")
+	device, _, _ := strings.Cut(bus[2], ".")
 	// Keep the recorded free/reserved relation (NVML rounds each figure on its own).
 	recordedTotal, recordedFree := firstInt(v["memory.total"]), firstInt(v["memory.free"])
 	used := clamp(g.Usage.FBUsedMiB, 0, g.MemoryMiB)
