@@ -33,6 +33,9 @@ from .gpudriver import (
     NVIDIA_UVM_TOOLS_MINOR,
     NVIDIACTL_MINOR,
     SMI_CONTAINER_PATH,
+    USAGE_DIR,
+    VIEW_DRIVER_DIR,
+    VIEW_GPUS_DIR,
     DriverPaths,
 )
 
@@ -119,12 +122,12 @@ def _gpu_mounts(uuid: str, driver: DriverPaths) -> list[dict[str, Any]]:
     return [
         {
             "hostPath": str(driver.gpu_view(uuid)),
-            "containerPath": posixpath.join(CONTAINER_VIEW_ROOT, "gpus", uuid),
+            "containerPath": posixpath.join(CONTAINER_VIEW_ROOT, VIEW_GPUS_DIR, uuid),
             "options": _READ_ONLY,
         },
         {
             "hostPath": str(driver.usage_dir(uuid)),
-            "containerPath": posixpath.join(CONTAINER_VIEW_ROOT, "usage", uuid),
+            "containerPath": posixpath.join(CONTAINER_VIEW_ROOT, USAGE_DIR, uuid),
             "options": _WRITABLE,
         },
     ]
@@ -184,7 +187,7 @@ def cdi_spec(state: dict[str, Any], driver: DriverPaths) -> dict[str, Any]:
                 },
                 {
                     "hostPath": str(driver.driver_view),
-                    "containerPath": posixpath.join(CONTAINER_VIEW_ROOT, "driver"),
+                    "containerPath": posixpath.join(CONTAINER_VIEW_ROOT, VIEW_DRIVER_DIR),
                     "options": _READ_ONLY,
                 },
             ],

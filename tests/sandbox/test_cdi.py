@@ -5,7 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuspawner_sandbox import cdi, gpudriver
-from gpuspawner_sandbox.gpudriver import CONTAINER_VIEW_ROOT, DriverPaths
+from gpuspawner_sandbox.gpudriver import (
+    CONTAINER_VIEW_ROOT,
+    USAGE_DIR,
+    VIEW_DRIVER_DIR,
+    VIEW_GPUS_DIR,
+    DriverPaths,
+)
 from gpuspawner_sandbox.topology import parse_topology
 
 TOPOLOGY = parse_topology(
@@ -57,9 +63,9 @@ def test_each_gpu_is_named_by_index_and_uuid_with_its_device_and_views():
         "fileMode": 0o666,
     }
     mounts = {m["containerPath"]: m for m in by_index["mounts"]}
-    view = mounts[f"{CONTAINER_VIEW_ROOT}/gpus/{gpu['uuid']}"]
+    view = mounts[f"{CONTAINER_VIEW_ROOT}/{VIEW_GPUS_DIR}/{gpu['uuid']}"]
     assert view["hostPath"] == str(DRIVER.gpu_view(gpu["uuid"])) and "ro" in view["options"]
-    usage = mounts[f"{CONTAINER_VIEW_ROOT}/usage/{gpu['uuid']}"]
+    usage = mounts[f"{CONTAINER_VIEW_ROOT}/{USAGE_DIR}/{gpu['uuid']}"]
     assert usage["hostPath"] == str(DRIVER.usage_dir(gpu["uuid"])) and "rw" in usage["options"]
     # Only that GPU's: nothing of GPU 0.
     assert not any(state["gpus"][0]["uuid"] in p for p in _mounted(by_index))
@@ -69,7 +75,9 @@ def test_all_is_every_gpu_and_the_shared_edits_are_nvidias():
     state, spec = _spec("plain")
     every = _device(spec, "all")
     assert _paths(every) == {"/dev/nvidia0", "/dev/nvidia1"}
-    assert {f"{CONTAINER_VIEW_ROOT}/gpus/{g['uuid']}" for g in state["gpus"]} <= _mounted(every)
+    assert {
+        f"{CONTAINER_VIEW_ROOT}/{VIEW_GPUS_DIR}/{g['uuid']}" for g in state["gpus"]
+    } <= _mounted(every)
     shared = spec["containerEdits"]
     # As NVIDIA's generated specs: nothing downstream injects devices a second time.
     assert shared["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
@@ -80,7 +88,7 @@ def test_all_is_every_gpu_and_the_shared_edits_are_nvidias():
     mounts = {m["containerPath"]: m["hostPath"] for m in shared["mounts"]}
     assert mounts == {
         gpudriver.SMI_CONTAINER_PATH: str(DRIVER.nvidia_smi),
-        f"{CONTAINER_VIEW_ROOT}/driver": str(DRIVER.driver_view),
+        f"{CONTAINER_VIEW_ROOT}/{VIEW_DRIVER_DIR}": str(DRIVER.driver_view),
     }
     assert cdi.device_names(state) == [
         "0",
@@ -108,8 +116,8 @@ def test_mig_devices_are_named_as_nvidia_names_them_with_their_caps():
     assert cap_majors == {gpudriver.NVIDIA_CAPS_MAJOR}
     # The parent GPU's view: nvidia-smi shows a MIG device under its GPU.
     assert _mounted(edits) == {
-        f"{CONTAINER_VIEW_ROOT}/gpus/{gpu['uuid']}",
-        f"{CONTAINER_VIEW_ROOT}/usage/{gpu['uuid']}",
+        f"{CONTAINER_VIEW_ROOT}/{VIEW_GPUS_DIR}/{gpu['uuid']}",
+        f"{CONTAINER_VIEW_ROOT}/{USAGE_DIR}/{gpu['uuid']}",
     }
     names = cdi.device_names(state)
     assert len(names) == 2 * (2 + 2 * 3) + 1

@@ -245,7 +245,7 @@ def seen(api, namespace: str, name: str) -> Seen:
     container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
     pid = wait_for("the container's process", lambda: testing.container_pids(node, container_id))[0]
     root = f"/proc/{pid}/root"
-    gpus = os.path.join(root, gpudriver.CONTAINER_VIEW_ROOT.strip("/"), "gpus")
+    gpus = os.path.join(root, gpudriver.CONTAINER_VIEW_ROOT.strip("/"), gpudriver.VIEW_GPUS_DIR)
     views = set(os.listdir(gpus)) if os.path.isdir(gpus) else set()
     return Seen(pod, pid, _nvidia_devices(root), views, testing.process_environment(pid))
 
