@@ -462,7 +462,16 @@ class RealNodes:
         for node in cdi.device_nodes(state):
             path = driver.dev_dir / node.name
             path.parent.mkdir(parents=True, exist_ok=True)
-            os.mknod(path, stat.S_IFCHR | cdi.DEVICE_FILE_MODE, os.makedev(node.major, node.minor))
+            try:
+                os.mknod(
+                    path, stat.S_IFCHR | cdi.DEVICE_FILE_MODE, os.makedev(node.major, node.minor)
+                )
+            except OSError as e:
+                raise NodeError(
+                    f"Cannot make the emulated driver's device file {path} ({e.strerror}): "
+                    "GPU nodes need root with CAP_MKNOD on a file system that allows device "
+                    "files."
+                ) from None
             # mknod honours the umask; the files are crw-rw-rw- as on real nodes.
             path.chmod(cdi.DEVICE_FILE_MODE)
         (paths.cdi_dir / cdi.CDI_SPEC_FILE).write_text(
