@@ -122,7 +122,7 @@ def _on(node: str) -> dict[str, str]:
     return {"kubernetes.io/hostname": node}
 
 
-def kubespawner_cpu_pod(name: str, node: str) -> dict:
+def kubespawner_cpu_pod(name: str, node: str, security_context: dict | None = None) -> dict:
     """The pod plain KubeSpawner builds for a CPU-only server of an image that says
     NVIDIA_VISIBLE_DEVICES=all, on a GPU node (the admin's tolerations let it there)."""
     return _manifest(
@@ -135,6 +135,7 @@ def kubespawner_cpu_pod(name: str, node: str) -> dict:
             node_selector=_on(node),
             tolerations=TOLERATIONS,
             env={"JUPYTERHUB_USER": "alice"},
+            container_security_context=security_context,
         )
     )
 
@@ -359,6 +360,23 @@ def test_the_node_level_setting_closes_it(gpu_nodes, control_plane, namespace):
     assert got.env[labels.ENV_VISIBLE_DEVICES] == "all"  # the image's, untouched
     assert got.devices == set()
     assert got.views == set()
+    assert not os.path.exists(f"/proc/{got.pid}/root{gpudriver.SMI_CONTAINER_PATH}")
+
+
+def test_a_privileged_container_bypasses_the_node_level_setting(
+    gpu_nodes, control_plane, namespace
+):
+    """NVIDIA's runtime counts a container with CAP_SYS_ADMIN as privileged, and honours
+    its variable whatever the node says: the setting is no defence against pods that may
+    ask for that capability (admission has to stop those)."""
+    api = control_plane.admin_api()
+    manifest = kubespawner_cpu_pod(
+        "closed-admin", CLOSED, security_context={"capabilities": {"add": ["SYS_ADMIN"]}}
+    )
+    api.post(f"/api/v1/namespaces/{namespace}/pods", manifest)
+    got = seen(api, namespace, "closed-admin")
+    assert got.devices == gpu_devices(gpu_nodes, CLOSED, all_gpus(CLOSED)) | SHARED
+    assert smi_gpus(got.pid) == all_gpus(CLOSED)
 
 
 def test_with_cdi_annotations_the_images_variable_is_ignored(gpu_nodes, control_plane, namespace):
