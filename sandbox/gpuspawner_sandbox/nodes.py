@@ -496,8 +496,7 @@ class RealNodes:
         env: Mapping[str, str] | None = None,
     ) -> subprocess.Popen:
         log_path = self.paths(name).logs / f"{component}.log"
-        extra = env or {}
-        env = dict(os.environ, **extra)
+        env = {**os.environ, **(env or {})}
         # The shim is found next to containerd; proxies have no business here.
         env["PATH"] = f"{self.binaries.containerd_dir}:{env.get('PATH', '/usr/sbin:/usr/bin')}"
         for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
