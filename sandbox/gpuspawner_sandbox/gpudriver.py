@@ -69,6 +69,12 @@ CONTAINER_VIEW_ROOT = "/run/nvidia-emulated"
 SMI_CONTAINER_PATH = "/usr/bin/nvidia-smi"
 NVIDIA_MAJOR = 195
 NVIDIACTL_MINOR = 255
+# nvidia-uvm and nvidia-caps get dynamic majors from the kernel; these are ones real
+# nodes show (/proc/devices), recorded so the device files and the CDI spec agree.
+NVIDIA_UVM_MAJOR = 510
+NVIDIA_UVM_MINOR = 0
+NVIDIA_UVM_TOOLS_MINOR = 1
+NVIDIA_CAPS_MAJOR = 511
 HEALTHY = "healthy"
 UNHEALTHY = "unhealthy"
 # File names inside the directories above, and the test-only override of the container

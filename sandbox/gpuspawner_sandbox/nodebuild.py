@@ -1,10 +1,10 @@
 """Build what a real node runs besides the kubelet: containerd, its runc shim,
-the CNI plugins, the programs inside our own pause and test images, and the
-emulated driver's nvidia-smi.
+the CNI plugins, NVIDIA's container runtime (GPU nodes), the programs inside
+our own pause and test images, and the emulated driver's nvidia-smi.
 
 The kubelet itself is a component of the control plane's multi-call binary
 (:mod:`gpuspawner_sandbox.build`, ``k8s kubelet``), which shares its compile.
-containerd and the CNI plugins have their own ``go.mod`` files and are built
+containerd, the CNI plugins and NVIDIA's container toolkit have their own ``go.mod`` files and are built
 from them, unchanged, with ``go install module/cmd/x@version`` (the Go module
 proxy serves them; nothing is vendored). runc is Debian's package
 (``scripts/install-system-packages.sh``).
@@ -22,7 +22,7 @@ import os
 import platform
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -63,6 +63,9 @@ class GoTool:
     installs: tuple[GoInstall, ...]
     #: Rough cold-build time on 2 cores, printed so nobody thinks it hangs.
     cold_estimate: str
+    #: Whether the module needs cgo (the result then links libc dynamically).
+    #: Not in the repr: the static tools' cache directories keep their names.
+    cgo: bool = field(default=False, repr=False)
 
     @property
     def binaries(self) -> tuple[str, ...]:
@@ -97,7 +100,21 @@ CNI_PLUGINS = GoTool(
     cold_estimate="about 20 seconds",
 )
 
-NODE_TOOLS = (CONTAINERD, CNI_PLUGINS)
+#: NVIDIA's container runtime, its CDI hook and nvidia-ctk. go-nvml (and its
+#: cuda/dxcore packages) need cgo, though NVML is only loaded at run time (in
+#: CDI mode never): the binaries link just libc. With CGO_ENABLED=0 nothing builds.
+NVIDIA_TOOLKIT = GoTool(
+    name="nvidia-container-toolkit",
+    module="github.com/NVIDIA/nvidia-container-toolkit",
+    version="v1.20.2",
+    installs=(
+        GoInstall(("cmd/nvidia-container-runtime", "cmd/nvidia-cdi-hook", "cmd/nvidia-ctk")),
+    ),
+    cold_estimate="about 2 minutes",
+    cgo=True,
+)
+
+NODE_TOOLS = (CONTAINERD, CNI_PLUGINS, NVIDIA_TOOLKIT)
 
 
 @dataclass(frozen=True)
@@ -109,6 +126,7 @@ class NodeBinaries:
     cni_dir: Path
     images_dir: Path  # pause, tool (static; packed into OCI images)
     runc: Path
+    nvidia_dir: Path  # nvidia-container-runtime, nvidia-cdi-hook, nvidia-ctk
     nvidia_smi: Path  # the emulated driver's nvidia-smi (static)
 
     @property
@@ -119,10 +137,23 @@ class NodeBinaries:
     def ctr(self) -> Path:
         return self.containerd_dir / "ctr"
 
+    @property
+    def nvidia_runtime(self) -> Path:
+        return self.nvidia_dir / "nvidia-container-runtime"
+
+    @property
+    def nvidia_cdi_hook(self) -> Path:
+        return self.nvidia_dir / "nvidia-cdi-hook"
+
+    @property
+    def nvidia_ctk(self) -> Path:
+        return self.nvidia_dir / "nvidia-ctk"
+
 
 def tool_hash(tool: GoTool) -> str:
     """A short digest of everything that decides a tool's binaries."""
-    return hashlib.sha256(repr(tool).encode()).hexdigest()[:12]
+    key = repr(tool) + ("\0cgo" if tool.cgo else "")
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def tool_dir(tool: GoTool, cache: Path | None = None) -> Path:
@@ -157,9 +188,10 @@ def install_commands(go: str, tool: GoTool, jobs: int = 2) -> list[list[str]]:
     return cmds
 
 
-def _go_env() -> dict[str, str]:
-    # Static binaries, never a downloaded toolchain; modules come from the proxy.
-    return dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local")
+def _go_env(cgo: bool = False) -> dict[str, str]:
+    # Static binaries unless a module needs cgo, never a downloaded toolchain;
+    # modules come from the proxy.
+    return dict(os.environ, CGO_ENABLED="1" if cgo else "0", GOTOOLCHAIN="local")
 
 
 def _complete(directory: Path, names: tuple[str, ...]) -> bool:
@@ -183,7 +215,7 @@ def build_tool(tool: GoTool, cache: Path | None = None, *, out: TextIO | None = 
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    env = dict(_go_env(), GOBIN=str(tmp))
+    env = dict(_go_env(tool.cgo), GOBIN=str(tmp))
     print(
         f"Building {tool.name} {tool.version} ({', '.join(tool.binaries)}) from {tool.module}; "
         f"from a cold Go cache this takes {tool.cold_estimate}.",
@@ -322,6 +354,7 @@ def build_all(cache: Path | None = None, *, out: TextIO | None = None) -> NodeBi
         cni_dir=dirs[CNI_PLUGINS.name],
         images_dir=build_image_programs(cache=cache, out=out),
         runc=runc,
+        nvidia_dir=dirs[NVIDIA_TOOLKIT.name],
         nvidia_smi=build_nvidia_smi(cache=cache, out=out),
     )
 

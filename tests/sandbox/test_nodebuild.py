@@ -89,3 +89,18 @@ def test_nvidia_smi_learns_the_layout_from_gpudriver():
 def test_go_arch_names():
     assert nodebuild.go_arch("x86_64") == "amd64"
     assert nodebuild.go_arch("aarch64") == "arm64"
+
+
+def test_nvidias_toolkit_is_built_with_cgo_and_its_own_pin():
+    tool = nodebuild.NVIDIA_TOOLKIT
+    assert tool in nodebuild.NODE_TOOLS
+    assert tool.binaries == ("nvidia-container-runtime", "nvidia-cdi-hook", "nvidia-ctk")
+    (cmd,) = nodebuild.install_commands("go", tool)
+    assert "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime@v1.20.2" in cmd
+    # go-nvml needs cgo (NVML itself is only loaded at run time); the others are static.
+    assert tool.cgo and nodebuild._go_env(tool.cgo)["CGO_ENABLED"] == "1"
+    assert not nodebuild.CONTAINERD.cgo and nodebuild._go_env()["CGO_ENABLED"] == "0"
+    # cgo is part of the cache key, but leaves the static tools' keys as they were.
+    static = dataclasses.replace(tool, cgo=False)
+    assert nodebuild.tool_hash(static) != nodebuild.tool_hash(tool)
+    assert "cgo" not in repr(nodebuild.CNI_PLUGINS)
