@@ -328,6 +328,72 @@ def build_nvidia_smi(
     return target / "nvidia-smi"
 
 
+@dataclass(frozen=True)
+class LocalProgram:
+    """A program built from one of our own Go modules in this repository.
+
+    Cached under ``<cache>/bin/<name>-<hash>/``; the hash covers every file of the
+    module directory (tests excepted) and the link flags.
+    """
+
+    name: str
+    module_dir: Path
+    #: What the build prints first, so a long build is not taken for a hang.
+    describe: str
+    package: str = "."
+    ldflags: str = "-s -w"
+
+    @property
+    def binary(self) -> str:
+        return self.name
+
+
+def local_source_hash(program: LocalProgram) -> str:
+    digest = hashlib.sha256(program.ldflags.encode() + b"\0" + program.package.encode() + b"\0")
+    for path in sorted(p for p in program.module_dir.rglob("*") if p.is_file()):
+        if path.name.endswith("_test.go"):
+            continue
+        digest.update(str(path.relative_to(program.module_dir)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def local_dir(program: LocalProgram, cache: Path | None = None) -> Path:
+    cache = cache if cache is not None else build.cache_dir()
+    return cache / "bin" / f"{program.name}-{local_source_hash(program)}"
+
+
+def build_local(
+    program: LocalProgram, cache: Path | None = None, *, out: TextIO | None = None
+) -> Path:
+    """Build a program of ours (static) if missing; return the binary's path."""
+    out = out if out is not None else sys.stderr
+    target = local_dir(program, cache)
+    if _complete(target, (program.binary,)):
+        return target / program.binary
+    go = build.find_go()
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    print(program.describe, file=out, flush=True)
+    cmd = [go, "build", "-v", "-trimpath", f"-ldflags={program.ldflags}"]
+    cmd += ["-o", str(tmp / program.binary), program.package]
+    try:
+        compiled, elapsed = build.run_go(cmd, program.module_dir, _go_env(), out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    _prune(target, program.name)
+    print(
+        f"Built {program.name} in {elapsed:.0f}s ({compiled} packages compiled).",
+        file=out,
+        flush=True,
+    )
+    return target / program.binary
+
+
 def find_runc() -> Path:
     """Debian's runc (or any runc on PATH)."""
     for candidate in (*RUNC_CANDIDATES, shutil.which("runc")):

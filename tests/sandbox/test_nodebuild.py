@@ -104,3 +104,23 @@ def test_nvidias_toolkit_is_built_with_cgo_and_its_own_pin():
     static = dataclasses.replace(tool, cgo=False)
     assert nodebuild.tool_hash(static) != nodebuild.tool_hash(tool)
     assert "cgo" not in repr(nodebuild.CNI_PLUGINS)
+
+
+def test_a_local_programs_cache_key_follows_its_sources_not_its_tests(tmp_path):
+    module = tmp_path / "prog"
+    module.mkdir()
+    (module / "go.mod").write_text("module example/prog\n")
+    (module / "main.go").write_text("package main\n\nfunc main() {}\n")
+    program = nodebuild.LocalProgram(name="prog", module_dir=module, describe="Building prog")
+    first = nodebuild.local_dir(program, tmp_path / "cache")
+    assert first.parent == tmp_path / "cache" / "bin" and first.name.startswith("prog-")
+    (module / "main_test.go").write_text("package main\n")
+    assert nodebuild.local_dir(program, tmp_path / "cache") == first
+    (module / "main.go").write_text("package main\n\nfunc main() { println() }\n")
+    assert nodebuild.local_dir(program, tmp_path / "cache") != first
+    relinked = nodebuild.LocalProgram(
+        name="prog", module_dir=module, describe="Building prog", ldflags="-s"
+    )
+    assert nodebuild.local_dir(relinked, tmp_path / "cache") != nodebuild.local_dir(
+        program, tmp_path / "cache"
+    )
