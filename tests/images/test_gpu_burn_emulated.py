@@ -71,9 +71,9 @@ def _wait_for_reports(usage_dir: Path) -> dict[str, dict]:
 def test_the_default_directory_is_where_the_sandbox_mounts_usage():
     from gpuspawner_sandbox import gpudriver
 
-    expected = f"{gpudriver.CONTAINER_VIEW_ROOT}/{gpudriver.USAGE_DIR_NAME}"
+    expected = f"{gpudriver.CONTAINER_VIEW_ROOT}/{gpudriver.USAGE_DIR}"
     assert _module().DEFAULT_USAGE_DIR == expected
-    assert _module().USAGE_FILE == gpudriver.USAGE_FILE_NAME
+    assert _module().USAGE_FILE == gpudriver.USAGE_FILE
     assert os.access(SCRIPT, os.X_OK)
 
 

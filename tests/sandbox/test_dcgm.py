@@ -216,7 +216,7 @@ def test_list_pod_resources_agrees_with_the_checkpoint_and_the_environment(gpu_n
 def test_a_usage_file_raises_exactly_its_gpus_utilisation_until_it_expires(gpu_node, burner):
     _, _, visible = burner
     busy = visible[0]
-    usage_file = gpu_node.nodes.paths(NODE).gpu_usage / busy / gpudriver.USAGE_FILE_NAME
+    usage_file = gpu_node.nodes.paths(NODE).driver.usage_dir(busy) / gpudriver.USAGE_FILE
     usage_file.parent.mkdir(parents=True, exist_ok=True)
     until = time.time() + 20
     tmp = usage_file.with_name("usage.json.tmp")
