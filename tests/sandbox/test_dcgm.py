@@ -13,11 +13,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import re
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +46,8 @@ MIG_RESOURCE = "nvidia.com/mig-1g.10gb"
 #: Keeps the other tests' pods (which may tolerate nvidia.com/gpu) off this node.
 TAINT_KEY = "gpuspawner.test/dcgm"
 UTIL = "DCGM_FI_DEV_GPU_UTIL"
+#: The notebook images' gpu-burn-emulated (a standard-library script).
+GPU_BURN = Path(__file__).resolve().parents[2] / "images" / "common" / "gpu-burn-emulated"
 
 wait_for = functools.partial(testing.wait_for, timeout=120, interval=0.3)
 
@@ -79,9 +84,47 @@ def gpu_node(pytestconfig, control_plane, tmp_path_factory):
             prometheus.stop()
 
 
+@dataclass
+class Burner:
+    namespace: str
+    pod: dict
+    #: NVIDIA_VISIBLE_DEVICES as the kubelet put it in the container's spec (from the
+    #: plugin's Allocate); NVIDIA's runtime consumes it (the process sees ``void``).
+    visible: list[str]
+    #: The container's process on the host (its root: /proc/<pid>/root).
+    pid: int
+
+
+def _spec_environment(gpu_node: Running, container_id: str) -> dict[str, str]:
+    """The container's environment in containerd's record (``ctr containers info``)."""
+    holder = gpu_node.nodes.state["nodes"][NODE]["pids"]["holder"]
+    paths = gpu_node.nodes.paths(NODE)
+    result = subprocess.run(
+        [
+            "nsenter",
+            f"--mount=/proc/{holder}/ns/mnt",
+            "--",
+            str(gpu_node.nodes.binaries.ctr),
+            "--address",
+            str(paths.containerd_socket),
+            "-n",
+            "k8s.io",
+            "containers",
+            "info",
+            container_id,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    env = json.loads(result.stdout)["Spec"]["process"]["env"]
+    return dict(item.split("=", 1) for item in env)
+
+
 @pytest.fixture(scope="module")
 def burner(gpu_node, control_plane):
-    """A pod holding two GPUs: (namespace, pod object, its NVIDIA_VISIBLE_DEVICES)."""
+    """A pod holding two GPUs."""
     with testing.temporary_namespace(control_plane, "dcgm") as namespace:
         api = control_plane.admin_api()
         api.post(f"/api/v1/namespaces/{namespace}/pods", _gpu_pod("burner", 2))
@@ -96,8 +139,8 @@ def burner(gpu_node, control_plane):
         pids = wait_for(
             "the container's process", lambda: testing.container_pids(NODE, container_id)
         )
-        visible = testing.process_environment(pids[0])["NVIDIA_VISIBLE_DEVICES"].split(",")
-        yield namespace, pod, visible
+        env = _spec_environment(gpu_node, container_id)
+        yield Burner(namespace, pod, env["NVIDIA_VISIBLE_DEVICES"].split(","), pids[0])
 
 
 def _gpu_pod(name: str, gpus: int, node: str = NODE, resource: str = GPU_RESOURCE) -> dict:
@@ -166,7 +209,7 @@ def test_the_exporter_serves_on_the_node_ip_only(gpu_node):
 
 
 def test_prometheus_sees_the_pods_two_gpus_with_its_labels_and_the_others_without(gpu_node, burner):
-    namespace, _pod, visible = burner
+    namespace, visible = burner.namespace, burner.visible
     assert len(visible) == 2
     all_uuids = {gpu.uuid for gpu in TOPOLOGY.node(NODE).gpus}
     assert set(visible) < all_uuids
@@ -195,7 +238,7 @@ def test_prometheus_sees_the_pods_two_gpus_with_its_labels_and_the_others_withou
 
 
 def test_list_pod_resources_agrees_with_the_checkpoint_and_the_environment(gpu_node, burner):
-    namespace, pod, visible = burner
+    namespace, pod, visible = burner.namespace, burner.pod, burner.visible
     listed = [
         a
         for a in _list_pod_resources(gpu_node)
@@ -214,7 +257,7 @@ def test_list_pod_resources_agrees_with_the_checkpoint_and_the_environment(gpu_n
 
 
 def test_a_usage_file_raises_exactly_its_gpus_utilisation_until_it_expires(gpu_node, burner):
-    _, _, visible = burner
+    visible = burner.visible
     busy = visible[0]
     usage_file = gpu_node.nodes.paths(NODE).driver.usage_dir(busy) / gpudriver.USAGE_FILE
     usage_file.parent.mkdir(parents=True, exist_ok=True)
@@ -244,6 +287,43 @@ def test_a_usage_file_raises_exactly_its_gpus_utilisation_until_it_expires(gpu_n
         assert time.time() >= until
     finally:
         usage_file.unlink(missing_ok=True)
+
+
+def test_gpu_burn_emulated_in_the_pods_container_drives_exactly_its_gpus(gpu_node, burner):
+    """The notebook images' command, on the usage directories NVIDIA's runtime mounted
+    into the pod's container (seen through the container's root), not the host's."""
+    visible = burner.visible
+    view = f"/proc/{burner.pid}/root{gpudriver.CONTAINER_VIEW_ROOT}/{gpudriver.USAGE_DIR}"
+    # NVIDIA's runtime mounted exactly the pod's GPUs' usage directories.
+    assert sorted(os.listdir(view)) == sorted(visible)
+    burn = subprocess.Popen(
+        [sys.executable, str(GPU_BURN), "300", "80"],
+        env={**os.environ, "GPU_BURN_USAGE_DIR": view},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    query = f'{UTIL}{{Hostname="{NODE}"}}'
+    try:
+        result = _by_uuid(
+            gpu_node.prometheus.wait_for(
+                query,
+                lambda r: (
+                    {u for u, s in _by_uuid(r).items() if s["value"][1] == "80"} == set(visible)
+                ),
+            )
+        )
+        assert {u for u, s in result.items() if s["value"][1] != "0"} == set(visible)
+    finally:
+        burn.terminate()
+        out, err = burn.communicate(timeout=30)
+    assert burn.returncode == 0, err
+    # It saw exactly the container's two GPUs.
+    assert f"Burning {', '.join(sorted(visible))} at 80%" in out
+    # Ended (here by SIGTERM): idle at once, long before its 300 s.
+    gpu_node.prometheus.wait_for(
+        query, lambda r: len(r) == 4 and all(s["value"][1] == "0" for s in r)
+    )
 
 
 _SERIES = re.compile(r"^(\w+)\{(.*)\} (\S+)$")
