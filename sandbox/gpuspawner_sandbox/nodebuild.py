@@ -34,7 +34,6 @@ IMAGE_PROGRAMS = ("pause", "tool")
 
 #: The emulated nvidia-smi: a small static program of the sandbox's Go module, built on its
 #: own (linking it into `k8s` would relink that, which takes minutes).
-SMI_PACKAGES = ("cmd/nvidia-smi", "nvidiasmi")
 
 #: Debian's runc (the package scripts/install-system-packages.sh installs).
 RUNC_CANDIDATES = ("/usr/sbin/runc", "/usr/bin/runc")
@@ -284,57 +283,12 @@ def smi_ldflags() -> str:
     return " ".join(["-s", "-w", *(f"-X main.{k}={v}" for k, v in settings.items())])
 
 
-def smi_source_hash(module_dir: Path = build.GO_MODULE_DIR) -> str:
-    """A short digest of what decides nvidia-smi: its packages' files, go.mod, the flags."""
-    digest = hashlib.sha256(smi_ldflags().encode() + b"\0")
-    files = [module_dir / "go.mod", module_dir / "go.sum"]
-    for package in SMI_PACKAGES:
-        files += sorted(p for p in (module_dir / package).rglob("*") if p.is_file())
-    for path in files:
-        if path.name.endswith("_test.go"):
-            continue
-        digest.update(str(path.relative_to(module_dir)).encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest()[:12]
-
-
-def smi_dir(module_dir: Path = build.GO_MODULE_DIR, cache: Path | None = None) -> Path:
-    cache = cache if cache is not None else build.cache_dir()
-    return cache / "bin" / f"nvidia-smi-{smi_source_hash(module_dir)}"
-
-
-def build_nvidia_smi(
-    module_dir: Path = build.GO_MODULE_DIR, cache: Path | None = None, *, out: TextIO | None = None
-) -> Path:
-    """Build the emulated nvidia-smi (static) if missing; return the binary's path."""
-    out = out if out is not None else sys.stderr
-    target = smi_dir(module_dir, cache)
-    if _complete(target, ("nvidia-smi",)):
-        return target / "nvidia-smi"
-    go = build.find_go()
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    print("Building the emulated nvidia-smi (standard library only; seconds)…", file=out)
-    cmd = [go, "build", "-v", "-trimpath", f"-ldflags={smi_ldflags()}"]
-    cmd += ["-o", str(tmp / "nvidia-smi"), f"./{SMI_PACKAGES[0]}"]
-    try:
-        build.run_go(cmd, module_dir, _go_env(), out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
-    _prune(target, "nvidia-smi")
-    return target / "nvidia-smi"
-
-
 @dataclass(frozen=True)
 class LocalProgram:
     """A program built from one of our own Go modules in this repository.
 
-    Cached under ``<cache>/bin/<name>-<hash>/``; the hash covers every file of the
-    module directory (tests excepted) and the link flags.
+    Cached under ``<cache>/bin/<name>-<hash>/``; the hash covers the files of its
+    ``sources`` (tests excepted) and the link flags.
     """
 
     name: str
@@ -343,6 +297,9 @@ class LocalProgram:
     describe: str
     package: str = "."
     ldflags: str = "-s -w"
+    #: The files and directories of the module that decide the binary (its packages,
+    #: go.mod, go.sum); empty: the whole module directory.
+    sources: tuple[str, ...] = ()
 
     @property
     def binary(self) -> str:
@@ -351,7 +308,9 @@ class LocalProgram:
 
 def local_source_hash(program: LocalProgram) -> str:
     digest = hashlib.sha256(program.ldflags.encode() + b"\0" + program.package.encode() + b"\0")
-    for path in sorted(p for p in program.module_dir.rglob("*") if p.is_file()):
+    roots = [program.module_dir / s for s in program.sources] or [program.module_dir]
+    files = {p for root in roots for p in ([root] if root.is_file() else root.rglob("*"))}
+    for path in sorted(p for p in files if p.is_file()):
         if path.name.endswith("_test.go"):
             continue
         digest.update(str(path.relative_to(program.module_dir)).encode() + b"\0")
@@ -402,7 +361,29 @@ DCGM_EXPORTER = LocalProgram(
     module_dir=build.GO_MODULE_DIR,
     describe="Building the emulated DCGM exporter (sandbox/go/cmd/dcgm-exporter)…",
     package="./cmd/dcgm-exporter",
+    sources=(
+        *build.SOURCE_FILES,
+        "cmd/dcgm-exporter",
+        "dcgm",
+        "gpuusage",
+        "podresources",
+        "deviceplugin",
+    ),
 )
+
+#: The emulated nvidia-smi, mounted into GPU containers: static, standard library only,
+#: told the driver's layout by link flags from gpudriver's constants.
+NVIDIA_SMI = LocalProgram(
+    name="nvidia-smi",
+    module_dir=build.GO_MODULE_DIR,
+    describe="Building the emulated nvidia-smi (standard library only; seconds)…",
+    package="./cmd/nvidia-smi",
+    ldflags=smi_ldflags(),
+    sources=(*build.SOURCE_FILES, "cmd/nvidia-smi", "nvidiasmi"),
+)
+
+#: Our programs built from sandbox/go besides the ``k8s`` binary.
+MODULE_PROGRAMS = (NVIDIA_SMI, DCGM_EXPORTER)
 
 
 def find_runc() -> Path:
@@ -432,7 +413,7 @@ def build_all(cache: Path | None = None, *, out: TextIO | None = None) -> NodeBi
         images_dir=build_image_programs(cache=cache, out=out),
         runc=runc,
         nvidia_dir=dirs[NVIDIA_TOOLKIT.name],
-        nvidia_smi=build_nvidia_smi(cache=cache, out=out),
+        nvidia_smi=build_local(NVIDIA_SMI, cache, out=out),
         dcgm_exporter=build_local(DCGM_EXPORTER, cache, out=out),
     )
 

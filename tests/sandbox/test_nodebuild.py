@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from gpuspawner_sandbox import build, gpudriver, nodebuild
 
 
@@ -53,9 +55,9 @@ def test_a_cached_tool_is_not_rebuilt(tmp_path, monkeypatch):
     assert nodebuild.build_tool(nodebuild.CNI_PLUGINS, tmp_path) == target
 
 
-def _smi_module(tmp_path):
+def _module(tmp_path):
     module = tmp_path / "mod"
-    for package in (*nodebuild.SMI_PACKAGES, "deviceplugin"):
+    for package in ("cmd/nvidia-smi", "nvidiasmi", "deviceplugin"):
         (module / package).mkdir(parents=True)
         (module / package / "x.go").write_text("package x\n")
     (module / "go.mod").write_text("module x\n")
@@ -63,20 +65,47 @@ def _smi_module(tmp_path):
     return module
 
 
-def test_nvidia_smi_key_covers_its_packages_only(tmp_path):
-    module = _smi_module(tmp_path)
-    before = nodebuild.smi_source_hash(module)
+def test_a_programs_key_covers_its_sources_only(tmp_path):
+    module = _module(tmp_path)
+    smi = dataclasses.replace(nodebuild.NVIDIA_SMI, module_dir=module)
+    before = nodebuild.local_source_hash(smi)
     (module / "deviceplugin" / "x.go").write_text("package x // the k8s binary's\n")
     (module / "nvidiasmi" / "x_test.go").write_text("package x\n")
-    assert nodebuild.smi_source_hash(module) == before
+    assert nodebuild.local_source_hash(smi) == before
     (module / "nvidiasmi" / "capture.json").write_text("{}")
-    assert nodebuild.smi_source_hash(module) != before
-    assert nodebuild.smi_dir(module, tmp_path).parent == tmp_path / "bin"
+    assert nodebuild.local_source_hash(smi) != before
+    changed = nodebuild.local_source_hash(smi)
+    (module / "go.sum").write_text("x v1 h1:\n")
+    assert nodebuild.local_source_hash(smi) != changed
+    assert nodebuild.local_dir(smi, tmp_path).parent == tmp_path / "bin"
 
 
-def test_nvidia_smi_is_not_part_of_the_k8s_binary():
+def _linked_packages(package: str) -> set[str]:
+    """The packages of our module a package of it imports, transitively, itself included."""
+    module = build.GO_MODULE_DIR
+    name = build.module_path((module / "go.mod").read_text())
+    seen, todo = set(), [package]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for source in (module / current).glob("*.go"):
+            if not source.name.endswith("_test.go"):
+                todo += build.module_imports(source.read_text(), name)
+    return seen
+
+
+@pytest.mark.parametrize("program", nodebuild.MODULE_PROGRAMS, ids=lambda p: p.name)
+def test_each_programs_key_covers_every_package_it_links(program):
+    linked = _linked_packages(program.package.removeprefix("./"))
+    assert linked <= set(program.sources), f"{program.name} links {sorted(linked)}"
+
+
+@pytest.mark.parametrize("program", nodebuild.MODULE_PROGRAMS, ids=lambda p: p.name)
+def test_our_programs_are_not_part_of_the_k8s_binary(program):
     linked = build.source_files(build.GO_MODULE_DIR)
-    assert not [f for f in linked if f.startswith(nodebuild.SMI_PACKAGES)]
+    assert not [f for f in linked if f.startswith(program.package.removeprefix("./") + "/")]
 
 
 def test_nvidia_smi_learns_the_layout_from_gpudriver():

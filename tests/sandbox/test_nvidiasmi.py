@@ -37,7 +37,7 @@ TOPOLOGY = parse_topology(
 
 @pytest.fixture(scope="module")
 def smi() -> Path:
-    return nodebuild.build_nvidia_smi()
+    return nodebuild.build_local(nodebuild.NVIDIA_SMI)
 
 
 class Container:
