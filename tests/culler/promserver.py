@@ -1,28 +1,20 @@
-"""Start a real Prometheus (Debian's ``prometheus`` package) on 127.0.0.1 for the tests."""
+"""Start a real Prometheus (Debian's ``prometheus`` package) on 127.0.0.1 for the tests.
+
+The runner is the sandbox's (:mod:`gpuspawner_sandbox.prometheus`, which the demo
+uses too); this adds only the tests' rule for a missing binary.
+"""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
-import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from ..hub.hubprocess import free_port
+from gpuspawner_sandbox import prometheus as runner
+from gpuspawner_sandbox.prometheus import INSTALL_HINT, Prometheus, prometheus_binary
 
-INSTALL_HINT = "scripts/install-system-packages.sh (or: apt-get install -y prometheus)"
-
-
-def prometheus_binary() -> str | None:
-    return shutil.which("prometheus") or (
-        "/usr/bin/prometheus" if os.path.exists("/usr/bin/prometheus") else None
-    )
+__all__ = ["Prometheus", "require_prometheus", "start_prometheus"]
 
 
 def require_prometheus() -> str:
@@ -36,91 +28,6 @@ def require_prometheus() -> str:
     return binary
 
 
-@dataclass
-class Prometheus:
-    process: subprocess.Popen
-    url: str
-    log_path: Path
-
-    def query(self, promql: str) -> dict:
-        data = urllib.parse.urlencode({"query": promql}).encode()
-        with urllib.request.urlopen(f"{self.url}/api/v1/query", data=data, timeout=10) as r:
-            return json.loads(r.read())
-
-    def wait_for(self, promql: str, predicate, timeout: float = 30) -> dict:
-        """Poll a query until ``predicate(result list)`` holds (scrapes take a moment)."""
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            last = self.query(promql)["data"]["result"]
-            if predicate(last):
-                return last
-            time.sleep(0.5)
-        raise AssertionError(f"Prometheus never satisfied the check for {promql!r}: {last}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def start_prometheus(
-    workdir: Path,
-    target: str,
-    *,
-    honor_labels: bool = True,
-    target_labels: dict | None = None,
-    scrape_interval: str = "1s",
-) -> Prometheus:
-    """Prometheus scraping one target (``host:port``) every second, data in ``workdir``."""
-    binary = require_prometheus()
-    workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    static = {"targets": [target]}
-    if target_labels:
-        static["labels"] = target_labels
-    config = {
-        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
-        "scrape_configs": [
-            {
-                "job_name": "dcgm-exporter",
-                "honor_labels": honor_labels,
-                "static_configs": [static],
-            }
-        ],
-    }
-    config_path = workdir / "prometheus.yml"
-    config_path.write_text(json.dumps(config))  # JSON is YAML
-    log_path = workdir / "prometheus.log"
-    process = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config_path}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--storage.tsdb.retention.time=1h",
-            # a series that stops being scraped disappears from instant queries in 10 s
-            "--query.lookback-delta=10s",
-            "--log.level=warn",
-        ],
-        stdout=log_path.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    prometheus = Prometheus(process, f"http://127.0.0.1:{port}", log_path)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"Prometheus exited at start:\n{log_path.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{prometheus.url}/-/ready", timeout=2) as r:
-                if r.status == 200:
-                    return prometheus
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.3)
-    prometheus.stop()
-    raise RuntimeError(f"Prometheus did not become ready:\n{log_path.read_text()[-2000:]}")
+def start_prometheus(workdir: Path, targets: str | list[str], **settings) -> Prometheus:
+    """The sandbox's Prometheus over ``targets``, after :func:`require_prometheus`."""
+    return runner.start_prometheus(workdir, targets, binary=require_prometheus(), **settings)
