@@ -35,6 +35,17 @@ c.KubeSpawner.args = [
 # image's jovyan: Jupyter refuses to run as root unless told.
 if os.geteuid() == 0:
     c.KubeSpawner.args.append("--allow-root")
+# Real nodes (gpuspawner-sandbox's SandboxStack(real_nodes=True), docs/sandbox.md):
+# pods are real containers of the notebook image built here, so the image's own
+# start script and user (jovyan) run, and notebooks reach the hub on the host's
+# own address in the pod range (their only routes are the pod range), which
+# the sandbox puts on a dummy interface and names here.
+_hub_address = os.environ.get("GPUSPAWNER_SANDBOX_HUB_ADDRESS")
+if _hub_address:
+    c.JupyterHub.hub_ip = _hub_address
+    c.JupyterHub.hub_connect_ip = _hub_address
+    c.KubeSpawner.cmd = ["start-singleuser.sh"]
+    c.KubeSpawner.args = [a for a in c.KubeSpawner.args if a != "--allow-root"]
 c.KubeSpawner.storage_pvc_ensure = False
 c.KubeSpawner.start_timeout = 180
 c.KubeSpawner.http_timeout = 60
