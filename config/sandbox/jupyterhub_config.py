@@ -71,7 +71,8 @@ with socket.socket() as _s:
 c.JupyterHub.services.append(
     {
         "name": "gpuspawner-culler",
-        "url": f"http://127.0.0.1:{_culler_port}",
+        # On real nodes notebooks ask it themselves: on the hub's pod-range address.
+        "url": f"http://{_hub_address or '127.0.0.1'}:{_culler_port}",
         "command": [
             sys.executable,
             "-m",
@@ -101,11 +102,13 @@ c.JupyterHub.load_roles.append(
 )
 # JupyterLab's cull warning (gpuspawner-jupyterlab), as in config/jupyterhub_config.py:
 # every user may reach the culler, server tokens carry that access, and servers
-# (on this machine) ask it directly on its loopback port.
+# ask it directly (emulated nodes: on loopback; real nodes: on the hub's address).
 CULLER_ACCESS = "access:services!service=gpuspawner-culler"
 c.JupyterHub.load_roles.append({"name": "user", "scopes": ["self", CULLER_ACCESS]})
 c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server", CULLER_ACCESS]
-c.Spawner.environment.update({"GPUSPAWNER_CULLER_URL": f"http://127.0.0.1:{_culler_port}/"})
+c.Spawner.environment.update(
+    {"GPUSPAWNER_CULLER_URL": f"http://{_hub_address or '127.0.0.1'}:{_culler_port}/"}
+)
 
 # --- gpuspawner-admin: the GPU page for admins (docs/admin.md) ----------------
 # A hub-managed service at /services/gpuspawner-admin/, on a free loopback port

@@ -23,11 +23,25 @@ from gpuspawner_sandbox.demo import DEMO_PASSWORD, SandboxStack
 from gpuspawner_sandbox.topology import load_topology
 
 from ..conftest import FIXTURES
-from .conftest import EXTRA_HUB_CONFIG, ensure_user, pod_of, stop_server, user_pods, wait_for
+from .conftest import ensure_user, pod_of, stop_server, user_pods, wait_for
 
 REAL_CATALOG = FIXTURES / "catalogs" / "e2e-real-nodes.yaml"
+# Not the session stack's EXTRA_HUB_CONFIG: its c.KubeSpawner.environment would
+# replace c.Spawner.environment, and with it GPUSPAWNER_CULLER_URL.
+REAL_HUB_CONFIG = "c.KubeSpawner.start_timeout = 240\n"
 MEMORY_LIMIT = 768 * 1024 * 1024  # the catalog's 768M (KubeSpawner: M = MiB)
 USER = "rina"
+# Run with the host's Python inside a pod's network namespace: the HTTP status
+# of a GET with a hub token, as the notebook's JupyterLab extension asks.
+ASK = """
+import sys, urllib.error, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+request = urllib.request.Request(sys.argv[1], headers={"Authorization": "token " + sys.argv[2]})
+try:
+    print(opener.open(request, timeout=20).status)
+except urllib.error.HTTPError as e:
+    print(e.code)
+"""
 
 
 def _emit(line: str) -> None:
@@ -44,7 +58,7 @@ def real(tmp_path_factory, pytestconfig):
     stack = SandboxStack(
         state_dir,
         catalog=REAL_CATALOG,
-        extra_hub_config=EXTRA_HUB_CONFIG,
+        extra_hub_config=REAL_HUB_CONFIG,
         real_nodes=True,
         emit=_emit,
     )
@@ -159,6 +173,28 @@ def test_a_cpu_server_runs_as_a_real_container_and_serves_jupyterlab(real):
         if line.startswith("Uid:")
     )
     assert uid == "1000"
+
+    # JupyterLab's cull warning: the notebook asks the culler itself, from its own network.
+    env = testing.process_environment(notebook[0])
+    culler = env["GPUSPAWNER_CULLER_URL"]
+    assert culler.startswith(f"http://{nodeconfig.HUB_ADDRESS}:"), culler
+    asked = subprocess.run(
+        [
+            "nsenter",
+            f"--target={init}",
+            "--net",
+            sys.executable,
+            "-c",
+            ASK,
+            culler + "api/warning",
+            env["JUPYTERHUB_API_TOKEN"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # the culler answered the server's own token (after asking the hub who it is)
+    assert asked.stdout.strip() == "200", (asked.stdout, asked.stderr[-500:])
 
     # The profile's memory limit, set by the real kubelet in the container's cgroup.
     cgroup, limit_file = testing.container_memory_cgroup(node, container_id)
