@@ -25,8 +25,8 @@ nothing from gpuspawner.
 
 from __future__ import annotations
 
-import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -228,8 +228,8 @@ def ensure_notebook_images(
         ) from None
     finally:
         engine.stop()
-        with contextlib.suppress(OSError):
-            state.rmdir()
+        # Its socket, pid file and log (a failed start's tail is in the error already).
+        shutil.rmtree(state, ignore_errors=True)
     emit(
         f"Notebook image ready in {time.monotonic() - started:.0f}s: {image_id[:19]}… "
         f"({archive.stat().st_size / 1e6:.0f} MB archive)"
