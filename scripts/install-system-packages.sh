@@ -10,6 +10,8 @@
 #   docker.io, docker-registry, debootstrap - the image tests' private Docker engine, the
 #                 local registry `gpuspawner-images push` pushes to, and the tool that
 #                 makes the Debian base image from Debian's packages (tests/images)
+#   gcc, libc6-dev - cgo, which NVIDIA's container toolkit needs to build (go-nvml; the
+#                 real nodes' nvidia-container-runtime, sandbox/gpuspawner_sandbox/nodebuild.py)
 set -eu
 
 missing=""
@@ -21,6 +23,8 @@ command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || missing="$missing ru
 [ -x /usr/sbin/dockerd ] || missing="$missing docker.io"
 [ -x /usr/bin/docker-registry ] || missing="$missing docker-registry"
 [ -x /usr/sbin/debootstrap ] || missing="$missing debootstrap"
+command -v gcc >/dev/null 2>&1 || missing="$missing gcc"
+[ -f /usr/include/stdlib.h ] || missing="$missing libc6-dev"
 
 if [ -z "$missing" ]; then
     exit 0

@@ -68,7 +68,6 @@ def test_cryptography_is_no_runtime_dependency_of_gpuspawner(gpuspawner_wheel):
 def test_sandbox_has_its_own_distribution_with_its_data(sandbox_wheel):
     names = sandbox_wheel.namelist()
     assert "gpuspawner_sandbox/topology.yaml" in names
-    assert "gpuspawner_sandbox/nvidia_smi_capture.yaml" in names
     assert not [n for n in names if n.startswith("gpuspawner/")]
     requires, entry_points = metadata(sandbox_wheel)
     assert [r for r in requires if r.lower().startswith("cryptography")]

@@ -20,19 +20,21 @@ import json
 import logging
 import os
 import time
-from urllib.parse import urlencode, urlparse
+from urllib.parse import urlencode
 
-from traitlets import Bool, Float, Integer, Unicode, default
+from traitlets import Bool, Float, Integer, default
 from traitlets.config import Application, catch_config_error
 
 from .. import labels, serverpod, stopnotice
 from ..kube import KubeClient, KubeError, Reader
 from ..services.hub import HubClient, HubError
 from ..services.settings import (
+    CatalogFileSettings,
     HubServiceSettings,
     KubernetesSettings,
     PrometheusSettings,
     ServiceConfigFile,
+    ServiceEndpointSettings,
 )
 from .collect import Collector, KubeReader
 from .page import render_page
@@ -44,9 +46,16 @@ SERVICE_NAME = "gpuspawner-admin"
 
 
 class GPUAdmin(
-    ServiceConfigFile, HubServiceSettings, KubernetesSettings, PrometheusSettings, Application
+    ServiceConfigFile,
+    ServiceEndpointSettings,
+    CatalogFileSettings,
+    HubServiceSettings,
+    KubernetesSettings,
+    PrometheusSettings,
+    Application,
 ):
     name = "gpuspawner-admin"
+    default_port = 10102
     description = "The GPU pool page for JupyterHub admins (a hub-managed service)."
     default_config_file = "gpuspawner_admin_config.py"
 
@@ -54,27 +63,6 @@ class GPUAdmin(
     def _default_log_level(self):
         # stop requests are audited at INFO
         return logging.INFO
-
-    service_url = Unicode(
-        help="Where the service listens. Default: $JUPYTERHUB_SERVICE_URL (the service's 'url' in the hub config)."
-    ).tag(config=True)
-
-    @default("service_url")
-    def _default_service_url(self):
-        return os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10102")
-
-    ip = Unicode(
-        "",
-        help="The address to listen on. Default: the host of service_url. Set 0.0.0.0 when the proxy runs in another pod (zero-to-jupyterhub).",
-    ).tag(config=True)
-
-    catalog_file = Unicode(
-        help="The GPU catalog file the hub uses (for limits and GPU type names). Default: $GPUSPAWNER_CATALOG."
-    ).tag(config=True)
-
-    @default("catalog_file")
-    def _default_catalog(self):
-        return os.environ.get("GPUSPAWNER_CATALOG", "")
 
     all_namespaces = Bool(
         True,
@@ -158,8 +146,8 @@ class GPUAdmin(
             )
 
     async def run(self) -> None:
-        url = urlparse(self.service_url)
-        self.web_app().listen(url.port or 80, address=self.ip or url.hostname or "127.0.0.1")
+        port, address = self.listen_address()
+        self.web_app().listen(port, address=address)
         self.log.info("gpuspawner-admin serving on %s", self.service_url)
         await asyncio.Event().wait()
 

@@ -1,4 +1,4 @@
-"""Settings every gpuspawner hub service shares (the culler, the admin page).
+"""Settings gpuspawner's hub services share (the culler, the admin page, the user service).
 
 Each is a traitlets mixin of the service's Application, so it is set as
 ``c.GPUCuller.<name>`` / ``c.GPUAdmin.<name>`` (or ``--GPUAdmin.<name>=…``),
@@ -10,6 +10,7 @@ and a config file shared by both services may set it once for both as
 from __future__ import annotations
 
 import os
+from urllib.parse import urlparse
 
 from traitlets import Float, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
@@ -35,6 +36,43 @@ class ServiceConfigFile(Configurable):
         if path and (self.config_file or os.path.exists(path)):
             self.load_config_file(path)
             self.update_config(self.cli_config)
+
+
+class ServiceEndpointSettings(Configurable):
+    """Where a hub-managed service with a web endpoint listens."""
+
+    #: The port of the default ``service_url`` when the hub passes none (one per service).
+    default_port = 0
+
+    service_url = Unicode(
+        help="Where the service listens. Default: $JUPYTERHUB_SERVICE_URL (the service's 'url' in the hub config), else http://127.0.0.1 on the service's own port (gpuspawner-admin 10102, gpuspawner 10103)."
+    ).tag(config=True)
+
+    @default("service_url")
+    def _default_service_url(self):
+        return os.environ.get("JUPYTERHUB_SERVICE_URL", f"http://127.0.0.1:{self.default_port}")
+
+    ip = Unicode(
+        "",
+        help="The address to listen on. Default: the host of service_url. Set 0.0.0.0 when the proxy runs in another pod (zero-to-jupyterhub).",
+    ).tag(config=True)
+
+    def listen_address(self) -> tuple[int, str]:
+        """The port and address to listen on, from ``service_url`` and ``ip``."""
+        url = urlparse(self.service_url)
+        return url.port or 80, self.ip or url.hostname or "127.0.0.1"
+
+
+class CatalogFileSettings(Configurable):
+    """The GPU catalog file a service shares with the hub."""
+
+    catalog_file = Unicode(
+        help="The GPU catalog file the hub uses (c.GPUSpawner.catalog_file), re-read when it changes. Default: $GPUSPAWNER_CATALOG."
+    ).tag(config=True)
+
+    @default("catalog_file")
+    def _default_catalog_file(self):
+        return os.environ.get("GPUSPAWNER_CATALOG", "")
 
 
 class HubServiceSettings(Configurable):

@@ -15,14 +15,13 @@ import json
 import logging
 import os
 from typing import Any
-from urllib.parse import urlparse
 
-from traitlets import Bool, Dict, List, Unicode, default
+from traitlets import Bool, Dict, List, default
 from traitlets.config import Application, catch_config_error
 
 from .. import capacity, kube, podspec
 from ..catalog import Catalog, CatalogError, CatalogFile, parse_catalog
-from ..services.settings import KubernetesSettings
+from ..services.settings import CatalogFileSettings, KubernetesSettings, ServiceEndpointSettings
 from . import SERVICE_NAME
 
 #: The variable the hub configuration passes the admin's pod placement in (JSON).
@@ -39,34 +38,14 @@ def _placement_from_env() -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-class UserService(KubernetesSettings, Application):
+class UserService(ServiceEndpointSettings, CatalogFileSettings, KubernetesSettings, Application):
     name = SERVICE_NAME
+    default_port = 10103
     description = "The user-facing gpuspawner service (live GPU figures for the spawn form)."
 
     @default("log_level")
     def _default_log_level(self):
         return logging.INFO
-
-    service_url = Unicode(
-        help="Where the service listens. Default: $JUPYTERHUB_SERVICE_URL (the service's 'url' in the hub config)."
-    ).tag(config=True)
-
-    @default("service_url")
-    def _default_service_url(self):
-        return os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10103")
-
-    ip = Unicode(
-        "",
-        help="The address to listen on. Default: the host of service_url. Set 0.0.0.0 when the proxy runs in another pod (zero-to-jupyterhub).",
-    ).tag(config=True)
-
-    catalog_file = Unicode(
-        help="The GPU catalog file the hub uses (c.GPUSpawner.catalog_file), re-read when it changes. Default: $GPUSPAWNER_CATALOG."
-    ).tag(config=True)
-
-    @default("catalog_file")
-    def _default_catalog_file(self):
-        return os.environ.get("GPUSPAWNER_CATALOG", "")
 
     catalog = Dict(
         help="The catalog itself, when the hub has it inline (c.GPUSpawner.catalog) rather than in a file. Default: $GPUSPAWNER_CATALOG_JSON."
@@ -181,9 +160,9 @@ class UserService(KubernetesSettings, Application):
         self.inventory.start()
 
     async def run(self) -> None:
-        url = urlparse(self.service_url)
+        port, address = self.listen_address()
         # listen first: the hub waits for the service to answer before it starts
-        make_app(self).listen(url.port or 80, address=self.ip or url.hostname or "127.0.0.1")
+        make_app(self).listen(port, address=address)
         self.log.info("%s serving on %s", self.name, self.service_url)
         await self.start_inventory()
         try:

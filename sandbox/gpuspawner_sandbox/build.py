@@ -246,6 +246,30 @@ def build(
     return target
 
 
+def progress_line(compiled: int, total: int | None, elapsed: float) -> str:
+    """One progress line of a Go build: how far it is and, once it can tell, how long is left.
+
+    ``go build -v`` names only the packages it compiles, not those Go's cache already
+    holds, so ``total`` is an upper bound and the estimate assumes a cold cache: it can
+    only overstate what is left.
+    """
+    if not total:
+        return f"  still building… {compiled} packages compiled ({elapsed:.0f}s)"
+    done = min(compiled, total)
+    line = f"  still building… {done} of at most {total} packages compiled ({elapsed:.0f}s"
+    # Too few packages or too little time make the rate meaningless.
+    if done >= 20 and elapsed >= 10:
+        left = (total - done) * elapsed / done
+        line += f", at most about {_duration(left)} left"
+    return line + ")"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(seconds, 1):.0f}s"
+    return f"{seconds / 60:.0f} min"
+
+
 def run_go(
     cmd: list[str],
     cwd: Path,
@@ -275,13 +299,7 @@ def run_go(
 
     def report() -> None:
         while not done.wait(PROGRESS_INTERVAL):
-            of_total = f" of at most {total}" if total else ""
-            print(
-                f"  still building… {compiled}{of_total} packages compiled "
-                f"({time.monotonic() - started:.0f}s)",
-                file=out,
-                flush=True,
-            )
+            print(progress_line(compiled, total, time.monotonic() - started), file=out, flush=True)
 
     reporter = threading.Thread(target=report, daemon=True)
     reporter.start()

@@ -1,9 +1,10 @@
 """Build what a real node runs besides the kubelet: containerd, its runc shim,
-the CNI plugins, and the programs inside our own pause and test images.
+the CNI plugins, NVIDIA's container runtime (GPU nodes), the programs inside
+our own pause and test images, and the emulated driver's nvidia-smi.
 
 The kubelet itself is a component of the control plane's multi-call binary
 (:mod:`gpuspawner_sandbox.build`, ``k8s kubelet``), which shares its compile.
-containerd and the CNI plugins have their own ``go.mod`` files and are built
+containerd, the CNI plugins and NVIDIA's container toolkit have their own ``go.mod`` files and are built
 from them, unchanged, with ``go install module/cmd/x@version`` (the Go module
 proxy serves them; nothing is vendored). runc is Debian's package
 (``scripts/install-system-packages.sh``).
@@ -21,15 +22,19 @@ import os
 import platform
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from . import build
+from . import build, gpudriver
 
 #: Our Go module with the pause and test-tool programs (standard library only).
 IMAGE_MODULE_DIR = build.REPO_ROOT / "sandbox" / "nodeimages"
 IMAGE_PROGRAMS = ("pause", "tool")
+
+#: The emulated nvidia-smi: a small static program of the sandbox's Go module, built on its
+#: own (linking it into `k8s` would relink that, which takes minutes).
+SMI_PACKAGES = ("cmd/nvidia-smi", "nvidiasmi")
 
 #: Debian's runc (the package scripts/install-system-packages.sh installs).
 RUNC_CANDIDATES = ("/usr/sbin/runc", "/usr/bin/runc")
@@ -58,6 +63,9 @@ class GoTool:
     installs: tuple[GoInstall, ...]
     #: Rough cold-build time on 2 cores, printed so nobody thinks it hangs.
     cold_estimate: str
+    #: Whether the module needs cgo (the result then links libc dynamically).
+    #: Not in the repr: the static tools' cache directories keep their names.
+    cgo: bool = field(default=False, repr=False)
 
     @property
     def binaries(self) -> tuple[str, ...]:
@@ -92,7 +100,21 @@ CNI_PLUGINS = GoTool(
     cold_estimate="about 20 seconds",
 )
 
-NODE_TOOLS = (CONTAINERD, CNI_PLUGINS)
+#: NVIDIA's container runtime, its CDI hook and nvidia-ctk. go-nvml (and its
+#: cuda/dxcore packages) need cgo, though NVML is only loaded at run time (in
+#: CDI mode never): the binaries link just libc. With CGO_ENABLED=0 nothing builds.
+NVIDIA_TOOLKIT = GoTool(
+    name="nvidia-container-toolkit",
+    module="github.com/NVIDIA/nvidia-container-toolkit",
+    version="v1.20.2",
+    installs=(
+        GoInstall(("cmd/nvidia-container-runtime", "cmd/nvidia-cdi-hook", "cmd/nvidia-ctk")),
+    ),
+    cold_estimate="about 2 minutes",
+    cgo=True,
+)
+
+NODE_TOOLS = (CONTAINERD, CNI_PLUGINS, NVIDIA_TOOLKIT)
 
 
 @dataclass(frozen=True)
@@ -104,6 +126,8 @@ class NodeBinaries:
     cni_dir: Path
     images_dir: Path  # pause, tool (static; packed into OCI images)
     runc: Path
+    nvidia_dir: Path  # nvidia-container-runtime, nvidia-cdi-hook, nvidia-ctk
+    nvidia_smi: Path  # the emulated driver's nvidia-smi (static)
 
     @property
     def containerd(self) -> Path:
@@ -113,10 +137,23 @@ class NodeBinaries:
     def ctr(self) -> Path:
         return self.containerd_dir / "ctr"
 
+    @property
+    def nvidia_runtime(self) -> Path:
+        return self.nvidia_dir / "nvidia-container-runtime"
+
+    @property
+    def nvidia_cdi_hook(self) -> Path:
+        return self.nvidia_dir / "nvidia-cdi-hook"
+
+    @property
+    def nvidia_ctk(self) -> Path:
+        return self.nvidia_dir / "nvidia-ctk"
+
 
 def tool_hash(tool: GoTool) -> str:
     """A short digest of everything that decides a tool's binaries."""
-    return hashlib.sha256(repr(tool).encode()).hexdigest()[:12]
+    key = repr(tool) + ("\0cgo" if tool.cgo else "")
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def tool_dir(tool: GoTool, cache: Path | None = None) -> Path:
@@ -151,9 +188,10 @@ def install_commands(go: str, tool: GoTool, jobs: int = 2) -> list[list[str]]:
     return cmds
 
 
-def _go_env() -> dict[str, str]:
-    # Static binaries, never a downloaded toolchain; modules come from the proxy.
-    return dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local")
+def _go_env(cgo: bool = False) -> dict[str, str]:
+    # Static binaries unless a module needs cgo, never a downloaded toolchain;
+    # modules come from the proxy.
+    return dict(os.environ, CGO_ENABLED="1" if cgo else "0", GOTOOLCHAIN="local")
 
 
 def _complete(directory: Path, names: tuple[str, ...]) -> bool:
@@ -177,7 +215,7 @@ def build_tool(tool: GoTool, cache: Path | None = None, *, out: TextIO | None = 
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    env = dict(_go_env(), GOBIN=str(tmp))
+    env = dict(_go_env(tool.cgo), GOBIN=str(tmp))
     print(
         f"Building {tool.name} {tool.version} ({', '.join(tool.binaries)}) from {tool.module}; "
         f"from a cold Go cache this takes {tool.cold_estimate}.",
@@ -229,6 +267,133 @@ def build_image_programs(
     return target
 
 
+def smi_ldflags() -> str:
+    """The linker flags that give nvidia-smi the driver's layout from gpudriver's constants."""
+    settings = {
+        "viewRoot": gpudriver.CONTAINER_VIEW_ROOT,
+        "driverDir": gpudriver.VIEW_DRIVER_DIR,
+        "gpusDir": gpudriver.VIEW_GPUS_DIR,
+        "usageDir": gpudriver.USAGE_DIR,
+        "driverFile": gpudriver.DRIVER_VIEW_FILE,
+        "gpuFile": gpudriver.GPU_VIEW_FILE,
+        "usageFile": gpudriver.USAGE_FILE,
+        "capsDir": gpudriver.NVIDIA_CAPS_DIR,
+        "emulatedRootEnv": gpudriver.EMULATED_ROOT_ENV,
+    }
+    return " ".join(["-s", "-w", *(f"-X main.{k}={v}" for k, v in settings.items())])
+
+
+def smi_source_hash(module_dir: Path = build.GO_MODULE_DIR) -> str:
+    """A short digest of what decides nvidia-smi: its packages' files, go.mod, the flags."""
+    digest = hashlib.sha256(smi_ldflags().encode() + b"\0")
+    files = [module_dir / "go.mod", module_dir / "go.sum"]
+    for package in SMI_PACKAGES:
+        files += sorted(p for p in (module_dir / package).rglob("*") if p.is_file())
+    for path in files:
+        if path.name.endswith("_test.go"):
+            continue
+        digest.update(str(path.relative_to(module_dir)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def smi_dir(module_dir: Path = build.GO_MODULE_DIR, cache: Path | None = None) -> Path:
+    cache = cache if cache is not None else build.cache_dir()
+    return cache / "bin" / f"nvidia-smi-{smi_source_hash(module_dir)}"
+
+
+def build_nvidia_smi(
+    module_dir: Path = build.GO_MODULE_DIR, cache: Path | None = None, *, out: TextIO | None = None
+) -> Path:
+    """Build the emulated nvidia-smi (static) if missing; return the binary's path."""
+    out = out if out is not None else sys.stderr
+    target = smi_dir(module_dir, cache)
+    if _complete(target, ("nvidia-smi",)):
+        return target / "nvidia-smi"
+    go = build.find_go()
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    print("Building the emulated nvidia-smi (standard library only; seconds)…", file=out)
+    cmd = [go, "build", "-v", "-trimpath", f"-ldflags={smi_ldflags()}"]
+    cmd += ["-o", str(tmp / "nvidia-smi"), f"./{SMI_PACKAGES[0]}"]
+    try:
+        build.run_go(cmd, module_dir, _go_env(), out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    _prune(target, "nvidia-smi")
+    return target / "nvidia-smi"
+
+
+@dataclass(frozen=True)
+class LocalProgram:
+    """A program built from one of our own Go modules in this repository.
+
+    Cached under ``<cache>/bin/<name>-<hash>/``; the hash covers every file of the
+    module directory (tests excepted) and the link flags.
+    """
+
+    name: str
+    module_dir: Path
+    #: What the build prints first, so a long build is not taken for a hang.
+    describe: str
+    package: str = "."
+    ldflags: str = "-s -w"
+
+    @property
+    def binary(self) -> str:
+        return self.name
+
+
+def local_source_hash(program: LocalProgram) -> str:
+    digest = hashlib.sha256(program.ldflags.encode() + b"\0" + program.package.encode() + b"\0")
+    for path in sorted(p for p in program.module_dir.rglob("*") if p.is_file()):
+        if path.name.endswith("_test.go"):
+            continue
+        digest.update(str(path.relative_to(program.module_dir)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def local_dir(program: LocalProgram, cache: Path | None = None) -> Path:
+    cache = cache if cache is not None else build.cache_dir()
+    return cache / "bin" / f"{program.name}-{local_source_hash(program)}"
+
+
+def build_local(
+    program: LocalProgram, cache: Path | None = None, *, out: TextIO | None = None
+) -> Path:
+    """Build a program of ours (static) if missing; return the binary's path."""
+    out = out if out is not None else sys.stderr
+    target = local_dir(program, cache)
+    if _complete(target, (program.binary,)):
+        return target / program.binary
+    go = build.find_go()
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    print(program.describe, file=out, flush=True)
+    cmd = [go, "build", "-v", "-trimpath", f"-ldflags={program.ldflags}"]
+    cmd += ["-o", str(tmp / program.binary), program.package]
+    try:
+        compiled, elapsed = build.run_go(cmd, program.module_dir, _go_env(), out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    _prune(target, program.name)
+    print(
+        f"Built {program.name} in {elapsed:.0f}s ({compiled} packages compiled).",
+        file=out,
+        flush=True,
+    )
+    return target / program.binary
+
+
 def find_runc() -> Path:
     """Debian's runc (or any runc on PATH)."""
     for candidate in (*RUNC_CANDIDATES, shutil.which("runc")):
@@ -255,6 +420,8 @@ def build_all(cache: Path | None = None, *, out: TextIO | None = None) -> NodeBi
         cni_dir=dirs[CNI_PLUGINS.name],
         images_dir=build_image_programs(cache=cache, out=out),
         runc=runc,
+        nvidia_dir=dirs[NVIDIA_TOOLKIT.name],
+        nvidia_smi=build_nvidia_smi(cache=cache, out=out),
     )
 
 

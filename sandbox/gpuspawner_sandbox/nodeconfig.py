@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .gpudriver import DRIVER_STATE_FILE
+from .gpudriver import DriverPaths
 from .topology import NodeSpec, node_labels, node_taints
 
 #: Every pod network lives inside this range; the forward-drop rule drops
@@ -45,6 +45,10 @@ FORWARD_CHAIN = "GPUSPAWNER-PODS"
 IMAGE_REGISTRY = "gpuspawner.invalid"
 PAUSE_IMAGE = f"{IMAGE_REGISTRY}/pause:v1"
 TOOL_IMAGE = f"{IMAGE_REGISTRY}/tool:v1"
+#: The test tool in an image that declares NVIDIA_VISIBLE_DEVICES=all, as
+#: NVIDIA's CUDA base images do (the seed's security case).
+CUDA_TOOL_IMAGE = f"{IMAGE_REGISTRY}/tool-cuda:v1"
+CUDA_IMAGE_ENV = ("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility")
 DEAD_REGISTRY = "http://127.0.0.1:9"
 
 #: Host paths the kubelet and containerd use whatever they are told; each
@@ -176,9 +180,28 @@ class NodePaths:
         return self.root / "mounts.ready"
 
     @property
+    def driver(self) -> DriverPaths:
+        """The emulated NVIDIA driver's files (GPU nodes only; see gpudriver.py)."""
+        return DriverPaths.of_node(self.root)
+
+    @property
     def driver_state(self) -> Path:
-        """The emulated NVIDIA driver's state (GPU nodes only; see gpudriver.py)."""
-        return self.root / DRIVER_STATE_FILE
+        """The emulated NVIDIA driver's aggregate state, what the device plugin reads."""
+        return self.driver.state
+
+    @property
+    def cdi_dir(self) -> Path:
+        """The node's CDI spec directory (NVIDIA's runtime and containerd read only this)."""
+        return self.root / "cdi"
+
+    @property
+    def nvidia_runtime_config(self) -> Path:
+        """NVIDIA's container runtime's config.toml (GPU nodes only)."""
+        return self.root / "nvidia-container-runtime" / "config.toml"
+
+    @property
+    def nvidia_runtime_log(self) -> Path:
+        return self.logs / "nvidia-container-runtime.log"
 
     @property
     def device_plugins(self) -> Path:
@@ -194,10 +217,45 @@ def _toml_str(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid TOML basic string
 
 
-def containerd_config(paths: NodePaths, runc: Path, cni_bin_dir: Path) -> str:
-    """containerd's config.toml (version 3) for one node."""
+#: The variable that points NVIDIA's container toolkit at its config file
+#: (instead of /etc/nvidia-container-runtime/config.toml); set in a GPU node's
+#: containerd's environment, which its shims and so the runtime inherit.
+NVIDIA_CONFIG_ENV = "NVIDIA_CTK_CONFIG_FILE_PATH"
+#: containerd's name for the runtime handler of NVIDIA's runtime.
+NVIDIA_RUNTIME_NAME = "nvidia"
+#: Annotations that name CDI devices (the cdi-annotations strategy): containerd
+#: passes them to the OCI spec, where NVIDIA's runtime reads them.
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+#: NVIDIA's default for accept-nvidia-visible-devices-envvar-when-unprivileged.
+ACCEPT_ENVVAR_UNPRIVILEGED_DEFAULT = True
+
+
+def containerd_config(
+    paths: NodePaths, runc: Path, cni_bin_dir: Path, nvidia_runtime: Path | None = None
+) -> str:
+    """containerd's config.toml (version 3) for one node.
+
+    With ``nvidia_runtime`` (a GPU node) NVIDIA's container runtime, wrapping
+    runc, is the default runtime.
+    """
     runtime = 'plugins."io.containerd.cri.v1.runtime"'
     images = 'plugins."io.containerd.cri.v1.images"'
+    default = NVIDIA_RUNTIME_NAME if nvidia_runtime else "runc"
+    nvidia = ""
+    if nvidia_runtime:
+        nvidia = f"""
+# NVIDIA's runtime in CDI mode (its config: {NVIDIA_CONFIG_ENV} in containerd's
+# environment): it edits the OCI spec on `create`, then runs runc.
+[{runtime}.containerd.runtimes.{NVIDIA_RUNTIME_NAME}]
+  runtime_type = "io.containerd.runc.v2"
+  # CRI annotations reach the OCI spec only when listed here.
+  container_annotations = [{_toml_str(CDI_ANNOTATION_PREFIX + "*")}]
+
+[{runtime}.containerd.runtimes.{NVIDIA_RUNTIME_NAME}.options]
+  BinaryName = {_toml_str(str(nvidia_runtime))}
+  Root = {_toml_str(str(paths.runc_root))}
+  SystemdCgroup = false
+"""
     return f"""\
 # Written by gpuspawner_sandbox.nodes for one sandbox node; private paths only.
 version = 3
@@ -233,6 +291,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
   enable_selinux = false
+  # containerd's own CDI (the cdi-cri strategy) reads only the node's specs.
+  enable_cdi = true
+  cdi_spec_dirs = [{_toml_str(str(paths.cdi_dir))}]
 
 [{runtime}.cni]
   bin_dirs = [{_toml_str(str(cni_bin_dir))}]
@@ -240,7 +301,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
   max_conf_num = 1
 
 [{runtime}.containerd]
-  default_runtime_name = "runc"
+  default_runtime_name = {_toml_str(default)}
 
 [{runtime}.containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
@@ -249,10 +310,52 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
   BinaryName = {_toml_str(str(runc))}
   Root = {_toml_str(str(paths.runc_root))}
   SystemdCgroup = false
-
+{nvidia}
 [plugins."io.containerd.transfer.v1.local"]
   config_path = {_toml_str(str(paths.registry_hosts))}
 """
+
+
+def nvidia_runtime_config(
+    paths: NodePaths,
+    runc: Path,
+    nvidia_ctk: Path,
+    cdi_kind: str,
+    *,
+    accept_envvar_unprivileged: bool = ACCEPT_ENVVAR_UNPRIVILEGED_DEFAULT,
+) -> str:
+    """NVIDIA's container runtime's config.toml for a GPU node: CDI mode, the node's specs.
+
+    ``mode = "cdi"`` is set explicitly: the shipped ``auto`` turns requests
+    into just-in-time CDI specs, which needs NVML (a real driver). In CDI mode
+    the runtime resolves ``NVIDIA_VISIBLE_DEVICES`` (unless refused, below) and
+    ``cdi.k8s.io/`` annotations against the node's spec.
+    """
+    return f"""\
+# Written by gpuspawner_sandbox.nodes for one GPU node.
+# false: unprivileged containers get no GPU through NVIDIA_VISIBLE_DEVICES
+# (closes an image's NVIDIA_VISIBLE_DEVICES=all at node level).
+accept-nvidia-visible-devices-envvar-when-unprivileged = {_toml_bool(accept_envvar_unprivileged)}
+accept-nvidia-visible-devices-as-volume-mounts = false
+
+[nvidia-ctk]
+  path = {_toml_str(str(nvidia_ctk))}
+
+[nvidia-container-runtime]
+  debug = {_toml_str(str(paths.nvidia_runtime_log))}
+  log-level = "info"
+  mode = "cdi"
+  runtimes = [{_toml_str(str(runc))}]
+
+[nvidia-container-runtime.modes.cdi]
+  default-kind = {_toml_str(cdi_kind)}
+  annotation-prefixes = [{_toml_str(CDI_ANNOTATION_PREFIX)}]
+  spec-dirs = [{_toml_str(str(paths.cdi_dir))}]
+"""
+
+
+def _toml_bool(value: bool) -> str:
+    return "true" if value else "false"
 
 
 def registry_hosts_toml() -> str:

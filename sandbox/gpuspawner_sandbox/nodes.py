@@ -15,12 +15,16 @@ before it happens, so :func:`teardown` (from this process or from
 even after a failed start.
 
 A GPU node (one whose topology entry has GPUs) also gets its emulated driver's
-state file (:mod:`gpuspawner_sandbox.gpudriver`), our device plugin beside its
+directory (:mod:`gpuspawner_sandbox.gpudriver`: state, projections, nvidia-smi),
+our device plugin beside its
 kubelet in its mount namespace (``k8s device-plugin``: the kubelet's own
 device manager allocates, checkpoints and withdraws unhealthy GPUs), the
 ``nvidia.com/gpu`` taint at registration, and the labels GPU feature discovery
-sets, written with the node's own credentials. NVIDIA's container runtime and
-a CDI spec are not wired yet (issue 11).
+sets, written with the node's own credentials. Its containerd's default
+runtime is NVIDIA's ``nvidia-container-runtime`` in CDI mode, wrapping runc,
+with a CDI spec generated from the driver state (:mod:`gpuspawner_sandbox.cdi`)
+and the driver's device files (``mknod``; nothing can open them). Everything
+of a GPU node lives under its root, so teardown has nothing more to restore.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -42,7 +47,7 @@ from typing import Any
 
 import yaml
 
-from . import gpudriver, nodeconfig, ociimage
+from . import cdi, gpudriver, nodeconfig, ociimage
 from .controlplane import ControlPlane, free_port, log_tail
 from .hoststate import cgroup_mounts, read_sysctl, sysctl_path
 from .kubeapi import ApiError, KubeApi
@@ -347,6 +352,14 @@ class RealNodes:
                 cmd=["sleep", "infinity"],
                 architecture=arch,
             ),
+            ociimage.ImageSpec(
+                ref=nodeconfig.CUDA_TOOL_IMAGE,
+                files={"tool": ((programs / "tool").read_bytes(), 0o755)},
+                entrypoint=["/tool"],
+                cmd=["sleep", "infinity"],
+                env=("PATH=/", *nodeconfig.CUDA_IMAGE_ENV),
+                architecture=arch,
+            ),
         ]
         paths = []
         for spec in specs:
@@ -421,6 +434,10 @@ class RealNodes:
             name,
             "containerd",
             [*enter, str(self.binaries.containerd), "--config", str(paths.containerd_config)],
+            # Its shims, and through them NVIDIA's runtime, inherit it.
+            env={nodeconfig.NVIDIA_CONFIG_ENV: str(paths.nvidia_runtime_config)}
+            if self.gpu_spec(name)
+            else None,
         )
         ctr = [*enter, str(self.binaries.ctr), "--address", str(paths.containerd_socket)]
         self._wait(
@@ -466,8 +483,14 @@ class RealNodes:
             *(paths.private_dir(h) for h in nodeconfig.PRIVATE_HOST_DIRS),
         ):
             d.mkdir(parents=True, exist_ok=True)
+        spec = self.gpu_spec(name)
         paths.containerd_config.write_text(
-            nodeconfig.containerd_config(paths, self.binaries.runc, self.binaries.cni_dir)
+            nodeconfig.containerd_config(
+                paths,
+                self.binaries.runc,
+                self.binaries.cni_dir,
+                nvidia_runtime=self.binaries.nvidia_runtime if spec else None,
+            )
         )
         (paths.registry_hosts / "_default" / "hosts.toml").write_text(
             nodeconfig.registry_hosts_toml()
@@ -476,9 +499,13 @@ class RealNodes:
             json.dumps(nodeconfig.cni_conflist(net, paths.cni_data_dir), indent=2) + "\n"
         )
         paths.resolv_conf.write_text(nodeconfig.resolv_conf())
-        spec = self.gpu_spec(name)
+        paths.cdi_dir.mkdir(parents=True, exist_ok=True)
         if spec:
-            gpudriver.write_driver_state(paths.driver_state, gpudriver.driver_state(spec))
+            paths.driver.bin_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(self.binaries.nvidia_smi, paths.driver.nvidia_smi)
+            state = gpudriver.driver_state(spec)
+            gpudriver.write_driver_state(paths.driver_state, state)
+            self._write_runtime_files(paths, spec, state)
         config = nodeconfig.kubelet_configuration(
             paths, net, node=name, client_ca=self.cp.ca_file, healthz_port=free_port()
         )
@@ -489,9 +516,47 @@ class RealNodes:
         paths.kubeconfig.write_bytes(kubeconfig.read_bytes())
         paths.kubeconfig.chmod(0o600)
 
-    def _spawn(self, name: str, component: str, cmd: list[str]) -> subprocess.Popen:
+    def _write_runtime_files(self, paths: NodePaths, spec: NodeSpec, state: dict[str, Any]) -> None:
+        """A GPU node's driver device files, CDI spec and NVIDIA runtime config."""
+        driver = paths.driver
+        for node in cdi.device_nodes(state):
+            path = driver.dev_dir / node.name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.mknod(
+                    path, stat.S_IFCHR | cdi.DEVICE_FILE_MODE, os.makedev(node.major, node.minor)
+                )
+            except OSError as e:
+                raise NodeError(
+                    f"Cannot make the emulated driver's device file {path} ({e.strerror}): "
+                    "GPU nodes need root with CAP_MKNOD on a file system that allows device "
+                    "files."
+                ) from None
+            # mknod honours the umask; the files are crw-rw-rw- as on real nodes.
+            path.chmod(cdi.DEVICE_FILE_MODE)
+        (paths.cdi_dir / cdi.CDI_SPEC_FILE).write_text(
+            json.dumps(cdi.cdi_spec(state, driver), indent=2) + "\n"
+        )
+        paths.nvidia_runtime_config.parent.mkdir(parents=True, exist_ok=True)
+        paths.nvidia_runtime_config.write_text(
+            nodeconfig.nvidia_runtime_config(
+                paths,
+                self.binaries.runc,
+                self.binaries.nvidia_ctk,
+                cdi.CDI_KIND,
+                accept_envvar_unprivileged=spec.accept_envvar_unprivileged,
+            )
+        )
+
+    def _spawn(
+        self,
+        name: str,
+        component: str,
+        cmd: list[str],
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.Popen:
         log_path = self.paths(name).logs / f"{component}.log"
-        env = dict(os.environ)
+        env = {**os.environ, **(env or {})}
         # The shim is found next to containerd; proxies have no business here.
         env["PATH"] = f"{self.binaries.containerd_dir}:{env.get('PATH', '/usr/sbin:/usr/bin')}"
         for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):

@@ -12,8 +12,12 @@ The output formats are taken from recorded real runs (the fixtures under
 of drivers before R530, so an injected old driver looks old), ``-L`` with MIG
 lines, ``--version``, and ``--query-gpu=… --format=csv[,noheader][,nounits]``
 whose valid fields, header names, units and recorded values come from a
-complete ``--query-gpu`` capture (``nvidia_smi_capture.yaml``). Faults
+complete ``--query-gpu`` capture (``sandbox/go/nvidiasmi/capture.json``, which
+the Go nvidia-smi of real nodes embeds: one copy of the data). Faults
 injected in the sandbox's ``faults.json`` are read at every call.
+
+This renderer serves the old emulated kubelet only and goes with it; real
+nodes run the Go port (``sandbox/go/nvidiasmi``).
 
 This module must not import the spawner's validation code: the sandbox tests
 that code, it is not built from it.
@@ -29,13 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-import yaml
-
+from .build import GO_MODULE_DIR
 from .devices import Fault, effective_driver, load_faults
+from .gpudriver import PCI_DEVICE_IDS
 from .topology import GPU_MODELS, GPUModel, cuda_version_for
 
 STATE_ENV = "GPUSPAWNER_SANDBOX_SMI_STATE"
-CAPTURE_FILE = Path(__file__).with_name("nvidia_smi_capture.yaml")
+CAPTURE_FILE = GO_MODULE_DIR / "nvidiasmi" / "capture.json"
 
 # Return codes from the nvidia-smi man page (NVML's nvmlReturn_t).
 RC_INVALID_ARGUMENT = 2
@@ -71,16 +75,6 @@ FIELD_ALIASES = {
     "enforced.power.limit": "enforced.power.limit",
 }
 _THROTTLE = "clocks_throttle_reasons."
-
-# PCI device ids (device << 16 | vendor) as NVML reports them.
-PCI_DEVICE_IDS = {
-    "A100-SXM4-80GB": "0x20B210DE",
-    "A100-SXM4-40GB": "0x20B010DE",
-    "H100-80GB-HBM3": "0x233010DE",
-    "L40S": "0x26B910DE",
-    "L4": "0x27B810DE",
-    "T4": "0x1EB810DE",
-}
 
 
 @dataclass
@@ -164,7 +158,7 @@ class Capture:
 
 
 def load_capture(path: Path = CAPTURE_FILE) -> Capture:
-    data = yaml.safe_load(path.read_text())
+    data = json.loads(path.read_text())
     fields = {}
     for header, value in zip(
         data["gpu"]["header"].split(", "), data["gpu"]["row"].split(", "), strict=True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import socket
 import sys
 import time
 import uuid
@@ -305,3 +306,56 @@ def container_memory_cgroup(node: str, container_id: str) -> tuple[Path, str]:
     if len(found) != 1:
         raise AssertionError(f"expected one memory cgroup of container {container_id}: {found}")
     return found[0], limit_file
+
+
+# --- DNS ------------------------------------------------------------------------------------
+
+#: DNS response codes (RFC 1035 4.1.1).
+DNS_NOERROR, DNS_SERVFAIL, DNS_NXDOMAIN, DNS_REFUSED = 0, 2, 3, 5
+
+
+def dns_query(server: str, port: int, name: str, timeout: float = 5) -> tuple[int, list[str]]:
+    """Ask a DNS server for ``name``'s A records over UDP: (response code, addresses).
+
+    A small RFC 1035 client, so that tests need no resolver library and never
+    consult the machine's own resolver.
+    """
+    import random
+    import struct
+
+    query_id = random.randrange(1 << 16)
+    question = b"".join(
+        bytes([len(label)]) + label.encode("ascii") for label in name.rstrip(".").split(".")
+    )
+    question += b"\0" + struct.pack("!HH", 1, 1)  # QTYPE A, QCLASS IN
+    packet = struct.pack("!HHHHHH", query_id, 0x0100, 1, 0, 0, 0) + question
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(timeout)
+        sock.sendto(packet, (server, port))
+        while True:
+            reply, _ = sock.recvfrom(4096)
+            if struct.unpack("!H", reply[:2])[0] == query_id:
+                break
+    flags, qdcount, ancount = struct.unpack("!HHH", reply[2:8])
+    offset = 12
+    for _ in range(qdcount):
+        offset = _skip_name(reply, offset) + 4
+    addresses = []
+    for _ in range(ancount):
+        offset = _skip_name(reply, offset)
+        rtype, _rclass, _ttl, length = struct.unpack("!HHIH", reply[offset : offset + 10])
+        offset += 10
+        if rtype == 1 and length == 4:
+            addresses.append(socket.inet_ntoa(reply[offset : offset + 4]))
+        offset += length
+    return flags & 0x000F, addresses
+
+
+def _skip_name(message: bytes, offset: int) -> int:
+    while True:
+        length = message[offset]
+        if length == 0:
+            return offset + 1
+        if length & 0xC0 == 0xC0:  # a compression pointer ends the name
+            return offset + 2
+        offset += 1 + length

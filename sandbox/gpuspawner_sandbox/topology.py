@@ -28,6 +28,10 @@ DEFAULT_TOPOLOGY = Path(__file__).with_name("topology.yaml")
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_STRATEGIES = ("none", "single", "mixed")
 GPU_TAINT_KEY = "nvidia.com/gpu"
+#: A GPU node's settings of NVIDIA's container runtime in the topology (the
+#: mapping's key), and the one it takes, spelled as in the runtime's config.toml.
+RUNTIME_KEY = "nvidia-container-runtime"
+ACCEPT_ENVVAR_KEY = "accept-nvidia-visible-devices-envvar-when-unprivileged"
 
 #: Driver branch -> the CUDA version its nvidia-smi banner reports.
 CUDA_FOR_DRIVER = {
@@ -225,6 +229,9 @@ class NodeSpec:
     mig_strategy: str
     gpus: tuple[GPUSpec, ...]
     labels: dict[str, str] = field(default_factory=dict)
+    #: NVIDIA's runtime setting: whether an unprivileged container's
+    #: NVIDIA_VISIBLE_DEVICES is honoured (NVIDIA's default: yes).
+    accept_envvar_unprivileged: bool = True
 
     @property
     def model(self) -> GPUModel | None:
@@ -275,7 +282,17 @@ def _where(node: str | None, key: str) -> str:
 def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
     if not isinstance(raw, dict):
         raise TopologyError(f"Node #{position + 1} must be a mapping, not {raw!r}.")
-    unknown = set(raw) - {"name", "cpu", "memory", "pods", "driver", "gpu", "labels", "mig"}
+    unknown = set(raw) - {
+        "name",
+        "cpu",
+        "memory",
+        "pods",
+        "driver",
+        "gpu",
+        "labels",
+        "mig",
+        RUNTIME_KEY,
+    }
     name = raw.get("name")
     if not isinstance(name, str) or not _DNS1123.match(name) or len(name) > 63:
         raise TopologyError(
@@ -340,6 +357,7 @@ def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
         )
     elif raw.get("mig") is not None:
         raise TopologyError(f"Node {name!r} has a 'mig' section but no 'gpu'.")
+    accept_envvar = _parse_runtime(name, raw.get(RUNTIME_KEY), has_gpus=bool(gpus))
 
     return NodeSpec(
         name=name,
@@ -350,7 +368,26 @@ def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
         mig_strategy=strategy,
         gpus=gpus,
         labels={str(k): str(v) for k, v in labels.items()},
+        accept_envvar_unprivileged=accept_envvar,
     )
+
+
+def _parse_runtime(node: str, raw: Any, *, has_gpus: bool) -> bool:
+    """A node's NVIDIA runtime settings: whether it accepts the variable when unprivileged."""
+    if raw is None:
+        return True
+    if not has_gpus:
+        raise TopologyError(f"Node {node!r} has a {RUNTIME_KEY!r} section but no 'gpu'.")
+    if not isinstance(raw, dict) or set(raw) - {ACCEPT_ENVVAR_KEY}:
+        raise TopologyError(
+            f"Node {node!r}: {RUNTIME_KEY!r} must be a mapping with only {ACCEPT_ENVVAR_KEY!r}."
+        )
+    value = raw.get(ACCEPT_ENVVAR_KEY, True)
+    if not isinstance(value, bool):
+        raise TopologyError(
+            f"Node {node!r}: {ACCEPT_ENVVAR_KEY!r} must be true or false, not {value!r}."
+        )
+    return value
 
 
 def _parse_mig(node: str, raw: Any, model: GPUModel, count: int) -> list[list[str]]:

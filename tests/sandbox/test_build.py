@@ -163,3 +163,15 @@ def test_version_ldflags_set_both_version_packages():
 def test_no_go_module_is_a_readable_error(tmp_path):
     with pytest.raises(build.BuildError, match="runs from a clone"):
         build.binary_path(tmp_path / "nowhere", tmp_path / "cache")
+
+
+def test_progress_says_how_far_and_how_long_is_left():
+    assert build.progress_line(0, None, 5) == "  still building… 0 packages compiled (5s)"
+    early = build.progress_line(5, 2600, 30)
+    assert "5 of at most 2600" in early and "left" not in early
+    # 500 packages in 250 s: 2,100 more at that rate is 1,050 s
+    assert build.progress_line(500, 2600, 250).endswith("at most about 18 min left)")
+    assert build.progress_line(2590, 2600, 1000).endswith("at most about 4s left)")
+    assert build.progress_line(3000, 2600, 1000).startswith(
+        "  still building… 2600 of at most 2600"
+    )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,7 +109,8 @@ def _gpu_pod(name: str, gpus: int, node: str = NVLINK_NODE, resource: str = GPU_
 
 
 def _visible_devices(api, namespace: str, pod_name: str) -> tuple[dict, list[str]]:
-    """The running pod and NVIDIA_VISIBLE_DEVICES of its container's process, as the runtime set it."""
+    """The running pod and the GPUs NVIDIA's runtime gave its container: the UUIDs of
+    the /dev/nvidia<minor> entries in the container's /dev."""
 
     def running():
         pod = api.get(f"/api/v1/namespaces/{namespace}/pods/{pod_name}")
@@ -120,8 +122,9 @@ def _visible_devices(api, namespace: str, pod_name: str) -> tuple[dict, list[str
     pids = wait_for(
         "the container's process", lambda: testing.container_pids(NVLINK_NODE, container_id)
     )
-    env = testing.process_environment(pids[0])
-    return pod, env["NVIDIA_VISIBLE_DEVICES"].split(",")
+    by_device = {f"nvidia{g.index}": g.uuid for g in TOPOLOGY.node(NVLINK_NODE).gpus}
+    dev = os.listdir(f"/proc/{pids[0]}/root/dev")
+    return pod, [by_device[name] for name in dev if name in by_device]
 
 
 def _checkpointed(gpu_nodes: Running, pod_uid: str) -> list[str]:
@@ -225,30 +228,67 @@ def test_an_unhealthy_gpu_leaves_allocatable_through_the_kubelet(gpu_nodes, cont
     )
 
 
+def test_an_injected_xid_fault_withdraws_the_gpu_and_clearing_it_brings_it_back(
+    gpu_nodes, control_plane
+):
+    """A GPU fallen off the bus (XID 79) is one NVIDIA's plugin reports unhealthy; a
+    pending row remap is not. The driver's files are there for containers."""
+    api = control_plane.admin_api()
+    driver = gpu_nodes.nodes.paths(NVLINK_NODE).driver
+    gpus = TOPOLOGY.node(NVLINK_NODE).gpus
+    assert driver.nvidia_smi.stat().st_mode & 0o111
+    assert [p.name for p in sorted((driver.view_dir / gpudriver.VIEW_GPUS_DIR).iterdir())] == (
+        sorted(g.uuid for g in gpus)
+    )
+    try:
+        gpudriver.inject_fault(driver.state, "row-remap-pending", gpus[0].uuid)
+        gpudriver.inject_fault(driver.state, "lost", gpus[1].uuid)
+        wait_for(
+            "the lost GPU to leave allocatable",
+            lambda: _allocatable(api, NVLINK_NODE, GPU_RESOURCE) == str(len(gpus) - 1),
+        )
+    finally:
+        gpudriver.clear_faults(driver.state)
+    wait_for(
+        "the GPU to return once the fault is cleared",
+        lambda: _allocatable(api, NVLINK_NODE, GPU_RESOURCE) == str(len(gpus)),
+    )
+
+
 def test_the_cdi_strategy_hands_cdi_device_names_to_the_runtime(
     gpu_nodes, control_plane, namespace
 ):
     """With cdi-cri the kubelet passes the plugin's CDI names to containerd, whose
-    own CDI support resolves them. No CDI spec exists yet (NVIDIA's runtime and the
-    per-node spec are the next step of issue 11), so containerd refuses the
-    container, naming the device it could not resolve."""
+    own CDI support resolves them against the node's generated spec: the container
+    gets its MIG device's parent GPU and the access rights of that MIG device only."""
     api = control_plane.admin_api()
     resource = "nvidia.com/mig-1g.10gb"
     api.post(f"/api/v1/namespaces/{namespace}/pods", _gpu_pod("cdi", 1, MIG_NODE, resource))
 
-    def refused():
+    def running():
         pod = api.get(f"/api/v1/namespaces/{namespace}/pods/cdi")
         statuses = pod["status"].get("containerStatuses", [])
-        waiting = statuses[0]["state"].get("waiting", {}) if statuses else {}
-        return waiting if waiting.get("reason") == "CreateContainerError" else None
+        return pod if statuses and "running" in statuses[0]["state"] else None
 
-    waiting = wait_for("containerd to refuse the unresolvable CDI device", refused)
-    migs = {
-        m.uuid for g in TOPOLOGY.node(MIG_NODE).gpus for m in g.mig if m.profile.name == "1g.10gb"
-    }
-    named = [u for u in migs if f"nvidia.com/gpu={u}" in waiting["message"]]
-    assert len(named) == 1, waiting["message"]
-    assert "CDI" in waiting["message"]
+    pod = wait_for("the CDI pod to run", running)
+    container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    pids = wait_for(
+        "the container's process", lambda: testing.container_pids(MIG_NODE, container_id)
+    )
+    state = gpudriver.read_driver_state(gpu_nodes.nodes.paths(MIG_NODE).driver_state)
+    caps_dir = f"/proc/{pids[0]}/root/dev/{gpudriver.NVIDIA_CAPS_DIR}"
+    caps = {int(n.removeprefix("nvidia-cap")) for n in os.listdir(caps_dir)}
+    (given,) = [
+        (g, m)
+        for g in state["gpus"]
+        for m in g["mig"]
+        if {m["gi_cap_minor"], m["ci_cap_minor"]} == caps
+    ]
+    assert given[1]["profile"] == "1g.10gb"
+    dev = os.listdir(f"/proc/{pids[0]}/root/dev")
+    assert sorted(n for n in dev if n.startswith("nvidia") and n[6:].isdigit()) == [
+        f"nvidia{given[0]['minor']}"
+    ]
 
 
 def test_the_plugin_registers_again_after_a_kubelet_restart(gpu_nodes, control_plane):

@@ -76,6 +76,10 @@ def test_containerd_config_keeps_everything_private():
     assert plugins["io.containerd.transfer.v1.local"]["config_path"] == str(PATHS.registry_hosts)
     assert config["disabled_plugins"] == ["io.containerd.nri.v1.nri"]
     assert plugins["io.containerd.grpc.v1.cri"]["stream_server_address"] == "127.0.0.1"
+    # A CPU node runs plain runc; containerd's CDI reads only the node's (empty) spec dir.
+    assert runtime["containerd"]["default_runtime_name"] == "runc"
+    assert set(runtime["containerd"]["runtimes"]) == {"runc"}
+    assert runtime["cdi_spec_dirs"] == [str(PATHS.cdi_dir)]
 
 
 def test_registry_is_a_dead_loopback_port():
@@ -185,3 +189,61 @@ def test_device_plugin_args_taint_and_labels_of_a_gpu_node(tmp_path):
     assert labels["nvidia.com/gpu.count"] == "14"
     assert all(k.startswith("nvidia.com/") for k in labels)
     assert paths.device_plugins == paths.private_dir("/var/lib/kubelet") / "device-plugins"
+
+
+def test_a_gpu_nodes_default_runtime_is_nvidias_in_cdi_mode():
+    runtime_bin = Path("/cache/nvidia/nvidia-container-runtime")
+    config = tomllib.loads(
+        nodeconfig.containerd_config(
+            PATHS, Path("/usr/sbin/runc"), Path("/cache/cni"), nvidia_runtime=runtime_bin
+        )
+    )
+    runtime = config["plugins"]["io.containerd.cri.v1.runtime"]
+    assert runtime["containerd"]["default_runtime_name"] == nodeconfig.NVIDIA_RUNTIME_NAME
+    nvidia = runtime["containerd"]["runtimes"][nodeconfig.NVIDIA_RUNTIME_NAME]
+    assert nvidia["runtime_type"] == "io.containerd.runc.v2"
+    assert nvidia["container_annotations"] == ["cdi.k8s.io/*"]
+    assert nvidia["options"] == {
+        "BinaryName": str(runtime_bin),
+        # The same runc state as the plain runtime: NVIDIA's runtime passes --root on.
+        "Root": str(PATHS.runc_root),
+        "SystemdCgroup": False,
+    }
+    # containerd's own CDI (cdi-cri) and NVIDIA's runtime read the same directory.
+    assert runtime["enable_cdi"] is True
+    assert runtime["cdi_spec_dirs"] == [str(PATHS.cdi_dir)]
+
+
+@pytest.mark.parametrize("accept", [True, False])
+def test_nvidia_runtime_config_is_cdi_mode_on_the_nodes_specs(accept):
+    config = tomllib.loads(
+        nodeconfig.nvidia_runtime_config(
+            PATHS,
+            Path("/usr/sbin/runc"),
+            Path("/cache/nvidia/nvidia-ctk"),
+            "nvidia.com/gpu",
+            accept_envvar_unprivileged=accept,
+        )
+    )
+    assert config["accept-nvidia-visible-devices-envvar-when-unprivileged"] is accept
+    assert config["accept-nvidia-visible-devices-as-volume-mounts"] is False
+    runtime = config["nvidia-container-runtime"]
+    # Explicit: the shipped "auto" needs NVML for just-in-time specs.
+    assert runtime["mode"] == "cdi"
+    assert runtime["runtimes"] == ["/usr/sbin/runc"]
+    assert runtime["debug"] == str(PATHS.nvidia_runtime_log)
+    assert runtime["modes"]["cdi"] == {
+        "default-kind": "nvidia.com/gpu",
+        "annotation-prefixes": ["cdi.k8s.io/"],
+        "spec-dirs": [str(PATHS.cdi_dir)],
+    }
+    assert config["nvidia-ctk"]["path"] == "/cache/nvidia/nvidia-ctk"
+    assert str(PATHS.nvidia_runtime_config).startswith(str(PATHS.root) + "/")
+
+
+def test_nvidia_runtime_default_accepts_the_variable_as_nvidia_does():
+    assert nodeconfig.ACCEPT_ENVVAR_UNPRIVILEGED_DEFAULT is True
+    text = nodeconfig.nvidia_runtime_config(
+        PATHS, Path("/usr/sbin/runc"), Path("/x/nvidia-ctk"), "nvidia.com/gpu"
+    )
+    assert tomllib.loads(text)["accept-nvidia-visible-devices-envvar-when-unprivileged"] is True

@@ -299,7 +299,9 @@ def test_an_unknown_device_list_strategy_is_refused_before_anything_starts(tmp_p
     from gpuspawner_sandbox.topology import parse_topology
 
     spec = parse_topology({"nodes": [{"name": "g", "gpu": {"model": "L4", "count": 1}}]}).node("g")
-    binaries = nodebuild.NodeBinaries(*(tmp_path,) * 5)
+    binaries = nodebuild.NodeBinaries(
+        *(tmp_path,) * len(dataclasses.fields(nodebuild.NodeBinaries))
+    )
     with pytest.raises(nodes.NodeError, match=r"^Node g: unknown device list strategy 'volume'; "):
         nodes.RealNodes(
             tmp_path, None, binaries, ["g"], specs={"g": spec}, device_list_strategy="volume"

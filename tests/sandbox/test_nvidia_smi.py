@@ -1,11 +1,11 @@
 """The emulated nvidia-smi against recorded real output (tests/fixtures/nvidia-smi/)."""
 
 import io
+import json
 import re
 from pathlib import Path
 
 import pytest
-import yaml
 
 from gpuspawner_sandbox import nvidia_smi
 from gpuspawner_sandbox.devices import Fault, container_device_state, node_devices
@@ -249,7 +249,7 @@ def test_faults_for_other_nodes_do_not_apply():
 
 
 def test_capture_file_is_the_recorded_fixture():
-    capture = yaml.safe_load(nvidia_smi.CAPTURE_FILE.read_text())
+    capture = json.loads(nvidia_smi.CAPTURE_FILE.read_text())
     for key, name in (
         ("gpu", "query-gpu-csv-ALLFIELDS__h100-80gb-hbm3_590.48.01__idle.txt"),
         ("mig", "query-gpu-csv-ALLFIELDS__h100-80gb-hbm3-MIG_590.48.01__idle.txt"),

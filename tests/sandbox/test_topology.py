@@ -138,6 +138,36 @@ def test_single_mig_strategy_overloads_the_gpu_resource():
             },
             "does not support MIG",
         ),
+        (
+            {"nodes": [{"name": "a", "nvidia-container-runtime": {}}]},
+            "'nvidia-container-runtime' section but no 'gpu'",
+        ),
+        (
+            {
+                "nodes": [
+                    dict(
+                        MIG_NODE,
+                        **{"nvidia-container-runtime": {"mode": "legacy"}},
+                    )
+                ]
+            },
+            "must be a mapping with only 'accept-nvidia-visible-devices-envvar-when-unprivileged'",
+        ),
+        (
+            {
+                "nodes": [
+                    dict(
+                        MIG_NODE,
+                        **{
+                            "nvidia-container-runtime": {
+                                "accept-nvidia-visible-devices-envvar-when-unprivileged": "no"
+                            }
+                        },
+                    )
+                ]
+            },
+            "must be true or false, not 'no'",
+        ),
     ],
 )
 def test_invalid_topologies_get_one_readable_sentence(raw, message):
@@ -176,3 +206,24 @@ def test_nvlink_domains_split_the_gpus_into_equal_groups():
                     ]
                 }
             )
+
+
+def test_a_gpu_node_may_refuse_the_variable_to_unprivileged_containers():
+    key = "accept-nvidia-visible-devices-envvar-when-unprivileged"
+    topo = parse_topology(
+        {
+            "nodes": [
+                {"name": "open", "gpu": {"model": "T4", "count": 1}},
+                {
+                    "name": "closed",
+                    "gpu": {"model": "T4", "count": 1},
+                    "nvidia-container-runtime": {key: False},
+                },
+                {"name": "cpu"},
+            ]
+        }
+    )
+    # NVIDIA's default is to accept it.
+    assert topo.node("open").accept_envvar_unprivileged is True
+    assert topo.node("closed").accept_envvar_unprivileged is False
+    assert topo.node("cpu").accept_envvar_unprivileged is True

@@ -89,3 +89,30 @@ def test_one_config_file_for_both_services(tmp_path):
     assert culler.prometheus.queries.util_metric == "SITE_GPU_UTIL"
     assert admin.collector.prometheus.queries.util_metric == "SITE_GPU_UTIL"
     assert admin.collector.kube is None and admin.refresh_seconds == 5
+
+
+def test_service_endpoint_defaults_to_the_hubs_url_else_the_services_own_port(monkeypatch):
+    from gpuspawner.services.settings import ServiceEndpointSettings
+
+    class Service(ServiceEndpointSettings):
+        default_port = 10999
+
+    monkeypatch.delenv("JUPYTERHUB_SERVICE_URL", raising=False)
+    assert Service().listen_address() == (10999, "127.0.0.1")
+    monkeypatch.setenv("JUPYTERHUB_SERVICE_URL", "http://hub:10101")
+    assert Service().service_url == "http://hub:10101"
+    # in a pod the proxy reaches from another pod, it listens on every address of the pod
+    assert Service(ip="0.0.0.0").listen_address() == (10101, "0.0.0.0")
+    assert Service(service_url="http://127.0.0.5").listen_address() == (80, "127.0.0.5")
+
+
+def test_admin_and_user_service_share_the_endpoint_and_catalog_settings(monkeypatch):
+    from gpuspawner.admin.service import GPUAdmin
+    from gpuspawner.userservice.app import UserService
+
+    monkeypatch.delenv("JUPYTERHUB_SERVICE_URL", raising=False)
+    monkeypatch.setenv("GPUSPAWNER_CATALOG", "/etc/gpuspawner/catalog.yaml")
+    admin, users = GPUAdmin(), UserService()
+    assert admin.listen_address() == (10102, "127.0.0.1")
+    assert users.listen_address() == (10103, "127.0.0.1")
+    assert admin.catalog_file == users.catalog_file == "/etc/gpuspawner/catalog.yaml"

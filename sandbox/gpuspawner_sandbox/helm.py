@@ -1,0 +1,169 @@
+"""Helm and the zero-to-jupyterhub chart, as an admin deploys gpuspawner (issue 13).
+
+Helm is built from its own Go module (``helm.sh/helm/v3``, by the Go module
+proxy like every other Go part of the sandbox) and cached with the node tools.
+The chart is zero-to-jupyterhub 4.4.0 from ``../shared/third-party`` as it is
+in git; at release, chartpress sets ``Chart.yaml``'s ``version`` and every
+``tag: "set-by-chartpress"`` to the release, so :func:`release_chart` does the
+same to a copy before Helm sees it. The release also carries ``values.schema.json``,
+which z2jh's publishing generates from ``values.schema.yaml`` (a plain YAML to JSON
+conversion, its ``tools/generate-json-schema.py``): Helm validates values only against
+the JSON file, so the copy gets it too.
+
+Helm runs with its own home (cache, config, data) under a directory of ours
+and never contacts a repository: the chart is a local directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from . import build, nodebuild
+
+HELM_MODULE = "helm.sh/helm/v3"
+HELM_VERSION = "v3.22.0"
+#: The Kubernetes version Helm assumes without a cluster (`helm template`): its Makefile
+#: derives it from its k8s.io/client-go (v0.37 for 3.22), and so do we. Without these flags
+#: Helm says v1.20, which z2jh's `kubeVersion: >=1.28.0-0` refuses.
+HELM_KUBE_VERSION = ("1", "37")
+
+HELM = nodebuild.GoTool(
+    name="helm",
+    module=HELM_MODULE,
+    version=HELM_VERSION,
+    installs=(
+        nodebuild.GoInstall(
+            ("cmd/helm",),
+            ldflags=(
+                "-s",
+                "-w",
+                f"-X {HELM_MODULE}/internal/version.version={HELM_VERSION}",
+                f"-X {HELM_MODULE}/internal/version.gitTreeState=clean",
+                *(
+                    f"-X {HELM_MODULE}/pkg/{pkg}.k8sVersion{part}={value}"
+                    for pkg in ("lint/rules", "chartutil")
+                    for part, value in zip(("Major", "Minor"), HELM_KUBE_VERSION, strict=True)
+                ),
+            ),
+        ),
+    ),
+    cold_estimate="about 6 minutes",
+)
+
+Z2JH_VERSION = "4.4.0"
+#: The chart as in git at the tag (a copy of shared/ lies beside the clone).
+Z2JH_CHART = build.REPO_ROOT.parent / "shared" / "third-party" / "zero-to-jupyterhub-k8s-4.4.0"
+Z2JH_CHART = Z2JH_CHART / "jupyterhub"
+
+CHARTPRESS_TAG = "set-by-chartpress"
+
+
+class HelmError(RuntimeError):
+    """Helm refused or failed; the message holds its own words."""
+
+
+def release_chart_yaml(text: str, version: str) -> str:
+    """``Chart.yaml`` as chartpress publishes it: ``version`` set to the release."""
+    new, count = re.subn(r"^version:.*$", f"version: {version}", text, count=1, flags=re.M)
+    if count != 1:
+        raise HelmError("The chart's Chart.yaml has no top-level version to set.")
+    return new
+
+
+def release_values_yaml(text: str, version: str) -> str:
+    """``values.yaml`` as chartpress publishes it: every placeholder tag set to the release."""
+    placeholder = f'tag: "{CHARTPRESS_TAG}"'
+    if placeholder not in text:
+        raise HelmError(f"The chart's values.yaml has no {placeholder} to set.")
+    return text.replace(placeholder, f'tag: "{version}"')
+
+
+def release_chart(source: Path, dest: Path, version: str = Z2JH_VERSION) -> Path:
+    """A copy of the chart in git at ``dest``, with what chartpress sets at release."""
+    if not (source / "Chart.yaml").is_file():
+        raise HelmError(f"No Helm chart at {source} (its Chart.yaml is missing).")
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(source, dest)
+    for name, release in (("Chart.yaml", release_chart_yaml), ("values.yaml", release_values_yaml)):
+        path = dest / name
+        path.write_text(release(path.read_text(), version))
+    schema = dest / "values.schema.yaml"
+    if schema.is_file():
+        (dest / "values.schema.json").write_text(values_schema_json(schema.read_text()))
+    return dest
+
+
+def values_schema_json(schema_yaml: str) -> str:
+    """The JSON schema Helm reads, from the chart's YAML source of it."""
+    return json.dumps(yaml.safe_load(schema_yaml), indent=2) + "\n"
+
+
+def set_flags(values: Mapping[str, Any]) -> list[str]:
+    """``--set-json`` flags for explicit overrides, one per dotted key, in order."""
+    return [f"--set-json={key}={json.dumps(value)}" for key, value in values.items()]
+
+
+class Helm:
+    """The ``helm`` command with a private home, optionally against a cluster."""
+
+    def __init__(self, binary: Path, home: Path, kubeconfig: Path | None = None):
+        self.binary = Path(binary)
+        self.home = Path(home)
+        self.kubeconfig = kubeconfig
+
+    def env(self) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("HELM_") and k not in ("KUBECONFIG",)
+        }
+        for kind in ("CACHE", "CONFIG", "DATA"):
+            env[f"HELM_{kind}_HOME"] = str(self.home / kind.lower())
+        if self.kubeconfig is not None:
+            env["KUBECONFIG"] = str(self.kubeconfig)
+        return env
+
+    def run(self, *args: str, timeout: float = 600) -> str:
+        """Run ``helm ARGS``; its standard output, or HelmError with its own error lines."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(
+            [str(self.binary), *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if proc.returncode != 0:
+            detail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
+            raise HelmError(f"`helm {args[0]}` failed:\n" + "\n".join(detail))
+        return proc.stdout
+
+    def template(
+        self,
+        release: str,
+        chart: Path,
+        *,
+        namespace: str,
+        values_files: Sequence[Path] = (),
+        overrides: Mapping[str, Any] | None = None,
+    ) -> list[dict[str, Any]]:
+        """The manifests ``helm template`` renders (the chart's values schema applies)."""
+        args = ["template", release, str(chart), f"--namespace={namespace}"]
+        args += [f"--values={f}" for f in values_files]
+        args += set_flags(overrides or {})
+        return [doc for doc in yaml.safe_load_all(self.run(*args)) if doc]
+
+
+def build_helm(cache: Path | None = None, *, out: TextIO | None = None) -> Path:
+    """Build (or find cached) Helm; the path of the ``helm`` binary."""
+    return nodebuild.build_tool(HELM, cache, out=out if out is not None else sys.stderr) / "helm"
