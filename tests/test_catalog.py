@@ -318,13 +318,18 @@ def test_shipped_catalogs_name_the_images_the_matrix_builds():
         e["image"].rsplit("/", 1)[1]: e["cuda"]
         for e in catalog_entries(load_matrix(REPO / "images" / "matrix.yaml")).values()
     }
-    for path in [
-        REPO / "config" / "catalog.yaml",
-        REPO / "config" / "sandbox" / "catalog.yaml",
-        CATALOGS / "e2e.yaml",
+    # The local cluster's catalogs name the Jupyter stage its real nodes hold
+    # (`build --target jupyter` tags `<tag>-jupyter`); its CUDA is the full image's.
+    for path, stage_suffix in [
+        (REPO / "config" / "catalog.yaml", ""),
+        (REPO / "config" / "sandbox" / "catalog.yaml", "-jupyter"),
+        (CATALOGS / "e2e.yaml", "-jupyter"),
+        (CATALOGS / "e2e-real-nodes.yaml", "-jupyter"),
     ]:
         for key, image in load_catalog_file(path).images.items():
             name = image.image.rsplit("/", 1)[1]
+            assert name.endswith(stage_suffix), (path, name)
+            name = name.removesuffix(stage_suffix) if stage_suffix else name
             assert name in built, (
                 f"{path}: images.{key} names {image.image}, which images/matrix.yaml does not build"
             )

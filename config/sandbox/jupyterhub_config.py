@@ -35,6 +35,17 @@ c.KubeSpawner.args = [
 # image's jovyan: Jupyter refuses to run as root unless told.
 if os.geteuid() == 0:
     c.KubeSpawner.args.append("--allow-root")
+# Real nodes (gpuspawner-sandbox's SandboxStack(real_nodes=True), docs/sandbox.md):
+# pods are real containers of the notebook image built here, so the image's own
+# start script and user (jovyan) run, and notebooks reach the hub on the host's
+# own address in the pod range (their only routes are the pod range), which
+# the sandbox puts on a dummy interface and names here.
+_hub_address = os.environ.get("GPUSPAWNER_SANDBOX_HUB_ADDRESS")
+if _hub_address:
+    c.JupyterHub.hub_ip = _hub_address
+    c.JupyterHub.hub_connect_ip = _hub_address
+    c.KubeSpawner.cmd = ["start-singleuser.sh"]
+    c.KubeSpawner.args = [a for a in c.KubeSpawner.args if a != "--allow-root"]
 c.KubeSpawner.storage_pvc_ensure = False
 c.KubeSpawner.start_timeout = 180
 c.KubeSpawner.http_timeout = 60
@@ -60,7 +71,8 @@ with socket.socket() as _s:
 c.JupyterHub.services.append(
     {
         "name": "gpuspawner-culler",
-        "url": f"http://127.0.0.1:{_culler_port}",
+        # On real nodes notebooks ask it themselves: on the hub's pod-range address.
+        "url": f"http://{_hub_address or '127.0.0.1'}:{_culler_port}",
         "command": [
             sys.executable,
             "-m",
@@ -90,11 +102,13 @@ c.JupyterHub.load_roles.append(
 )
 # JupyterLab's cull warning (gpuspawner-jupyterlab), as in config/jupyterhub_config.py:
 # every user may reach the culler, server tokens carry that access, and servers
-# (on this machine) ask it directly on its loopback port.
+# ask it directly (emulated nodes: on loopback; real nodes: on the hub's address).
 CULLER_ACCESS = "access:services!service=gpuspawner-culler"
 c.JupyterHub.load_roles.append({"name": "user", "scopes": ["self", CULLER_ACCESS]})
 c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server", CULLER_ACCESS]
-c.Spawner.environment.update({"GPUSPAWNER_CULLER_URL": f"http://127.0.0.1:{_culler_port}/"})
+c.Spawner.environment.update(
+    {"GPUSPAWNER_CULLER_URL": f"http://{_hub_address or '127.0.0.1'}:{_culler_port}/"}
+)
 
 # --- gpuspawner-admin: the GPU page for admins (docs/admin.md) ----------------
 # A hub-managed service at /services/gpuspawner-admin/, on a free loopback port

@@ -16,6 +16,7 @@ with one sentence, when none is reachable.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -99,6 +100,17 @@ def matrix_table(matrix: Matrix, registry: str | None) -> str:
     return format_table(
         ["IMAGE:TAG", "PROFILE", "CUDA", "FRAMEWORK", "PYTHON", "HUB", "DRIVER"], rows
     )
+
+
+def build_date(environ: dict[str, str]) -> str:
+    """The images' ``created`` label: ``SOURCE_DATE_EPOCH`` when set (reproducible builds), else now.
+
+    With a fixed date, building the same sources again gives the same image ID,
+    so whoever caches by image ID (the sandbox's notebook image) can skip work.
+    """
+    epoch = environ.get("SOURCE_DATE_EPOCH", "").strip()
+    when = datetime.fromtimestamp(int(epoch), timezone.utc) if epoch.isdigit() else None
+    return (when or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _revision(root: Path) -> str:
@@ -289,7 +301,7 @@ def cmd_build(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -
         names,
         context=str(root),
         registry=args.registry,
-        created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        created=build_date(dict(os.environ)),
         revision=_revision(root),
         package_version=__version__,
         stage=args.target,

@@ -18,15 +18,22 @@ import sys
 import time
 from pathlib import Path
 
-from . import build
+from . import build, nodebuild, nodeconfig, notebookimage
 from .cli import start_kubelet, stop_kubelet
 from .controlplane import ControlPlane, ControlPlaneError
 from .hubprocess import REPO, Hub, proxy_command, start_hub
+from .nodes import NodeError, RealNodes
 
 HUB_NAMESPACE = "jupyterhub"
 HUB_SERVICE_ACCOUNT = "gpuspawner-hub"
 RBAC_MANIFEST = REPO / "config" / "rbac.yaml"
 SANDBOX_HUB_CONFIG = REPO / "config" / "sandbox" / "jupyterhub_config.py"
+SANDBOX_CATALOG = REPO / "config" / "sandbox" / "catalog.yaml"
+#: Where the notebook image's layers (the private engine's data root) and archive are cached.
+IMAGE_CACHE = REPO / ".cache" / "images"
+#: Tells config/sandbox/jupyterhub_config.py the nodes are real: the hub listens
+#: on this address (nodeconfig.HUB_ADDRESS), which notebooks reach.
+HUB_ADDRESS_ENV = "GPUSPAWNER_SANDBOX_HUB_ADDRESS"
 DEMO_CULLER_CONFIG = REPO / "config" / "sandbox" / "demo_culler_config.py"
 DEMO_PASSWORD = "gpu"
 
@@ -67,7 +74,13 @@ def start_story(hub: Hub, holders: dict[str, int] = STORY_HOLDERS, timeout: floa
 
 
 class SandboxStack:
-    """Control plane + local kubelet + a hub whose only cluster access is its service account."""
+    """Control plane + nodes + a hub whose only cluster access is its service account.
+
+    The nodes are the emulated kubelet's, or with ``real_nodes=True`` the
+    topology's nodes as real nodes (kubelet, containerd, runc, CNI) running
+    the notebook image built here (:mod:`gpuspawner_sandbox.notebookimage`),
+    with the hub on the host's address in the pod range.
+    """
 
     def __init__(
         self,
@@ -79,6 +92,8 @@ class SandboxStack:
         public_port: int | None = None,
         binary: Path | None = None,
         hub_env: dict[str, str] | None = None,
+        real_nodes: bool = False,
+        emit=print,
     ):
         self.state_dir = state_dir.resolve()
         self.topology = topology
@@ -91,16 +106,62 @@ class SandboxStack:
         self.hub: Hub | None = None
         self.hub_kubeconfig: Path | None = None
         self._token: str | None = None
+        self.real_nodes = real_nodes
+        self.emit = emit
+        self.nodes: RealNodes | None = None
+        self.notebook_images: notebookimage.NotebookImages | None = None
 
     @property
     def kubelet_dir(self) -> Path:
         return self.state_dir / "kubelet"
 
     def start_cluster(self) -> None:
+        if self.real_nodes:
+            self._start_real_cluster()
+            return
         cp = ControlPlane(self.state_dir, self.binary or build.build(out=sys.stderr))
         self.control_plane = cp
         cp.start()
         start_kubelet(self.state_dir, cp.admin_kubeconfig, self.topology)
+        self._hub_account(cp)
+
+    def _start_real_cluster(self) -> None:
+        from .topology import TopologyError, load_topology
+
+        try:
+            topology = load_topology(self.topology)
+        except (OSError, TopologyError) as e:
+            raise NodeError(f"Cannot read the topology: {e}") from None
+        binaries = nodebuild.build_all(out=sys.stderr)
+        # Built (or found cached) before anything starts: the catalog must name what nodes hold.
+        images = notebookimage.ensure_notebook_images(IMAGE_CACHE, REPO, self.emit)
+        catalog = self.catalog or SANDBOX_CATALOG
+        missing = notebookimage.missing_from(notebookimage.catalog_images(catalog), images.refs)
+        if missing:
+            raise NodeError(
+                f"The catalog {catalog} names {', '.join(missing)}, which the nodes will not "
+                f"have: the notebook image is built as {', '.join(images.refs)}."
+            )
+        self.notebook_images = images
+        cp = ControlPlane(self.state_dir, self.binary or binaries.k8s)
+        self.control_plane = cp
+        cp.start()
+        names = [n.name for n in topology.nodes]
+        self.emit(f"Starting real nodes: {', '.join(names)}…")
+        self.nodes = RealNodes(
+            self.state_dir,
+            cp,
+            binaries,
+            names,
+            specs={n.name: n for n in topology.nodes},
+            images=[images.archive],
+            hub_address=True,
+        )
+        self.nodes.start()
+        self.hub_env.setdefault(HUB_ADDRESS_ENV, nodeconfig.HUB_ADDRESS)
+        self._hub_account(cp)
+
+    def _hub_account(self, cp: ControlPlane) -> None:
         cp.apply_manifests(RBAC_MANIFEST)
         cp.wait_for_service_account(HUB_NAMESPACE, HUB_SERVICE_ACCOUNT)
         self.hub_kubeconfig = cp.service_account_kubeconfig(HUB_NAMESPACE, HUB_SERVICE_ACCOUNT)
@@ -154,7 +215,11 @@ class SandboxStack:
     def stop(self) -> None:
         """Stop the hub (its servers' pods stay, as in a real hub restart), the kubelet, the control plane."""
         self.stop_hub()
-        stop_kubelet(self.state_dir)
+        if self.nodes is not None:
+            self.nodes.stop()
+            self.nodes = None
+        elif not self.real_nodes:
+            stop_kubelet(self.state_dir)
         if self.control_plane is not None:
             self.control_plane.stop()
 
@@ -199,6 +264,12 @@ def main(argv: list[str] | None = None) -> int:
         help="catalog YAML (default config/sandbox/catalog.yaml)",
     )
     parser.add_argument(
+        "--real-nodes",
+        action="store_true",
+        help="run the topology's nodes as real nodes (kubelet, containerd, runc, CNI; needs root) "
+        "with the notebook image built here; GPU servers there are not ready yet (issue 11)",
+    )
+    parser.add_argument(
         "--no-story",
         action="store_true",
         help="start no idle A100 holders and no queue: just the cluster and the hub",
@@ -232,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         if story
         else {},
+        real_nodes=args.real_nodes,
+        emit=lambda line: print(line, flush=True),
     )
     started = time.monotonic()
     try:
@@ -244,7 +317,13 @@ def main(argv: list[str] | None = None) -> int:
             f"Cluster ready in {time.monotonic() - started:.0f}s; starting JupyterHub…", flush=True
         )
         hub = stack.start_hub()
-    except (ControlPlaneError, build.BuildError, RuntimeError) as e:
+    except (
+        ControlPlaneError,
+        build.BuildError,
+        RuntimeError,
+        NodeError,
+        notebookimage.NotebookImageError,
+    ) as e:
         print(f"The demo could not start: {e}", file=sys.stderr)
         stack.stop()
         return 1

@@ -26,6 +26,16 @@ POD_RANGE = ipaddress.ip_network("10.244.0.0/16")
 #: Bridges are named <prefix><index>; an interface name has at most 15 bytes.
 BRIDGE_PREFIX = "gsbr"
 
+#: The last /24 of the pod range is not a node's: it holds the host's own
+#: address for pods, on an interface of ours (a bridge without ports). The hub listens there, so
+#: notebooks reach its API inside the pod range (the host's loopback is not
+#: theirs, and nothing may listen on the external interface).
+HOST_SERVICES_SUBNET = ipaddress.ip_network("10.244.255.0/24")
+HUB_ADDRESS = str(HOST_SERVICES_SUBNET.network_address + 1)
+HUB_LINK = "gshub0"
+#: Node N has 10.244.N.0/24, so nodes 0..254 fit beside the host's subnet.
+MAX_NODES = 255
+
 #: Our own iptables chain in the filter table, jumped to from FORWARD.
 FORWARD_CHAIN = "GPUSPAWNER-PODS"
 
@@ -70,9 +80,10 @@ class NodeNetwork:
     index: int
 
     def __post_init__(self) -> None:
-        if not 0 <= self.index <= 255:
+        if not 0 <= self.index < MAX_NODES:
             raise NodeConfigError(
-                f"Node index {self.index} is out of range: at most 256 nodes fit in {POD_RANGE}."
+                f"Node index {self.index} is out of range: at most {MAX_NODES} nodes fit in "
+                f"{POD_RANGE} ({HOST_SERVICES_SUBNET} is the host's own)."
             )
 
     @property
@@ -377,8 +388,13 @@ def cni_conflist(net: NodeNetwork, data_dir: Path) -> dict[str, Any]:
                 "ipam": {
                     "type": "host-local",
                     "dataDir": str(data_dir),
-                    # Only the subnet's own (connected) route: pods reach
-                    # their node's bridge and nothing beyond it.
+                    # Besides the subnet's own (connected) route, only the
+                    # pod range, through the node's bridge address: pods
+                    # reach the host's address for them (the hub, on
+                    # HUB_ADDRESS) and nothing outside the pod range. No
+                    # default route; the host forwards nothing (ip_forward
+                    # stays as it is) and our FORWARD chain drops whatever
+                    # would leave the range.
                     "ranges": [
                         [
                             {
@@ -388,7 +404,7 @@ def cni_conflist(net: NodeNetwork, data_dir: Path) -> dict[str, Any]:
                             }
                         ]
                     ],
-                    "routes": [],
+                    "routes": [{"dst": str(POD_RANGE), "gw": net.node_ip}],
                 },
             },
             {"type": "loopback"},

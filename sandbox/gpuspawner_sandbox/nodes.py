@@ -41,6 +41,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -77,8 +78,10 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _run(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(list(cmd), capture_output=True, text=True, timeout=60)
+def _run(
+    cmd: Sequence[str], check: bool = True, timeout: float = 60
+) -> subprocess.CompletedProcess:
+    result = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
     if check and result.returncode != 0:
         raise NodeError(f"`{shlex.join(cmd)}` failed: {result.stderr.strip() or result.stdout}")
     return result
@@ -135,6 +138,8 @@ class RealNodes:
         taints: Sequence[str] = (),
         specs: Mapping[str, NodeSpec] | None = None,
         device_list_strategy: str | Mapping[str, str] = "envvar",
+        images: Sequence[Path] = (),
+        hub_address: bool = False,
     ):
         self.state_dir = Path(state_dir).resolve()
         self.root = self.state_dir / "nodes"
@@ -147,6 +152,11 @@ class RealNodes:
         #: How each GPU node's plugin names devices to the runtime (NVIDIA's
         #: --device-list-strategy): one for all nodes, or per node name.
         self.device_list_strategy = device_list_strategy
+        #: More image archives (docker save / OCI tars) every node imports: the notebook image.
+        self.images = tuple(images)
+        #: Whether to give the host nodeconfig.HUB_ADDRESS (a dummy interface of
+        #: ours) for a hub that notebooks reach.
+        self.hub_address = hub_address
         for name in self.names:
             if (
                 self.gpu_spec(name)
@@ -201,6 +211,7 @@ class RealNodes:
             for index, name in enumerate(self.names):
                 began[name] = time.monotonic()
                 self._start_node(name, index, archives, deadline)
+            self._import_images()
             # Nodes register in parallel; each one's time is its own start to
             # its Ready (a GPU node's: to its labels and GPUs in allocatable).
             labelled: set[str] = set()
@@ -251,9 +262,12 @@ class RealNodes:
             "iptables": {tool: _chains(tool) for tool in ("iptables", "ip6tables")},
             "created_dirs": [],
             "chain": False,
+            "hub_link": None,
             "nodes": {},
         }
         self._save()
+        if self.hub_address:
+            self._add_hub_link()
         for host_dir in nodeconfig.PRIVATE_HOST_DIRS:
             if not os.path.lexists(host_dir):
                 # Mount points must exist; remember to remove them again.
@@ -261,6 +275,52 @@ class RealNodes:
                 self.state["created_dirs"] += [str(p) for p in created]
                 self._save()
         self._add_forward_chain()
+
+    def _add_hub_link(self) -> None:
+        link = nodeconfig.HUB_LINK
+        if _run(["ip", "link", "show", link], check=False).returncode == 0:
+            raise NodeError(
+                f"The interface {link} exists already: real nodes of another sandbox run, "
+                "or were not stopped (gpuspawner-sandbox down)."
+            )
+        self.state["hub_link"] = link
+        self._save()
+        # A bridge without ports: the kernel here has no dummy interfaces.
+        _run(["ip", "link", "add", link, "type", "bridge"])
+        _run(["ip", "addr", "add", f"{nodeconfig.HUB_ADDRESS}/32", "dev", link])
+        _run(["ip", "link", "set", link, "up"])
+
+    def _import_images(self) -> None:
+        """Import the extra image archives into every node's containerd, all nodes at once."""
+        if not self.images:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        def import_into(name: str) -> float:
+            began = time.monotonic()
+            holder = self.state["nodes"][name]["pids"]["holder"]
+            ctr = [
+                "nsenter",
+                f"--mount=/proc/{holder}/ns/mnt",
+                "--",
+                str(self.binaries.ctr),
+                "--address",
+                str(self.paths(name).containerd_socket),
+            ]
+            for archive in self.images:
+                _run([*ctr, "-n", "k8s.io", "images", "import", str(archive)], timeout=900)
+            return time.monotonic() - began
+
+        sizes = sum(p.stat().st_size for p in self.images) / 1e6
+        print(
+            f"Importing {len(self.images)} image archive(s) ({sizes:.0f} MB) into "
+            f"{len(self.names)} node(s)…",
+            file=sys.stderr,
+            flush=True,
+        )
+        with ThreadPoolExecutor(max_workers=len(self.names)) as pool:
+            for name, took in zip(self.names, pool.map(import_into, self.names), strict=True):
+                print(f"  {name}: imported in {took:.0f}s", file=sys.stderr, flush=True)
 
     def _add_forward_chain(self) -> None:
         chain = nodeconfig.FORWARD_CHAIN
@@ -820,6 +880,9 @@ def teardown(state_dir: Path) -> list[str]:
         _run(["iptables", "-F", chain], check=False)
         _run(["iptables", "-X", chain], check=False)
     _restore_iptables(state.get("iptables", {}))
+    link = state.get("hub_link")
+    if link and _run(["ip", "link", "show", link], check=False).returncode == 0:
+        _run(["ip", "link", "del", link], check=False)
     for name, value in state.get("sysctls", {}).items():
         # Only what the kubelet changes: the networking ones are recorded to
         # prove we leave them alone, and others on the machine may change them.

@@ -56,7 +56,7 @@ def sandbox_unavailable(reason: str) -> None:
     pytest.skip(message)
 
 
-def _capture_disabled(pytestconfig):
+def capture_disabled(pytestconfig):
     """Let build progress reach the terminal even though pytest captures output."""
     capman = pytestconfig.pluginmanager.getplugin("capturemanager") if pytestconfig else None
     return capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
@@ -68,7 +68,7 @@ def control_plane_binary(pytestconfig=None) -> Path:
     Skips or fails through :func:`sandbox_unavailable` when Go is missing; any
     other build failure is an error, reported as one.
     """
-    with _capture_disabled(pytestconfig):
+    with capture_disabled(pytestconfig):
         try:
             return build.build(out=sys.stderr)
         except build.GoMissing as e:
@@ -86,7 +86,7 @@ def node_binaries(pytestconfig=None):
 
     if os.geteuid() != 0:
         sandbox_unavailable("real nodes need root (mount namespaces, cgroups, bridges)")
-    with _capture_disabled(pytestconfig):
+    with capture_disabled(pytestconfig):
         try:
             nodebuild.find_runc()
             return nodebuild.build_all(out=sys.stderr)
@@ -289,6 +289,23 @@ def process_environment(pid: int) -> dict[str, str]:
     """A process's environment, from /proc."""
     raw = Path(f"/proc/{pid}/environ").read_bytes()
     return dict(item.decode().split("=", 1) for item in raw.split(b"\0") if b"=" in item)
+
+
+def container_memory_cgroup(node: str, container_id: str) -> tuple[Path, str]:
+    """A real node's container's memory cgroup directory on the host, and its limit file's name.
+
+    cgroup v1 (our machines: the memory hierarchy) or v2 (the unified one).
+    """
+    from .hoststate import cgroup_mounts
+    from .nodeconfig import cgroup_root
+
+    mounts = cgroup_mounts()
+    v1 = [m for m in mounts if m.name == "memory"]
+    base, limit_file = (v1[0], "memory.limit_in_bytes") if v1 else (mounts[0], "memory.max")
+    found = list((base / cgroup_root(node).strip("/")).rglob(container_id))
+    if len(found) != 1:
+        raise AssertionError(f"expected one memory cgroup of container {container_id}: {found}")
+    return found[0], limit_file
 
 
 # --- DNS ------------------------------------------------------------------------------------

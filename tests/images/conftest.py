@@ -15,8 +15,9 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from gpuspawner.images.matrix import Matrix, load_matrix
+from gpuspawner_sandbox.dockerd import HarnessError, PrivateEngine, mounts_under
 
-from .dockerd import HarnessError, LocalRegistry, PrivateEngine, mounts_under
+from .dockerd import LocalRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"

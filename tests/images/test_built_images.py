@@ -1,7 +1,7 @@
 """The notebook images' jupyter stage and the hub image, built and run on a real Docker engine.
 
 The session's `built` fixture makes the Debian base with debootstrap and builds the
-images with `gpuspawner-images` against a private dockerd (tests/images/dockerd.py);
+images with `gpuspawner-images` against a private dockerd (gpuspawner_sandbox.dockerd);
 every test here then runs a container the way a user or the spawner would.
 Only the GPU and its driver are emulated: an `nvidia-smi` that prints recorded
 real output (tests/fixtures/nvidia-smi) is mounted where the driver's would be.

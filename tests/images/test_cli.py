@@ -130,7 +130,7 @@ def fake(monkeypatch):
     return state
 
 
-# The verbs against the real engine: a private dockerd (tests/images/dockerd.py).
+# The verbs against the real engine: a private dockerd (gpuspawner_sandbox.dockerd).
 
 
 def test_build_prints_what_it_builds_progress_and_a_summary(built, matrix):
@@ -263,3 +263,13 @@ def test_format_helpers():
     assert cli.format_seconds(5) == "5s"
     table = cli.format_table(["A", "BB"], [["xxx", "y"]]).splitlines()
     assert table == ["A    BB", "---  --", "xxx  y"]
+
+
+def test_build_date_is_source_date_epoch_when_set_so_rebuilds_keep_the_image_id():
+    from gpuspawner.images.cli import build_date
+
+    assert build_date({"SOURCE_DATE_EPOCH": "1764571200"}) == "2025-12-01T06:40:00Z"
+    now = build_date({})
+    assert now != "2025-12-01T06:40:00Z" and now.endswith("Z") and len(now) == 20
+    # not a number: the current time, as without it
+    assert build_date({"SOURCE_DATE_EPOCH": "yesterday"})[:4] == now[:4]

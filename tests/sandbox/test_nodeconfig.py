@@ -27,12 +27,21 @@ def test_network_per_node_index():
     assert NET.node_ip == "10.244.3.1"
     assert NET.bridge_cidr == "10.244.3.1/24"
     assert NET.subnet.subnet_of(nodeconfig.POD_RANGE)
-    assert len(NodeNetwork(255).bridge) <= 15  # Linux interface names
+    assert len(NodeNetwork(254).bridge) <= 15  # Linux interface names
 
 
 def test_network_index_out_of_range_is_one_sentence():
-    with pytest.raises(nodeconfig.NodeConfigError, match="at most 256 nodes"):
-        NodeNetwork(256)
+    with pytest.raises(nodeconfig.NodeConfigError, match="at most 255 nodes"):
+        NodeNetwork(255)
+
+
+def test_the_hubs_address_is_in_the_pod_range_and_no_nodes():
+    hub = ipaddress.ip_address(nodeconfig.HUB_ADDRESS)
+    assert hub in nodeconfig.POD_RANGE
+    assert not any(hub in NodeNetwork(i).subnet for i in range(nodeconfig.MAX_NODES))
+    assert len(nodeconfig.HUB_LINK) <= 15
+    # the forward-drop rules match bridges, never the hub's own interface
+    assert not nodeconfig.HUB_LINK.startswith(nodeconfig.BRIDGE_PREFIX)
 
 
 def test_containerd_config_keeps_everything_private():
@@ -80,7 +89,7 @@ def test_registry_is_a_dead_loopback_port():
     assert list(hosts["host"]) == [server]
 
 
-def test_cni_gives_no_default_route_no_gateway_no_nat():
+def test_cni_gives_no_default_route_no_gateway_no_nat_only_the_pod_range():
     conf = nodeconfig.cni_conflist(NET, Path("/state/ipam"))
     bridge, loopback = conf["plugins"]
     assert loopback == {"type": "loopback"}
@@ -90,7 +99,9 @@ def test_cni_gives_no_default_route_no_gateway_no_nat():
     assert bridge["ipMasq"] is False
     ipam = bridge["ipam"]
     assert ipam["type"] == "host-local"
-    assert ipam["routes"] == []
+    # the pod range through the node's bridge address (the hub's address is in
+    # it), never a default route
+    assert ipam["routes"] == [{"dst": "10.244.0.0/16", "gw": "10.244.3.1"}]
     assert ipam["dataDir"] == "/state/ipam"
     (rng,) = ipam["ranges"][0]
     assert rng["subnet"] == "10.244.3.0/24"

@@ -101,19 +101,6 @@ def _ready(pod: dict) -> bool:
     )
 
 
-def _container_cgroup(node: str, container_id: str) -> tuple[Path, str]:
-    """The container's memory cgroup directory on the host and its limit file.
-
-    cgroup v1 (our machines: the memory hierarchy) or v2 (the unified one).
-    """
-    mounts = hoststate.cgroup_mounts()
-    v1 = [m for m in mounts if m.name == "memory"]
-    base, limit_file = (v1[0], "memory.limit_in_bytes") if v1 else (mounts[0], "memory.max")
-    found = list((base / nodeconfig.cgroup_root(node).strip("/")).rglob(container_id))
-    assert len(found) == 1, found
-    return found[0], limit_file
-
-
 def _fetch(url: str) -> str:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(url, timeout=5) as resp:
@@ -181,12 +168,16 @@ def test_pod_is_a_real_container_in_its_own_namespaces(real_nodes, control_plane
     assert info["pid"] == "1"
     assert info["pid1"] == "/tool serve 8080"
     assert info["memory_limit"] == str(limit)
-    # No default route: only the pod's own subnet is reachable from inside.
-    assert info["routes"] == str(nodeconfig.NodeNetwork(0).subnet)
-    assert all(not r.startswith("0.0.0.0/0") for r in info["routes"].split(","))
+    # No default route: only the pod's own subnet, and the pod range (where the
+    # host's address for pods is) through the node's bridge address.
+    net = nodeconfig.NodeNetwork(0)
+    assert sorted(info["routes"].split(",")) == sorted(
+        [f"{nodeconfig.POD_RANGE} via {net.node_ip}", str(net.subnet)]
+    )
+    assert all(not r.startswith("0.0.0.0/") for r in info["routes"].split(","))
 
     container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
-    cgroup, limit_file = _container_cgroup(NODES[0], container_id)
+    cgroup, limit_file = testing.container_memory_cgroup(NODES[0], container_id)
     assert int((cgroup / limit_file).read_text()) == limit
     (host_pid,) = [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
     assert Path(f"/proc/{host_pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"/tool", b"serve"]

@@ -1,0 +1,222 @@
+"""The end-to-end stack on real nodes: the real hub and proxy, a CPU-only server as a real container.
+
+Its own stack for the module (``SandboxStack(real_nodes=True)``): the control
+plane, the default topology's nodes as real nodes (kubelet, containerd, runc,
+CNI) holding the notebook image built here (the Jupyter stage of
+images/cuda-pytorch), and the hub on the host's address in the pod range. The
+last test stops the stack and checks the host is as before.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from gpuspawner_sandbox import hoststate, nodeconfig, testing
+from gpuspawner_sandbox.demo import DEMO_PASSWORD, SandboxStack
+from gpuspawner_sandbox.topology import load_topology
+
+from ..conftest import FIXTURES
+from .conftest import ensure_user, pod_of, stop_server, user_pods, wait_for
+
+REAL_CATALOG = FIXTURES / "catalogs" / "e2e-real-nodes.yaml"
+# Not the session stack's EXTRA_HUB_CONFIG: its c.KubeSpawner.environment would
+# replace c.Spawner.environment, and with it GPUSPAWNER_CULLER_URL.
+REAL_HUB_CONFIG = "c.KubeSpawner.start_timeout = 240\n"
+MEMORY_LIMIT = 768 * 1024 * 1024  # the catalog's 768M (KubeSpawner: M = MiB)
+USER = "rina"
+# Run with the host's Python inside a pod's network namespace: the HTTP status
+# of a GET with a hub token, as the notebook's JupyterLab extension asks.
+ASK = """
+import sys, urllib.error, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+request = urllib.request.Request(sys.argv[1], headers={"Authorization": "token " + sys.argv[2]})
+try:
+    print(opener.open(request, timeout=20).status)
+except urllib.error.HTTPError as e:
+    print(e.code)
+"""
+
+
+def _emit(line: str) -> None:
+    sys.__stderr__.write(line + "\n")
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory, pytestconfig):
+    testing.node_binaries(pytestconfig)  # build first; skip (fail in CI) where nodes cannot run
+    state_dir = tmp_path_factory.mktemp("real-stack")
+    names = [n.name for n in load_topology(None).nodes]
+    roots = [nodeconfig.cgroup_root(n) for n in names]
+    before = hoststate.snapshot(state_dir / "nodes", roots)
+    stack = SandboxStack(
+        state_dir,
+        catalog=REAL_CATALOG,
+        extra_hub_config=REAL_HUB_CONFIG,
+        real_nodes=True,
+        emit=_emit,
+    )
+    with testing.capture_disabled(pytestconfig), stack:
+        yield stack, before, roots
+
+
+def _logged_in(hub, name: str) -> requests.Session:
+    """A browser-like session logged into the hub through the proxy (the login form, with its xsrf)."""
+    session = requests.Session()
+    session.trust_env = False  # loopback only; no proxies
+    r = session.get(f"{hub.public_url}/hub/login")
+    assert r.status_code == 200, r.text[:300]
+    r = session.post(
+        f"{hub.public_url}/hub/login",
+        data={"username": name, "password": DEMO_PASSWORD, "_xsrf": session.cookies["_xsrf"]},
+    )
+    assert r.status_code == 200 and "/hub/login" not in r.url, (r.status_code, r.url)
+    return session
+
+
+def _ns(pid: int, kind: str) -> str:
+    return os.readlink(f"/proc/{pid}/ns/{kind}")
+
+
+def _ns_pid(pid: int) -> int:
+    """The pid a host process has in its innermost pid namespace (NSpid's last field)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    raise AssertionError(f"no NSpid for {pid}")
+
+
+def _cmdline(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().rstrip("\0").split("\0")
+
+
+def test_the_hub_listens_on_loopback_and_its_pod_range_address_only(real):
+    stack, _, _ = real
+    hub = stack.hub
+    allowed = ipaddress.ip_address(nodeconfig.HUB_ADDRESS)
+    listening = testing.listening_addresses(hub.process.pid)
+    assert nodeconfig.HUB_ADDRESS in {address for address, _ in listening}, listening
+    for address, _ in listening:
+        ip = ipaddress.ip_address(address)
+        assert ip.is_loopback or ip == allowed, address
+
+
+def test_a_cpu_server_runs_as_a_real_container_and_serves_jupyterlab(real):
+    stack, _, _ = real
+    hub, kube = stack.hub, stack.control_plane.admin_api()
+    ensure_user(hub, USER)
+    session = _logged_in(hub, USER)
+    # As the logged-in user (cookie and xsrf, as JupyterLab's hub extension asks): the image, no GPUs.
+    r = session.post(
+        f"{hub.public_url}/hub/api/users/{USER}/server",
+        json={"profile": "pytorch", "gpus": "0"},
+        headers={"X-XSRFToken": session.cookies["_xsrf"]},
+    )
+    assert r.status_code in (201, 202), r.text[:500]
+
+    def ready():
+        server = hub.api("GET", f"/users/{USER}").json()["servers"].get("")
+        if server is None:
+            raise AssertionError(f"{USER}'s server stopped while starting:\n{hub.log()[-3000:]}")
+        return server["ready"]
+
+    wait_for(ready, 240, 1, what=f"{USER}'s server to be ready")
+
+    # JupyterLab and the server's API through the proxy, after the OAuth round
+    # trip in which the notebook asked the hub's API (on HUB_ADDRESS) itself.
+    lab = session.get(f"{hub.public_url}/user/{USER}/lab")
+    assert lab.status_code == 200, lab.text[:500]
+    assert "jupyter-config-data" in lab.text
+    status = session.get(f"{hub.public_url}/user/{USER}/api/status")
+    assert status.status_code == 200 and "started" in status.json()
+    contents = session.get(f"{hub.public_url}/user/{USER}/api/contents")
+    assert contents.status_code == 200 and contents.json()["type"] == "directory"
+
+    pod = pod_of(kube, USER)
+    node = pod["spec"]["nodeName"]
+    assert node == "cpu-0"  # GPU nodes are tainted; a CPU-only server lands here
+    index = stack.nodes.names.index(node)
+    assert ipaddress.ip_address(pod["status"]["podIP"]) in nodeconfig.NodeNetwork(index).subnet
+    (container,) = pod["status"]["containerStatuses"]
+    assert container["image"].endswith("cuda-pytorch:2.15.0-cuda13.2-py3.13-jupyter"), container[
+        "image"
+    ]
+    container_id = container["containerID"].split("://", 1)[1]
+
+    # The container's processes, from its cgroup under the node's cgroup root.
+    pids = testing.container_pids(node, container_id)
+    assert pids
+    (init,) = [p for p in pids if _ns_pid(p) == 1]
+    assert Path(_cmdline(init)[0]).name == "tini", _cmdline(init)  # the image's ENTRYPOINT
+    notebook = [p for p in pids if any("jupyterhub-singleuser" in a for a in _cmdline(p))]
+    assert notebook, [_cmdline(p) for p in pids]
+    for kind in ("pid", "mnt", "net", "uts"):
+        assert _ns(notebook[0], kind) == _ns(init, kind), kind
+        assert _ns(notebook[0], kind) != _ns(os.getpid(), kind), kind
+    hostname = subprocess.run(
+        ["nsenter", f"--target={init}", "--uts", "hostname"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert hostname == pod["metadata"]["name"]
+    # It runs as the image's user, not root.
+    uid = next(
+        line.split()[1]
+        for line in Path(f"/proc/{notebook[0]}/status").read_text().splitlines()
+        if line.startswith("Uid:")
+    )
+    assert uid == "1000"
+
+    # JupyterLab's cull warning: the notebook asks the culler itself, from its own network.
+    env = testing.process_environment(notebook[0])
+    culler = env["GPUSPAWNER_CULLER_URL"]
+    assert culler.startswith(f"http://{nodeconfig.HUB_ADDRESS}:"), culler
+    asked = subprocess.run(
+        [
+            "nsenter",
+            f"--target={init}",
+            "--net",
+            sys.executable,
+            "-c",
+            ASK,
+            culler + "api/warning",
+            env["JUPYTERHUB_API_TOKEN"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # the culler answered the server's own token (after asking the hub who it is)
+    assert asked.stdout.strip() == "200", (asked.stdout, asked.stderr[-500:])
+
+    # The profile's memory limit, set by the real kubelet in the container's cgroup.
+    cgroup, limit_file = testing.container_memory_cgroup(node, container_id)
+    assert int((cgroup / limit_file).read_text()) == MEMORY_LIMIT
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["memory"] == str(MEMORY_LIMIT)
+
+    # Stopping the server deletes its pod through the real kubelet.
+    stop_server(hub, USER)
+    wait_for(lambda: not user_pods(kube, USER), 90, what=f"{USER}'s pod to be deleted")
+    assert testing.container_pids(node, container_id) == []
+
+
+def test_nothing_was_forwarded_out_of_the_pod_ranges(real):
+    stack, _, _ = real
+    assert stack.nodes.forward_drops() == 0
+
+
+def test_down_restores_the_host(real):
+    """Runs last: it stops the stack."""
+    stack, before, roots = real
+    state_dir = stack.state_dir
+    stack.stop()
+    after = hoststate.snapshot(state_dir / "nodes", roots)
+    assert hoststate.differences(before, after) == []
+    assert testing.processes_mentioning(str(state_dir)) == []

@@ -1,0 +1,97 @@
+"""The notebook image's plan and bookkeeping (pure parts); the real build runs in tests/e2e/test_real_nodes.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuspawner.images.matrix import load_matrix
+from gpuspawner.images.plan import image_ref
+from gpuspawner_sandbox import notebookimage
+
+REPO = Path(__file__).resolve().parents[2]
+CATALOGS = [REPO / "config" / "sandbox" / "catalog.yaml", REPO / "tests" / "fixtures" / "catalogs"]
+
+
+def _catalog_files() -> list[Path]:
+    files = [CATALOGS[0]]
+    files += [CATALOGS[1] / n for n in ("e2e.yaml", "e2e-real-nodes.yaml")]
+    return files
+
+
+def test_the_catalogs_the_sandbox_uses_name_the_jupyter_stage_the_image_tool_tags():
+    """Every image these catalogs name is a stage tag `gpuspawner-images build --target jupyter` makes."""
+    matrix = load_matrix(REPO / "images" / "matrix.yaml")
+    built = {
+        image_ref(matrix, matrix.images[name], stage=notebookimage.STAGE)
+        for name in notebookimage.NOTEBOOK_IMAGES
+    }
+    for catalog in _catalog_files():
+        refs = notebookimage.catalog_images(catalog)
+        assert refs, catalog
+        assert notebookimage.missing_from(refs, built) == [], catalog
+
+
+def test_missing_from_names_what_the_nodes_would_not_have():
+    assert notebookimage.missing_from(["a:1", "b:2"], ["a:1"]) == ["b:2"]
+    assert notebookimage.missing_from([], ["a:1"]) == []
+
+
+def test_stage_refs_keeps_tagged_jupyter_stage_images_only():
+    images = [
+        {
+            "Id": "sha256:aaa",
+            "RepoTags": ["r/cuda-pytorch:1-jupyter", "r/cuda-tensorflow:2-jupyter"],
+            "Labels": {notebookimage.STAGE_LABEL: "jupyter"},
+        },
+        # an older build of the same stage, untagged since
+        {
+            "Id": "sha256:old",
+            "RepoTags": ["<none>:<none>"],
+            "Labels": {notebookimage.STAGE_LABEL: "jupyter"},
+        },
+        {"Id": "sha256:hub", "RepoTags": ["r/hub:0.1"], "Labels": {}},
+        {"Id": "sha256:base", "RepoTags": ["debian:trixie-slim"], "Labels": None},
+    ]
+    assert notebookimage.stage_refs(images) == {
+        "sha256:aaa": ["r/cuda-pytorch:1-jupyter", "r/cuda-tensorflow:2-jupyter"]
+    }
+
+
+def test_the_archive_is_named_by_image_id():
+    assert (
+        notebookimage.archive_name("sha256:3cd6e034e239d8ddf0564c3c")
+        == "notebook-3cd6e034e239d8dd.tar"
+    )
+
+
+def test_build_steps_make_the_base_then_the_jupyter_stage_on_the_hosts_network():
+    steps = notebookimage.build_steps(REPO, ["cuda-pytorch"])
+    assert [args for _, args in steps] == [
+        ["base"],
+        ["build", "--target", "jupyter", "--network", "host", "cuda-pytorch"],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "shown"),
+    [
+        ("[cuda-pytorch] Step 3/28 : ARG BASE_IMAGE", True),
+        ("[cuda-pytorch] Successfully tagged r/cuda-pytorch:1-jupyter", True),
+        ("==> building r/cuda-pytorch:1-jupyter", True),
+        ("[cuda-pytorch] Collecting jupyterlab==4.6.6", False),
+        ("[cuda-pytorch]  ---> Using cache", False),
+    ],
+)
+def test_progress_lines_say_how_far_the_build_is(line, shown):
+    assert notebookimage.is_progress_line(line) is shown
+
+
+def test_an_unreadable_catalog_is_one_sentence(tmp_path):
+    bad = tmp_path / "catalog.yaml"
+    bad.write_text("images: [")
+    with pytest.raises(notebookimage.NotebookImageError, match=r"^The catalog .* cannot be read: "):
+        notebookimage.catalog_images(bad)
+    assert yaml.safe_load("images: {}") == {"images": {}}
