@@ -22,6 +22,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,17 @@ _RESOURCE_RE = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
-_QUANTITY_RE = re.compile(r"^\d+(\.\d+)?([EPTGMK]i?|[munk])?$")
+_QUANTITY_RE = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?$")
+# Kubernetes' quantity suffixes (resource.Quantity): binary ones are powers of 1024,
+# decimal ones powers of 1000.
+_QUANTITY_FACTORS = {
+    "": Decimal(1),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate("kMGTPE")},
+    **{f"{s}i": Decimal(1024) ** (i + 1) for i, s in enumerate("KMGTPE")},
+}
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _TOLERATION_EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
@@ -56,6 +67,19 @@ _AFFINITY_OPERATORS = {"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"}
 
 #: Environment variables the spawner owns: an image's ``env`` may not set them.
 RESERVED_ENV = frozenset({labels.ENV_VISIBLE_DEVICES, labels.ENV_DRIVER_CAPABILITIES})
+
+
+def quantity_bytes(quantity: str) -> int:
+    """A memory quantity as Kubernetes reads it, in whole bytes: ``'512Mi'`` -> 536870912.
+
+    ``'8G'`` is 8 * 10**9 bytes as in Kubernetes (KubeSpawner's own suffixes would read
+    it as GiB); fractions of a byte round up, as the API server rounds memory.
+    """
+    match = _QUANTITY_RE.match(quantity)
+    if not match:
+        raise ValueError(f"not a Kubernetes quantity: {quantity!r}")
+    number = quantity[: len(quantity) - len(match.group(2) or "")]
+    return math.ceil(Decimal(number) * _QUANTITY_FACTORS[match.group(2) or ""])
 
 
 class CatalogError(ValueError):

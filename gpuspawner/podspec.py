@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import labels
-from .catalog import Catalog
+from .catalog import Catalog, quantity_bytes
 from .options import Selection
 from .serverpod import is_gpu_resource
 
@@ -146,10 +146,14 @@ def trait_values(
         if image.cpu_guarantee is not None
         else admin["cpu_guarantee"],
         "cpu_limit": image.cpu_limit if image.cpu_limit is not None else admin["cpu_limit"],
-        "mem_guarantee": image.mem_guarantee
+        # The catalog holds Kubernetes quantities; KubeSpawner's byte traits take whole
+        # bytes (its own 'M'/'G' suffixes are powers of 1024, and it refuses 'Mi').
+        "mem_guarantee": quantity_bytes(image.mem_guarantee)
         if image.mem_guarantee is not None
         else admin["mem_guarantee"],
-        "mem_limit": image.mem_limit if image.mem_limit is not None else admin["mem_limit"],
+        "mem_limit": quantity_bytes(image.mem_limit)
+        if image.mem_limit is not None
+        else admin["mem_limit"],
     }
     limits = _without_gpu_resources(admin["extra_resource_limits"], gpu_resources)
     requests = _without_gpu_resources(admin["extra_resource_guarantees"], gpu_resources)

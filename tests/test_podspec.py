@@ -86,7 +86,8 @@ def test_gpu_selection_adds_resources_placement_and_env_to_the_admins_values():
     assert values["image"] == "example/pytorch:2.9"
     # the image's own cpu/mem values win; the others stay the admin's
     assert (values["cpu_guarantee"], values["cpu_limit"]) == (2, 4)
-    assert (values["mem_guarantee"], values["mem_limit"]) == ("1G", "16G")
+    # the catalog's Kubernetes quantity "16G" in whole bytes (10**9 each, as Kubernetes reads it)
+    assert (values["mem_guarantee"], values["mem_limit"]) == ("1G", 16 * 10**9)
     # the admin's GPU resources are replaced by the selection's; requests equal limits
     assert values["extra_resource_limits"] == {"example.com/fpga": "1", "nvidia.com/gpu": "2"}
     assert values["extra_resource_guarantees"] == {"nvidia.com/gpu": "2"}
@@ -222,3 +223,24 @@ def test_requests_gpu(resources, expected):
 def test_visible_devices_env():
     assert visible_devices_env(False) == labels.VISIBLE_DEVICES_NONE
     assert visible_devices_env(True) is None  # the device plugin sets it
+
+
+def test_catalog_memory_reaches_kubespawner_as_bytes_it_accepts():
+    from kubespawner import KubeSpawner
+    from traitlets import TraitError
+
+    from gpuspawner.catalog import quantity_bytes
+
+    assert quantity_bytes("768Mi") == 768 * 2**20
+    assert quantity_bytes("1.5Gi") == 3 * 2**29
+    assert quantity_bytes("8G") == 8 * 10**9
+    assert quantity_bytes("2k") == 2000
+    assert quantity_bytes("1000m") == 1
+    assert quantity_bytes("1500m") == 2  # a fraction of a byte rounds up
+    with pytest.raises(ValueError):
+        quantity_bytes("8GB")
+    # KubeSpawner's own trait refuses "768Mi" (the 500 a user got); the bytes pass it unchanged
+    trait = KubeSpawner.class_traits()["mem_limit"]
+    with pytest.raises(TraitError):
+        trait.validate(None, "768Mi")
+    assert trait.validate(None, quantity_bytes("768Mi")) == 768 * 2**20

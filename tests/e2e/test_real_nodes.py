@@ -29,7 +29,7 @@ REAL_CATALOG = FIXTURES / "catalogs" / "e2e-real-nodes.yaml"
 # Not the session stack's EXTRA_HUB_CONFIG: its c.KubeSpawner.environment would
 # replace c.Spawner.environment, and with it GPUSPAWNER_CULLER_URL.
 REAL_HUB_CONFIG = "c.KubeSpawner.start_timeout = 240\n"
-MEMORY_LIMIT = 768 * 1024 * 1024  # the catalog's 768M (KubeSpawner: M = MiB)
+MEMORY_LIMIT = 768 * 1024 * 1024  # the catalog's 768Mi
 USER = "rina"
 # Run with the host's Python inside a pod's network namespace: the HTTP status
 # of a GET with a hub token, as the notebook's JupyterLab extension asks.
