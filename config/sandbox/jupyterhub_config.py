@@ -41,6 +41,10 @@ if os.geteuid() == 0:
 # own address in the pod range (their only routes are the pod range), which
 # the sandbox puts on a dummy interface and names here.
 _hub_address = os.environ.get("GPUSPAWNER_SANDBOX_HUB_ADDRESS")
+# On real nodes a real Prometheus scrapes every GPU node's DCGM exporter: the culler
+# and the admin page read GPU activity from it, as on a real cluster.
+_prometheus = os.environ.get("GPUSPAWNER_SANDBOX_PROMETHEUS_URL")
+_prometheus_args = [f"--prometheus-url={_prometheus}"] if _prometheus else []
 if _hub_address:
     c.JupyterHub.hub_ip = _hub_address
     c.JupyterHub.hub_connect_ip = _hub_address
@@ -79,6 +83,7 @@ c.JupyterHub.services.append(
             "gpuspawner.culler",
             "--config="
             + os.environ.get("GPUSPAWNER_CULLER_CONFIG", str(here / "culler_config.py")),
+            *_prometheus_args,
         ],
         "environment": {
             k: os.environ[k]
@@ -126,7 +131,7 @@ c.JupyterHub.services.append(
     {
         "name": "gpuspawner-admin",
         "url": f"http://127.0.0.1:{_admin_port}",
-        "command": [sys.executable, "-m", "gpuspawner.admin"],
+        "command": [sys.executable, "-m", "gpuspawner.admin", *_prometheus_args],
         "oauth_client_allowed_scopes": ["custom:gpuspawner:admin"],
         "oauth_no_confirm": True,
         # its cluster access is the hub's service account; limits come from the hub's catalog

@@ -23,6 +23,7 @@ from .cli import start_kubelet, stop_kubelet
 from .controlplane import ControlPlane, ControlPlaneError
 from .hubprocess import REPO, Hub, proxy_command, start_hub
 from .nodes import NodeError, RealNodes
+from .prometheus import Prometheus, PrometheusMissing, start_prometheus
 
 HUB_NAMESPACE = "jupyterhub"
 HUB_SERVICE_ACCOUNT = "gpuspawner-hub"
@@ -34,6 +35,10 @@ IMAGE_CACHE = REPO / ".cache" / "images"
 #: Tells config/sandbox/jupyterhub_config.py the nodes are real: the hub listens
 #: on this address (nodeconfig.HUB_ADDRESS), which notebooks reach.
 HUB_ADDRESS_ENV = "GPUSPAWNER_SANDBOX_HUB_ADDRESS"
+#: Tells config/sandbox/jupyterhub_config.py where the Prometheus over the DCGM exporters is.
+PROMETHEUS_URL_ENV = "GPUSPAWNER_SANDBOX_PROMETHEUS_URL"
+#: As often as the culler may look (its own checks are a minute apart), and cheap on 2 cores.
+PROMETHEUS_SCRAPE_INTERVAL = "10s"
 DEMO_CULLER_CONFIG = REPO / "config" / "sandbox" / "demo_culler_config.py"
 DEMO_PASSWORD = "gpu"
 
@@ -109,6 +114,7 @@ class SandboxStack:
         self.real_nodes = real_nodes
         self.emit = emit
         self.nodes: RealNodes | None = None
+        self.prometheus: Prometheus | None = None
         self.notebook_images: notebookimage.NotebookImages | None = None
 
     @property
@@ -159,7 +165,20 @@ class SandboxStack:
         )
         self.nodes.start()
         self.hub_env.setdefault(HUB_ADDRESS_ENV, nodeconfig.HUB_ADDRESS)
+        self._start_prometheus()
         self._hub_account(cp)
+
+    def _start_prometheus(self) -> None:
+        """A real Prometheus over every GPU node's DCGM exporter, for the culler and admin page."""
+        assert self.nodes is not None
+        targets = [t for n in self.nodes.names if (t := self.nodes.dcgm_exporter(n))]
+        if not targets:
+            return
+        self.emit(f"Starting Prometheus over {len(targets)} DCGM exporters…")
+        self.prometheus = start_prometheus(
+            self.state_dir / "prometheus", targets, scrape_interval=PROMETHEUS_SCRAPE_INTERVAL
+        )
+        self.hub_env.setdefault(PROMETHEUS_URL_ENV, self.prometheus.url)
 
     def _hub_account(self, cp: ControlPlane) -> None:
         cp.apply_manifests(RBAC_MANIFEST)
@@ -215,6 +234,9 @@ class SandboxStack:
     def stop(self) -> None:
         """Stop the hub (its servers' pods stay, as in a real hub restart), the kubelet, the control plane."""
         self.stop_hub()
+        if self.prometheus is not None:
+            self.prometheus.stop()
+            self.prometheus = None
         if self.nodes is not None:
             self.nodes.stop()
             self.nodes = None
@@ -323,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         RuntimeError,
         NodeError,
         notebookimage.NotebookImageError,
+        PrometheusMissing,
     ) as e:
         print(f"The demo could not start: {e}", file=sys.stderr)
         stack.stop()

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from gpuspawner import labels
 from gpuspawner_sandbox import hoststate, nodeconfig, testing
 from gpuspawner_sandbox.demo import DEMO_PASSWORD, SandboxStack
 from gpuspawner_sandbox.topology import load_topology
@@ -205,6 +206,85 @@ def test_a_cpu_server_runs_as_a_real_container_and_serves_jupyterlab(real):
     stop_server(hub, USER)
     wait_for(lambda: not user_pods(kube, USER), 90, what=f"{USER}'s pod to be deleted")
     assert testing.container_pids(node, container_id) == []
+
+
+def _in_container(init: int, *command: str) -> subprocess.CompletedProcess:
+    """Run a command of the container's own image in its namespaces (as `kubectl exec`)."""
+    return subprocess.run(
+        ["nsenter", f"--target={init}", "--mount", "--uts", "--ipc", "--net", "--pid", *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_gpu_server_gets_exactly_its_gpus_checked_before_it_started(real):
+    """2 × A100 through the real hub: the kubelet's allocation, NVIDIA's runtime, the GPU check."""
+    stack, _, _ = real
+    hub, kube, nodes = stack.hub, stack.control_plane.admin_api(), stack.nodes
+    user = "gita"
+    ensure_user(hub, user)
+    r = hub.api(
+        "POST", f"/users/{user}/server", {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
+    )
+    assert r.status in (201, 202), r.body
+
+    def ready():
+        server = hub.api("GET", f"/users/{user}").json()["servers"].get("")
+        if server is None:
+            raise AssertionError(f"{user}'s server stopped while starting:\n{hub.log()[-3000:]}")
+        return server["ready"]
+
+    wait_for(ready, 240, 1, what=f"{user}'s GPU server to be ready")
+    pod = pod_of(kube, user)
+    node = pod["spec"]["nodeName"]
+    assert node.startswith("gpu-a100"), node
+    # The GPU check ran in its init container (nvidia-smi inside it) and passed.
+    (check,) = [
+        c
+        for c in pod["status"]["initContainerStatuses"]
+        if c["name"] == labels.VALIDATION_CONTAINER_NAME
+    ]
+    assert check["state"]["terminated"]["exitCode"] == 0, check
+
+    # What the kubelet allocated, through its PodResources API.
+    (held,) = [
+        a
+        for a in nodes.pod_resources(node)
+        if a["pod"] == pod["metadata"]["name"]
+        and a["resource"] == "nvidia.com/gpu"
+        and a["container"] == "notebook"
+    ]
+    allocated = sorted(held["device_ids"])
+    assert len(allocated) == 2
+
+    container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    pids = testing.container_pids(node, container_id)
+    (init,) = [p for p in pids if _ns_pid(p) == 1]
+    # NVIDIA's runtime gave the container exactly those two device nodes ...
+    devices = sorted(
+        name
+        for name in os.listdir(f"/proc/{init}/root/dev")
+        if name.startswith("nvidia") and name[len("nvidia") :].isdigit()
+    )
+    assert len(devices) == 2, devices
+    # ... and the emulated driver's nvidia-smi inside lists exactly those GPUs.
+    listed = _in_container(init, "nvidia-smi", "-L")
+    assert listed.returncode == 0, listed.stderr
+    uuids = sorted(line.rsplit("UUID: ", 1)[1].rstrip(")") for line in listed.stdout.splitlines())
+    assert uuids == allocated
+
+    # The node's DCGM exporter, scraped by the stack's Prometheus, names the pod on exactly them.
+    assert stack.prometheus is not None
+    series = stack.prometheus.wait_for(
+        f'DCGM_FI_DEV_GPU_UTIL{{pod="{pod["metadata"]["name"]}"}}',
+        lambda result: len(result) == 2,
+        timeout=60,
+    )
+    assert sorted(item["metric"]["UUID"] for item in series) == allocated
+
+    stop_server(hub, user)
+    wait_for(lambda: not user_pods(kube, user), 90, what=f"{user}'s pod to be deleted")
 
 
 def test_nothing_was_forwarded_out_of_the_pod_ranges(real):

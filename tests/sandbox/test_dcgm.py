@@ -171,22 +171,7 @@ def _by_uuid(result: list[dict]) -> dict[str, dict]:
 
 def _list_pod_resources(gpu_node: Running, node: str = NODE) -> list[dict]:
     """``dcgm-exporter --list-pod-resources`` in the node's mount namespace (its kubelet)."""
-    holder = gpu_node.nodes.state["nodes"][node]["pids"]["holder"]
-    result = subprocess.run(
-        [
-            "nsenter",
-            f"--mount=/proc/{holder}/ns/mnt",
-            "--",
-            str(gpu_node.nodes.binaries.dcgm_exporter),
-            "--list-pod-resources",
-            f"--pod-resources-socket={nodeconfig.POD_RESOURCES_SOCKET}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    return gpu_node.nodes.pod_resources(node)
 
 
 def _checkpointed(gpu_node: Running, pod_uid: str) -> list[str]:
