@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from gpuspawner import labels
-from gpuspawner_sandbox import hoststate, nodeconfig, testing
+from gpuspawner_sandbox import gpudriver, hoststate, nodeconfig, testing
 from gpuspawner_sandbox.demo import DEMO_PASSWORD, SandboxStack
 from gpuspawner_sandbox.topology import load_topology
 
@@ -285,6 +285,52 @@ def test_a_gpu_server_gets_exactly_its_gpus_checked_before_it_started(real):
 
     stop_server(hub, user)
     wait_for(lambda: not user_pods(kube, user), 90, what=f"{user}'s pod to be deleted")
+
+
+H100_NODE = "gpu-h100-0"
+
+
+@pytest.mark.parametrize(
+    ("user", "fault", "said"),
+    [
+        # uncorrectable ECC errors the device plugin did not notice: the GPU stays
+        # allocatable, so only GPUSpawner's check, with nvidia-smi in the container, catches it
+        ("vera", {"kind": "ecc", "withdraw": False, "value": "3"}, ["uncorrectable"]),
+        ("olga", {"kind": "driver-too-old", "value": "535.161.08"}, ["535.161.08", "13.2"]),
+    ],
+)
+def test_a_gpu_fault_fails_the_spawn_through_the_real_kubelet_and_removes_the_pod(
+    real, user, fault, said
+):
+    stack, _, _ = real
+    hub, kube = stack.hub, stack.control_plane.admin_api()
+    state = stack.nodes.paths(H100_NODE).driver_state
+    ensure_user(hub, user)
+    gpudriver.inject_fault(state, **fault)
+    try:
+        r = hub.api(
+            "POST", f"/users/{user}/server", {"profile": "pytorch", "gpu_type": "h100", "gpus": "1"}
+        )
+        assert r.status in (202, 503), r.body
+        if r.status == 202:
+            wait_for(
+                lambda: hub.api("GET", f"/users/{user}").json()["servers"].get("") is None,
+                120,
+                1,
+                what=f"{user}'s failed spawn to end",
+            )
+        # The check's termination message, through the real kubelet's initContainerStatuses,
+        # is the user's error: one sentence naming the fault.
+        (line,) = [ln for ln in hub.log().splitlines() if f"Not starting {user}'s server" in ln]
+        assert "reason=gpu-check" in line
+        assert "The GPUs given to this server failed their check, so it was not started:" in line
+        for word in said:
+            assert word in line.lower() or word in line, line
+        # it ended on the check's failure, not on the hub's start timeout
+        assert f"{user}'s server failed to start" not in hub.log()
+        wait_for(lambda: pod_of(kube, user) is None, 60, what=f"{user}'s pod to be deleted")
+    finally:
+        gpudriver.clear_faults(state)
 
 
 def test_nothing_was_forwarded_out_of_the_pod_ranges(real):
