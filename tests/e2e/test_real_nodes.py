@@ -13,6 +13,7 @@ import ipaddress
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -285,6 +286,121 @@ def test_a_gpu_server_gets_exactly_its_gpus_checked_before_it_started(real):
 
     stop_server(hub, user)
     wait_for(lambda: not user_pods(kube, user), 90, what=f"{user}'s pod to be deleted")
+
+
+GPU_CULLER_CONFIG = """
+c = get_config()  # noqa
+# GPU idleness alone decides (an open JupyterLab tab keeps Jupyter 'active'):
+c.GPUCuller.timeouts = [{"min_gpus": 1, "gpu_timeout": 20}]
+c.GPUCuller.timeout = 0
+c.GPUCuller.min_running = 0
+c.GPUCuller.gpu_window = 40
+c.GPUCuller.gpu_query_step = 5
+c.GPUCuller.gpu_freshness = 60
+c.GPUCuller.pressure_timeout = 0
+c.GPUCuller.kubernetes = "on"
+c.Application.log_level = "INFO"
+"""
+
+
+def _start_gpu_server(hub, user: str, gpus: int = 1) -> None:
+    ensure_user(hub, user)
+    r = hub.api(
+        "POST",
+        f"/users/{user}/server",
+        {"profile": "pytorch", "gpu_type": "a100", "gpus": str(gpus)},
+    )
+    assert r.status in (201, 202), r.body
+
+
+def _wait_ready(hub, user: str) -> None:
+    def ready():
+        server = hub.api("GET", f"/users/{user}").json()["servers"].get("")
+        if server is None:
+            raise AssertionError(f"{user}'s server stopped while starting:\n{hub.log()[-3000:]}")
+        return server["ready"]
+
+    wait_for(ready, 240, 1, what=f"{user}'s server to be ready")
+
+
+def test_the_culler_stops_the_idle_gpu_server_and_keeps_the_busy_one(real, tmp_path):
+    """GPU activity from the DCGM exporter via the real Prometheus, driven by gpu-burn-emulated."""
+    stack, _, _ = real
+    hub, kube = stack.hub, stack.control_plane.admin_api()
+    busy, idle = "bea", "ida"
+    for user in (busy, idle):
+        _start_gpu_server(hub, user)
+    for user in (busy, idle):
+        _wait_ready(hub, user)
+    pods = {user: pod_of(kube, user) for user in (busy, idle)}
+    busy_pod = pods[busy]
+    container_id = busy_pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    (init,) = [
+        p
+        for p in testing.container_pids(busy_pod["spec"]["nodeName"], container_id)
+        if _ns_pid(p) == 1
+    ]
+    # What a user types in the busy notebook's terminal, as its user.
+    burn = subprocess.Popen(
+        [
+            "nsenter",
+            f"--target={init}",
+            "--mount",
+            "--pid",
+            "--setuid=1000",
+            "--setgid=100",
+            "gpu-burn-emulated",
+            "300",
+            "90",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        util = "DCGM_FI_DEV_GPU_UTIL"
+        stack.prometheus.wait_for(
+            f'{util}{{pod="{busy_pod["metadata"]["name"]}"}} > 50', bool, timeout=90
+        )
+        stack.prometheus.wait_for(
+            f'{util}{{pod="{pods[idle]["metadata"]["name"]}"}} == 0', bool, timeout=90
+        )
+        # Long enough that the idle GPU has been idle past its gpu_timeout in Prometheus's data.
+        time.sleep(25)
+        config = tmp_path / "culler_config.py"
+        config.write_text(GPU_CULLER_CONFIG)
+        culled = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpuspawner.culler",
+                f"--config={config}",
+                f"--prometheus-url={stack.prometheus.url}",
+                "--once",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={
+                **os.environ,
+                "JUPYTERHUB_API_URL": f"{hub.public_url}/hub/api",
+                "JUPYTERHUB_API_TOKEN": hub.token,
+                "KUBECONFIG": str(stack.hub_kubeconfig),
+            },
+        )
+        assert culled.returncode == 0, culled.stderr[-3000:]
+        wait_for(
+            lambda: hub.api("GET", f"/users/{idle}").json()["servers"].get("") is None,
+            60,
+            what=f"{idle}'s idle GPU server to be culled",
+        )
+        assert hub.api("GET", f"/users/{busy}").json()["servers"][""]["ready"], culled.stderr[
+            -3000:
+        ]
+    finally:
+        burn.terminate()
+        burn.wait(timeout=30)
+        for user in (busy, idle):
+            stop_server(hub, user)
 
 
 H100_NODE = "gpu-h100-0"
