@@ -106,7 +106,9 @@ def test_demo_starts_the_hub_and_ctrl_c_leaves_nothing_running(tmp_path, pytestc
         status, body = carol.api(
             "POST", "/users/carol/server", {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
         )
-        assert status == 202, body
+        # 202 while she waits; 201 when the culler's pass frees a node within JupyterHub's
+        # slow_spawn_timeout (10 s), which the story's 5 s pressure timeout allows
+        assert status in (201, 202), body
 
         def carol_ready():
             status, model = carol.api("GET", "/users/carol")
@@ -114,6 +116,9 @@ def test_demo_starts_the_hub_and_ctrl_c_leaves_nothing_running(tmp_path, pytestc
             return server and server.get("ready")
 
         wait_until(carol_ready, 240, "carol's queued A100 server to start")
+        # she waited in the hub's queue: the A100s were all held when she asked
+        hub_log = (state / "hub" / "hub.log").read_text()
+        assert "carol leaves the GPU queue for NVIDIA A100" in hub_log
         stopped = []
         for holder in ("ada", "bob"):
             visitor = Visitor(base, holder)

@@ -35,7 +35,7 @@ def test_coredns_links_only_the_plugins_we_name():
 
 @pytest.fixture(scope="module")
 def coredns_binary(pytestconfig):
-    with testing._capture_disabled(pytestconfig):
+    with testing.capture_disabled(pytestconfig):
         try:
             return clusterdns.build_coredns(out=sys.stderr)
         except build.GoMissing as e:

@@ -57,7 +57,7 @@ def test_helm_runs_with_its_own_home_whatever_the_callers_environment(tmp_path, 
 
 @pytest.fixture(scope="module")
 def real_helm(pytestconfig, tmp_path_factory) -> helm.Helm:
-    with testing._capture_disabled(pytestconfig):
+    with testing.capture_disabled(pytestconfig):
         try:
             binary = helm.build_helm(out=sys.stderr)
         except build.GoMissing as e:
