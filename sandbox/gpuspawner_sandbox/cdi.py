@@ -118,25 +118,30 @@ def _device_node_edit(node: DeviceNode, driver: DriverPaths) -> dict[str, Any]:
     }
 
 
-def _gpu_mounts(uuid: str, driver: DriverPaths) -> list[dict[str, Any]]:
-    return [
-        {
-            "hostPath": str(driver.gpu_view(uuid)),
-            "containerPath": posixpath.join(CONTAINER_VIEW_ROOT, VIEW_GPUS_DIR, uuid),
-            "options": _READ_ONLY,
-        },
-        {
-            "hostPath": str(driver.usage_dir(uuid)),
-            "containerPath": posixpath.join(CONTAINER_VIEW_ROOT, USAGE_DIR, uuid),
-            "options": _WRITABLE,
-        },
-    ]
+def _view_mount(gpu_uuid: str, driver: DriverPaths) -> dict[str, Any]:
+    return {
+        "hostPath": str(driver.gpu_view(gpu_uuid)),
+        "containerPath": posixpath.join(CONTAINER_VIEW_ROOT, VIEW_GPUS_DIR, gpu_uuid),
+        "options": _READ_ONLY,
+    }
 
 
-def _edits(nodes: list[DeviceNode], uuids: list[str], driver: DriverPaths) -> dict[str, Any]:
+def _usage_mount(uuid: str, driver: DriverPaths) -> dict[str, Any]:
+    return {
+        "hostPath": str(driver.usage_dir(uuid)),
+        "containerPath": posixpath.join(CONTAINER_VIEW_ROOT, USAGE_DIR, uuid),
+        "options": _WRITABLE,
+    }
+
+
+def _edits(
+    nodes: list[DeviceNode], views: list[str], usages: list[str], driver: DriverPaths
+) -> dict[str, Any]:
+    """Device nodes, the views of the GPUs in ``views`` and the usage dirs in ``usages``."""
     return {
         "deviceNodes": [_device_node_edit(n, driver) for n in _unique(nodes)],
-        "mounts": [m for uuid in _unique(uuids) for m in _gpu_mounts(uuid, driver)],
+        "mounts": [_view_mount(uuid, driver) for uuid in _unique(views)]
+        + [_usage_mount(uuid, driver) for uuid in _unique(usages)],
     }
 
 
@@ -154,24 +159,29 @@ def cdi_spec(state: dict[str, Any], driver: DriverPaths) -> dict[str, Any]:
     """The node's CDI spec (a JSON document) for its driver state."""
     devices = []
     all_nodes: list[DeviceNode] = []
-    all_uuids: list[str] = []
+    all_views: list[str] = []
+    all_usages: list[str] = []
     for gpu in state["gpus"]:
-        nodes, uuids = [_gpu_node(gpu)], [gpu["uuid"]]
-        edits = _edits(nodes, uuids, driver)
+        nodes, views = [_gpu_node(gpu)], [gpu["uuid"]]
+        edits = _edits(nodes, views, views, driver)
         devices += [{"name": n, "containerEdits": edits} for n in (str(gpu["index"]), gpu["uuid"])]
         all_nodes += nodes
-        all_uuids += uuids
+        all_views += views
+        all_usages += views
         for mig in gpu.get("mig", []):
-            # A MIG device shows its parent GPU's state and usage, as nvidia-smi
-            # shows the parent of a MIG device.
+            # A MIG device shows its parent GPU's state, as nvidia-smi shows the
+            # parent of a MIG device, and has its own usage directory.
             nodes = _mig_nodes(gpu, mig)
-            edits = _edits(nodes, uuids, driver)
+            edits = _edits(nodes, views, [mig["uuid"]], driver)
             devices += [
                 {"name": n, "containerEdits": edits}
                 for n in (f"{gpu['index']}:{mig['index']}", mig["uuid"])
             ]
             all_nodes += nodes
-    devices.append({"name": ALL_DEVICES, "containerEdits": _edits(all_nodes, all_uuids, driver)})
+            all_usages.append(mig["uuid"])
+    devices.append(
+        {"name": ALL_DEVICES, "containerEdits": _edits(all_nodes, all_views, all_usages, driver)}
+    )
     return {
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,

@@ -52,16 +52,18 @@ DRIVER_STATE_FILE = "gpu-driver.json"
 #   view/gpus/<GPU-UUID>/gpu.json   one GPU's facts and state (health, ECC, remapping, MIG layout),
 #                                   read-only at <CONTAINER_VIEW_ROOT>/gpus/<GPU-UUID>/, only in
 #                                   containers given that GPU or one of its MIG devices
-#   usage/<GPU-UUID>/usage.json     what workloads on that GPU report, writable (mode 1777) at
-#                                   <CONTAINER_VIEW_ROOT>/usage/<GPU-UUID>/:
+#   usage/<UUID>/usage.json         what workloads on that GPU or MIG device report (one
+#                                   directory per whole GPU and per MIG device, so MIG neighbours
+#                                   never share figures), writable (mode 1777) at
+#                                   <CONTAINER_VIEW_ROOT>/usage/<UUID>/:
 #                                   {"gpu_util_percent": 0-100, "fb_used_mib": int, "until": unix
 #                                   time}; it counts only while now < until (a dead workload's
 #                                   figures expire), otherwise the GPU is idle (0 %, 0 MiB used)
 # A container sees a GPU in nvidia-smi when both its view/gpus/<GPU-UUID>/ is mounted and its
 # /dev/nvidia<minor> exists; a MIG device of it when, in addition, /dev/nvidia-caps/
 # nvidia-cap<gi_cap_minor> and nvidia-cap<ci_cap_minor> (recorded per MIG device) exist. So
-# a MIG device's CDI entry gives the parent's /dev/nvidia<minor>, both caps nodes, and the
-# parent GPU's view and usage directories.
+# a MIG device's CDI entry gives the parent's /dev/nvidia<minor>, both caps nodes, the
+# parent GPU's view directory and the MIG device's own usage directory.
 # Directories, never single files, are mounted: files are replaced atomically (rename), which a
 # file bind mount would not follow.
 DRIVER_DIR_NAME = "nvidia-driver"
@@ -412,11 +414,21 @@ def _write_json(path: Path, document: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def usage_uuids(state: dict[str, Any]) -> list[str]:
+    """The devices that have a usage directory: every whole GPU and every MIG device."""
+    return [
+        uuid
+        for gpu in state["gpus"]
+        for uuid in (gpu["uuid"], *(mig["uuid"] for mig in gpu.get("mig", [])))
+    ]
+
+
 def write_driver_state(path: Path, state: dict[str, Any]) -> None:
     """Write the state file and its projections (the state file is in the driver dir).
 
-    Also creates each GPU's usage directory, world-writable and sticky (mode 1777) as
-    /tmp is, since workloads in containers of any user write their figures there.
+    Also creates each GPU's and each MIG device's usage directory, world-writable and
+    sticky (mode 1777) as /tmp is, since workloads in containers of any user write their
+    figures there.
     """
     paths = DriverPaths(Path(path).parent)
     driver, gpus = projections(state)
@@ -424,6 +436,7 @@ def write_driver_state(path: Path, state: dict[str, Any]) -> None:
     for uuid, view in gpus.items():
         paths.gpu_view(uuid).mkdir(parents=True, exist_ok=True)
         _write_json(paths.gpu_view(uuid) / GPU_VIEW_FILE, view)
+    for uuid in usage_uuids(state):
         usage = paths.usage_dir(uuid)
         usage.mkdir(parents=True, exist_ok=True)
         usage.chmod(0o1777)

@@ -114,16 +114,27 @@ def test_mig_devices_are_named_as_nvidia_names_them_with_their_caps():
     }
     cap_majors = {n["major"] for n in edits["deviceNodes"] if "nvidia-caps" in n["path"]}
     assert cap_majors == {gpudriver.NVIDIA_CAPS_MAJOR}
-    # The parent GPU's view: nvidia-smi shows a MIG device under its GPU.
+    # The parent GPU's view (nvidia-smi shows a MIG device under its GPU), and the MIG
+    # device's own usage directory: its neighbours on that GPU never share its figures.
     assert _mounted(edits) == {
         f"{CONTAINER_VIEW_ROOT}/{VIEW_GPUS_DIR}/{gpu['uuid']}",
-        f"{CONTAINER_VIEW_ROOT}/{USAGE_DIR}/{gpu['uuid']}",
+        f"{CONTAINER_VIEW_ROOT}/{USAGE_DIR}/{mig['uuid']}",
     }
+    usage = {m["containerPath"]: m for m in edits["mounts"]}[
+        f"{CONTAINER_VIEW_ROOT}/{USAGE_DIR}/{mig['uuid']}"
+    ]
+    assert usage["hostPath"] == str(DRIVER.usage_dir(mig["uuid"])) and "rw" in usage["options"]
     names = cdi.device_names(state)
     assert len(names) == 2 * (2 + 2 * 3) + 1
     every = _paths(_device(spec, "all"))
     assert {"/dev/nvidia0", "/dev/nvidia1"} <= every
     assert len([p for p in every if p.startswith(caps)]) == 2 * 3 * 2
+    # `all` writes to every usage directory: each whole GPU's and each MIG device's.
+    assert {
+        m
+        for m in _mounted(_device(spec, "all"))
+        if m.startswith(f"{CONTAINER_VIEW_ROOT}/{USAGE_DIR}/")
+    } == {f"{CONTAINER_VIEW_ROOT}/{USAGE_DIR}/{uuid}" for uuid in gpudriver.usage_uuids(state)}
 
 
 def test_device_nodes_are_each_file_once():

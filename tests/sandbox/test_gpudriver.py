@@ -110,6 +110,15 @@ def test_writing_the_state_writes_the_projections_and_usage_dirs(tmp_path):
         assert stat.S_IMODE(mode) == 0o1777
 
 
+def test_each_mig_device_has_its_own_usage_dir(tmp_path):
+    paths = write(tmp_path, "mig")
+    state = gpudriver.read_driver_state(paths.state)
+    migs = [m["uuid"] for g in state["gpus"] for m in g.get("mig", [])]
+    assert migs and set(migs) <= set(gpudriver.usage_uuids(state))
+    for uuid in gpudriver.usage_uuids(state):
+        assert stat.S_IMODE(paths.usage_dir(uuid).stat().st_mode) == 0o1777
+
+
 def test_mig_devices_record_their_nvidia_caps_minors():
     migs = gpudriver.driver_state(TOPOLOGY.node("mig"))["gpus"][0]["mig"]
     # /proc/driver/nvidia-caps/mig-minors: gpu0/gi<g>/access = 3 + 9 g, its ci<c> = that + 1 + c.

@@ -9,8 +9,8 @@
 // device), and the container, namespace and pod holding the device (empty
 // when none does), from the kubelet's PodResources API. Static facts come
 // from the driver state (deviceplugin.DriverState); utilisation and
-// framebuffer use from what workloads write (gpuusage; for a MIG instance, what
-// is written for its parent GPU). Only fields with a
+// framebuffer use from what workloads write (gpuusage: per whole GPU, or per
+// MIG device for its instance). Only fields with a
 // source are served: power draw and memory-copy utilisation have none here.
 //
 // Everything in this file is pure: data in, exposition text out.
@@ -102,9 +102,10 @@ func Devices(state *deviceplugin.DriverState, owners map[string]podresources.Own
 				Labels:    withOwner(labels, state.DriverVersion, owners[m.UUID]),
 				MIG:       true,
 				MemoryMiB: m.MemoryMiB,
-				// A MIG device's containers get its parent GPU's usage directory
-				// (the CDI spec's layout, gpudriver.py): instances of one GPU share it.
-				Usage: usage(g.UUID),
+				// Each MIG device has its own usage directory (the CDI spec's
+				// layout, gpudriver.py), so a busy instance never makes its
+				// neighbours on the same GPU look busy.
+				Usage: usage(m.UUID),
 			})
 		}
 	}

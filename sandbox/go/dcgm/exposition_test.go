@@ -66,8 +66,8 @@ func TestRenderMatchesTheExportersFormatLabelsAndValues(t *testing.T) {
 	want := blocks(t, string(data))
 	usage := usageOf(map[string]gpuusage.Usage{
 		"GPU-5d6e1f2a-8c3b-4a7e-9f10-2b3c4d5e6f70": {UtilPercent: 0, FBUsedMiB: 480},
-		// The MIG instance's figures are its parent GPU's.
-		"GPU-3e2d1c0b-a9f8-4e7d-b6c5-a4b3c2d1e0f9": {UtilPercent: 0, FBUsedMiB: 13},
+		// The MIG instance's figures are its own.
+		"MIG-0b1c2d3e-4f50-5a6b-8c7d-9e0f1a2b3c4d": {UtilPercent: 0, FBUsedMiB: 13},
 	})
 	got := blocks(t, Render(Devices(sampleNode(), sampleOwners(), usage)))
 	if len(got) != len(Fields) {
@@ -83,9 +83,9 @@ func TestRenderMatchesTheExportersFormatLabelsAndValues(t *testing.T) {
 func TestUtilisationReachesOnlyItsDevice(t *testing.T) {
 	usage := usageOf(map[string]gpuusage.Usage{
 		"GPU-9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d": {UtilPercent: 87, FBUsedMiB: 1000},
-		"GPU-3e2d1c0b-a9f8-4e7d-b6c5-a4b3c2d1e0f9": {UtilPercent: 40, FBUsedMiB: 20000},
-		// Never mounted into a container: not read.
-		"MIG-0b1c2d3e-4f50-5a6b-8c7d-9e0f1a2b3c4d": {UtilPercent: 99, FBUsedMiB: 1},
+		"MIG-0b1c2d3e-4f50-5a6b-8c7d-9e0f1a2b3c4d": {UtilPercent: 40, FBUsedMiB: 20000},
+		// The parent of MIG devices: never given to a container whole, so not read.
+		"GPU-3e2d1c0b-a9f8-4e7d-b6c5-a4b3c2d1e0f9": {UtilPercent: 99, FBUsedMiB: 1},
 	})
 	got := blocks(t, Render(Devices(sampleNode(), nil, usage)))
 	util := got["DCGM_FI_DEV_GPU_UTIL"][2:]
