@@ -98,6 +98,7 @@ class SandboxStack:
         binary: Path | None = None,
         hub_env: dict[str, str] | None = None,
         real_nodes: bool = False,
+        machine_wait: float = 0,
         emit=print,
     ):
         self.state_dir = state_dir.resolve()
@@ -112,6 +113,8 @@ class SandboxStack:
         self.hub_kubeconfig: Path | None = None
         self._token: str | None = None
         self.real_nodes = real_nodes
+        #: How long real nodes wait for another set on this machine to stop (tests wait).
+        self.machine_wait = machine_wait
         self.emit = emit
         self.nodes: RealNodes | None = None
         self.prometheus: Prometheus | None = None
@@ -162,6 +165,8 @@ class SandboxStack:
             specs={n.name: n for n in topology.nodes},
             images=[images.archive],
             hub_address=True,
+            machine_wait=self.machine_wait,
+            emit=self.emit,
         )
         self.nodes.start()
         self.hub_env.setdefault(HUB_ADDRESS_ENV, nodeconfig.HUB_ADDRESS)

@@ -44,13 +44,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from . import cdi, gpudriver, nodeconfig, ociimage
+from . import cdi, gpudriver, machineclaim, nodeconfig, ociimage
 from .controlplane import ControlPlane, free_port, log_tail
 from .hoststate import cgroup_mounts, read_sysctl, sysctl_path
 from .kubeapi import ApiError, KubeApi
@@ -140,6 +140,8 @@ class RealNodes:
         device_list_strategy: str | Mapping[str, str] = "envvar",
         images: Sequence[Path] = (),
         hub_address: bool = False,
+        machine_wait: float = 0,
+        emit: Callable[[str], None] | None = None,
     ):
         self.state_dir = Path(state_dir).resolve()
         self.root = self.state_dir / "nodes"
@@ -157,6 +159,10 @@ class RealNodes:
         #: Whether to give the host nodeconfig.HUB_ADDRESS (a dummy interface of
         #: ours) for a hub that notebooks reach.
         self.hub_address = hub_address
+        #: How long a start waits for another set of real nodes on this machine to stop
+        #: (machineclaim) before it refuses: 0 for `up` and the demo, longer for tests.
+        self.machine_wait = machine_wait
+        self.emit = emit
         for name in self.names:
             if (
                 self.gpu_spec(name)
@@ -203,6 +209,15 @@ class RealNodes:
                 f"Real nodes recorded in {self.state_dir} may still run; "
                 "stop them first (gpuspawner-sandbox down)."
             )
+        try:
+            machineclaim.claim(
+                self.state_dir,
+                lambda state_dir: read_state(state_dir) is not None,
+                wait=self.machine_wait,
+                emit=self.emit,
+            )
+        except machineclaim.MachineBusy as e:
+            raise NodeError(str(e)) from None
         deadline = time.monotonic() + timeout
         try:
             self._begin()
@@ -891,6 +906,8 @@ def teardown(state_dir: Path) -> list[str]:
     state_dir = Path(state_dir).resolve()
     state = read_state(state_dir)
     if not state:
+        # Nothing ran (a start refused or failed before its record): give the machine back.
+        machineclaim.release(state_dir)
         return []
     names = list(state.get("nodes", {}))
     problems = []
@@ -930,6 +947,8 @@ def teardown(state_dir: Path) -> list[str]:
     if root.is_dir() and not _has_mounts(root):
         shutil.rmtree(root, ignore_errors=True)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
+    # Last: while anything of these nodes is left, the machine stays theirs.
+    machineclaim.release(state_dir)
     return names
 
 

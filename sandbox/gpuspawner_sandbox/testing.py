@@ -23,6 +23,10 @@ from . import build
 from .controlplane import ControlPlane
 from .kubeapi import ApiError, KubeApi
 
+#: How long tests' real nodes wait for another run's real nodes on this machine to stop
+#: (gpuspawner_sandbox.machineclaim) before the start fails with the refusal.
+MACHINE_WAIT = 30 * 60
+
 
 def wait_for(what: str, check, timeout: float = 60, interval: float = 0.25):
     """Poll ``check()`` until it returns something truthy, and return that; fail the test after ``timeout`` s."""
@@ -140,6 +144,8 @@ def running_real_nodes(
         taints=taints,
         specs=specs,
         device_list_strategy=device_list_strategy,
+        machine_wait=MACHINE_WAIT,
+        emit=lambda line: sys.__stderr__.write(line + "\n"),
     )
     nodes.start()
     try:

@@ -21,7 +21,7 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from gpuspawner_sandbox import hoststate, nodebuild, nodeconfig, nodes, testing
+from gpuspawner_sandbox import hoststate, machineclaim, nodebuild, nodeconfig, nodes, testing
 from gpuspawner_sandbox.kubeapi import ApiError
 
 NODES = ("real-0", "real-1")
@@ -262,6 +262,27 @@ def test_nothing_was_forwarded_out_of_the_pod_ranges(real_nodes):
     assert real_nodes.nodes.forward_drops() == 0
 
 
+def test_a_second_set_of_real_nodes_is_refused_while_one_runs(
+    real_nodes, pytestconfig, control_plane, tmp_path
+):
+    """The bridges, our chain and the sysctls exist once per machine: one set at a time."""
+    held = machineclaim.read_claim()
+    assert held is not None and held.state_dir == str(real_nodes.nodes.state_dir)
+    roots = [nodeconfig.cgroup_root("second-0")]
+    before = hoststate.snapshot(tmp_path / "nodes", roots)
+    second = nodes.RealNodes(
+        tmp_path, control_plane, testing.node_binaries(pytestconfig), ["second-0"]
+    )
+    with pytest.raises(nodes.NodeError) as e:
+        second.start(timeout=60)
+    assert str(e.value) == machineclaim.busy_message(held)
+    assert hoststate.differences(before, hoststate.snapshot(tmp_path / "nodes", roots)) == []
+    assert nodes.read_state(tmp_path) is None
+    # The running set keeps the machine and its nodes.
+    assert machineclaim.read_claim() == held
+    assert all(all(alive.values()) for alive in nodes.status(real_nodes.nodes.state_dir).values())
+
+
 def test_down_restores_the_host(real_nodes, control_plane):
     """Runs last in this module: it stops the nodes."""
     state_dir = real_nodes.nodes.state_dir
@@ -275,6 +296,8 @@ def test_down_restores_the_host(real_nodes, control_plane):
     assert hoststate.differences(real_nodes.before, after) == []
     assert testing.processes_mentioning(str(state_dir / "nodes")) == []
     assert nodes.read_state(state_dir) is None
+    # ... and gives the machine back.
+    assert machineclaim.read_claim() is None
     for name in NODES:
         with pytest.raises(ApiError) as e:
             control_plane.admin_api().get(f"/api/v1/nodes/{name}")
