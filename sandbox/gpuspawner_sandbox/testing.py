@@ -154,6 +154,28 @@ def running_real_nodes(
         nodes.stop()
 
 
+def failed_start(running, match: str | None = None, timeout: float = 120) -> Exception:
+    """Start real nodes that must fail; check the host is then as before; return the error.
+
+    ``running`` is a :class:`~gpuspawner_sandbox.nodes.RealNodes` with a broken part; its
+    start must raise :class:`~gpuspawner_sandbox.nodes.NodeError` (matching ``match``), and
+    undo everything it did: the host snapshot afterwards equals the one before, and no
+    record is left.
+    """
+    import pytest
+
+    from . import hoststate, nodeconfig
+    from .nodes import NodeError, read_state
+
+    roots = [nodeconfig.cgroup_root(name) for name in running.names]
+    before = hoststate.snapshot(running.root, roots)
+    with pytest.raises(NodeError, match=match) as e:
+        running.start(timeout=timeout)
+    assert hoststate.differences(before, hoststate.snapshot(running.root, roots)) == []
+    assert read_state(running.state_dir) is None
+    return e.value
+
+
 @contextlib.contextmanager
 def temporary_namespace(cp: ControlPlane, prefix: str = "test") -> Iterator[str]:
     """A fresh namespace whose default ServiceAccount exists; deleted afterwards.
