@@ -1,16 +1,22 @@
-"""The end-to-end stack on real nodes: the real hub and proxy, a CPU-only server as a real container.
+"""The end-to-end stack on real nodes, through the real hub and proxy.
 
 Its own stack for the module (``SandboxStack(real_nodes=True)``): the control
 plane, the default topology's nodes as real nodes (kubelet, containerd, runc,
-CNI) holding the notebook image built here (the Jupyter stage of
-images/cuda-pytorch), and the hub on the host's address in the pod range. The
-last test stops the stack and checks the host is as before.
+CNI; GPU nodes with our device plugin, NVIDIA's runtime in CDI mode, the
+emulated driver and DCGM exporter) holding the notebook image built here (the
+Jupyter stage of images/cuda-pytorch), a real Prometheus, and the hub on the
+host's address in the pod range. Covered: a CPU-only server as a real
+container, a whole-GPU and a MIG server with their GPU checks, every emulated
+GPU fault failing the spawn with the check's sentence, GPU-aware culling and
+the admin page's utilisation. The last test stops the stack and checks the host
+is as before.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,9 +31,10 @@ from gpuspawner_sandbox.demo import DEMO_PASSWORD, SandboxStack
 from gpuspawner_sandbox.topology import load_topology
 
 from ..conftest import FIXTURES
-from .conftest import ensure_user, pod_of, stop_server, user_pods, wait_for
+from .conftest import browser_log_in, ensure_user, pod_of, stop_server, user_pods, wait_for
 
 REAL_CATALOG = FIXTURES / "catalogs" / "e2e-real-nodes.yaml"
+ADMIN_PAGE = "/services/gpuspawner-admin/"
 # Not the session stack's EXTRA_HUB_CONFIG: its c.KubeSpawner.environment would
 # replace c.Spawner.environment, and with it GPUSPAWNER_CULLER_URL.
 REAL_HUB_CONFIG = "c.KubeSpawner.start_timeout = 240\n"
@@ -62,6 +69,7 @@ def real(tmp_path_factory, pytestconfig):
         catalog=REAL_CATALOG,
         extra_hub_config=REAL_HUB_CONFIG,
         real_nodes=True,
+        machine_wait=testing.MACHINE_WAIT,
         emit=_emit,
     )
     with testing.capture_disabled(pytestconfig), stack:
@@ -219,6 +227,34 @@ def _in_container(init: int, *command: str) -> subprocess.CompletedProcess:
     )
 
 
+def _notebook_init(pod: dict) -> int:
+    """The host pid of the notebook container's pid 1."""
+    container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    (init,) = [
+        p for p in testing.container_pids(pod["spec"]["nodeName"], container_id) if _ns_pid(p) == 1
+    ]
+    return init
+
+
+def _burn(pod: dict, seconds: int, percent: int) -> subprocess.Popen:
+    """gpu-burn-emulated in the notebook, as its user types it in a terminal."""
+    return subprocess.Popen(
+        [
+            "nsenter",
+            f"--target={_notebook_init(pod)}",
+            "--mount",
+            "--pid",
+            "--setuid=1000",
+            "--setgid=100",
+            "gpu-burn-emulated",
+            str(seconds),
+            str(percent),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
 def test_a_gpu_server_gets_exactly_its_gpus_checked_before_it_started(real):
     """2 × A100 through the real hub: the kubelet's allocation, NVIDIA's runtime, the GPU check."""
     stack, _, _ = real
@@ -259,9 +295,7 @@ def test_a_gpu_server_gets_exactly_its_gpus_checked_before_it_started(real):
     allocated = sorted(held["device_ids"])
     assert len(allocated) == 2
 
-    container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
-    pids = testing.container_pids(node, container_id)
-    (init,) = [p for p in pids if _ns_pid(p) == 1]
+    init = _notebook_init(pod)
     # NVIDIA's runtime gave the container exactly those two device nodes ...
     devices = sorted(
         name
@@ -288,6 +322,69 @@ def test_a_gpu_server_gets_exactly_its_gpus_checked_before_it_started(real):
     wait_for(lambda: not user_pods(kube, user), 90, what=f"{user}'s pod to be deleted")
 
 
+MIG_NODE = "gpu-mig-0"
+MIG_RESOURCE = "nvidia.com/mig-1g.5gb"
+
+
+def test_a_mig_server_gets_exactly_its_mig_device_and_its_own_activity(real):
+    """A 1g.5gb MIG slice through the real hub: the kubelet's allocation, the check, DCGM."""
+    stack, _, _ = real
+    hub, kube, nodes = stack.hub, stack.control_plane.admin_api(), stack.nodes
+    user = "mika"
+    _start_gpu_server(hub, user, 1, "a100-1g")
+    burn = None
+    try:
+        _wait_ready(hub, user)
+        pod = pod_of(kube, user)
+        name = pod["metadata"]["name"]
+        assert pod["spec"]["nodeName"] == MIG_NODE
+        notebook = pod["spec"]["containers"][0]
+        assert notebook["resources"]["limits"][MIG_RESOURCE] == "1"
+        assert "nvidia.com/gpu" not in notebook["resources"]["limits"]
+        (check,) = [
+            c
+            for c in pod["status"]["initContainerStatuses"]
+            if c["name"] == labels.VALIDATION_CONTAINER_NAME
+        ]
+        assert check["state"]["terminated"]["exitCode"] == 0, check
+
+        # The kubelet's device manager gave the notebook one MIG device ...
+        (held,) = [
+            a
+            for a in nodes.pod_resources(MIG_NODE)
+            if a["pod"] == name and a["resource"] == MIG_RESOURCE and a["container"] == "notebook"
+        ]
+        (mig_uuid,) = held["device_ids"]
+        # ... and nvidia-smi inside lists exactly it, under its parent GPU (R470+ format).
+        listed = _in_container(_notebook_init(pod), "nvidia-smi", "-L")
+        assert listed.returncode == 0, listed.stderr
+        lines = listed.stdout.splitlines()
+        assert len(lines) == 2 and lines[0].startswith("GPU "), lines
+        assert "MIG 1g.5gb" in lines[1] and f"UUID: {mig_uuid})" in lines[1], lines
+
+        # Its activity is its own: the busy instance's series rise, and its neighbours on the
+        # same GPU (each MIG device has its own usage directory) stay idle.
+        engine = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+        (own,) = stack.prometheus.wait_for(
+            f'{engine}{{pod="{name}"}}', lambda result: len(result) == 1, timeout=60
+        )
+        parent = own["metric"]["UUID"]
+        assert own["metric"]["GPU_I_PROFILE"] == "1g.5gb"
+        burn = _burn(pod, 120, 80)
+        stack.prometheus.wait_for(f'{engine}{{pod="{name}"}} > 0.5', bool, timeout=60)
+        neighbours = stack.prometheus.wait_for(
+            f'{engine}{{UUID="{parent}",pod!="{name}"}}', bool, timeout=30
+        )
+        assert len(neighbours) >= 1
+        assert all(float(item["value"][1]) == 0 for item in neighbours), neighbours
+    finally:
+        if burn is not None:
+            burn.terminate()
+            burn.wait(timeout=30)
+        stop_server(hub, user)
+    wait_for(lambda: not user_pods(kube, user), 90, what=f"{user}'s pod to be deleted")
+
+
 GPU_CULLER_CONFIG = """
 c = get_config()  # noqa
 # GPU idleness alone decides (an open JupyterLab tab keeps Jupyter 'active'):
@@ -303,12 +400,12 @@ c.Application.log_level = "INFO"
 """
 
 
-def _start_gpu_server(hub, user: str, gpus: int = 1) -> None:
+def _start_gpu_server(hub, user: str, gpus: int = 1, gpu_type: str = "a100") -> None:
     ensure_user(hub, user)
     r = hub.api(
         "POST",
         f"/users/{user}/server",
-        {"profile": "pytorch", "gpu_type": "a100", "gpus": str(gpus)},
+        {"profile": "pytorch", "gpu_type": gpu_type, "gpus": str(gpus)},
     )
     assert r.status in (201, 202), r.body
 
@@ -323,8 +420,11 @@ def _wait_ready(hub, user: str) -> None:
     wait_for(ready, 240, 1, what=f"{user}'s server to be ready")
 
 
-def test_the_culler_stops_the_idle_gpu_server_and_keeps_the_busy_one(real, tmp_path):
-    """GPU activity from the DCGM exporter via the real Prometheus, driven by gpu-burn-emulated."""
+def test_the_culler_stops_the_idle_gpu_server_and_keeps_the_busy_one(real, browser, tmp_path):
+    """GPU activity from the DCGM exporter via the real Prometheus, driven by gpu-burn-emulated.
+
+    The admin page, a hub service reading the same Prometheus, shows it first.
+    """
     stack, _, _ = real
     hub, kube = stack.hub, stack.control_plane.admin_api()
     busy, idle = "bea", "ida"
@@ -334,28 +434,7 @@ def test_the_culler_stops_the_idle_gpu_server_and_keeps_the_busy_one(real, tmp_p
         _wait_ready(hub, user)
     pods = {user: pod_of(kube, user) for user in (busy, idle)}
     busy_pod = pods[busy]
-    container_id = busy_pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
-    (init,) = [
-        p
-        for p in testing.container_pids(busy_pod["spec"]["nodeName"], container_id)
-        if _ns_pid(p) == 1
-    ]
-    # What a user types in the busy notebook's terminal, as its user.
-    burn = subprocess.Popen(
-        [
-            "nsenter",
-            f"--target={init}",
-            "--mount",
-            "--pid",
-            "--setuid=1000",
-            "--setgid=100",
-            "gpu-burn-emulated",
-            "300",
-            "90",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    burn = _burn(busy_pod, 300, 90)
     try:
         util = "DCGM_FI_DEV_GPU_UTIL"
         stack.prometheus.wait_for(
@@ -364,6 +443,23 @@ def test_the_culler_stops_the_idle_gpu_server_and_keeps_the_busy_one(real, tmp_p
         stack.prometheus.wait_for(
             f'{util}{{pod="{pods[idle]["metadata"]["name"]}"}} == 0', bool, timeout=90
         )
+        page = browser_log_in(browser, hub, "admin", ADMIN_PAGE)
+
+        def utilisation_shown():
+            page.goto(hub.public_url + ADMIN_PAGE)
+            shown = {
+                user: re.search(r"(\d+) %", page.locator(f'tr[data-server="{user}/"]').inner_text())
+                for user in (busy, idle)
+            }
+            if all(shown.values()) and int(shown[busy].group(1)) >= 10:
+                return {user: int(match.group(1)) for user, match in shown.items()}
+            return None
+
+        shown = wait_for(utilisation_shown, 90, 2, what="the admin page's GPU utilisation")
+        assert shown[idle] == 0, shown
+        page.screenshot(path=str(tmp_path / "admin-page.png"), full_page=True)
+        _emit(f"admin page with GPU utilisation: {tmp_path / 'admin-page.png'}")
+        page.context.close()
         # Long enough that the idle GPU has been idle past its gpu_timeout in Prometheus's data.
         time.sleep(25)
         config = tmp_path / "culler_config.py"
@@ -409,10 +505,17 @@ H100_NODE = "gpu-h100-0"
 @pytest.mark.parametrize(
     ("user", "fault", "said"),
     [
-        # uncorrectable ECC errors the device plugin did not notice: the GPU stays
-        # allocatable, so only GPUSpawner's check, with nvidia-smi in the container, catches it
+        # Faults the device plugin does not notice (or was not told of): the GPU stays
+        # allocatable, so only GPUSpawner's check, with nvidia-smi in the container, catches it.
         ("vera", {"kind": "ecc", "withdraw": False, "value": "3"}, ["uncorrectable"]),
         ("olga", {"kind": "driver-too-old", "value": "535.161.08"}, ["535.161.08", "13.2"]),
+        # every GPU of the node gone from the bus: 'No devices were found', exit 6
+        ("mila", {"kind": "missing"}, ["could not find a gpu"]),
+        # fallen off the bus (XID 79) before the plugin's health check saw it: exit 15
+        ("lena", {"kind": "lost", "withdraw": False}, ["fallen off the bus"]),
+        # the kernel module not loaded: exit 9
+        ("nina", {"kind": "driver-not-loaded"}, ["driver is not loaded"]),
+        ("romy", {"kind": "row-remap-pending"}, ["row remapping pending"]),
     ],
 )
 def test_a_gpu_fault_fails_the_spawn_through_the_real_kubelet_and_removes_the_pod(

@@ -30,10 +30,19 @@ def test_default_topology_is_the_documented_cluster():
     by_name = {n.name: n for n in topo.nodes}
     gpu_nodes = {n: extended_resources(s) for n, s in by_name.items() if s.gpus}
     assert sorted(gpu_nodes.values(), key=str) == sorted(
-        [{GPU_RESOURCE: 4}, {GPU_RESOURCE: 4}, {GPU_RESOURCE: 8}], key=str
+        [
+            {GPU_RESOURCE: 4},
+            {GPU_RESOURCE: 4},
+            {GPU_RESOURCE: 8},
+            # the MIG node, NVIDIA's mixed strategy: MIG resources only
+            {"nvidia.com/mig-3g.20gb": 2, "nvidia.com/mig-1g.5gb": 8},
+        ],
+        key=str,
     )
     products = sorted(node_labels(by_name[n])["nvidia.com/gpu.product"] for n in gpu_nodes)
-    assert products == ["NVIDIA-A100-SXM4-80GB"] * 2 + ["NVIDIA-H100-80GB-HBM3"]
+    assert products == ["NVIDIA-A100-SXM4-40GB"] + ["NVIDIA-A100-SXM4-80GB"] * 2 + [
+        "NVIDIA-H100-80GB-HBM3"
+    ]
     cpu_only = [s for s in topo.nodes if not s.gpus]
     assert len(cpu_only) == 1
     assert node_taints(cpu_only[0]) == []
@@ -44,7 +53,7 @@ def test_uuids_are_deterministic_unique_and_in_nvidia_format():
     a, b = load_topology(), load_topology()
     uuids = [g.uuid for n in a.nodes for g in n.gpus]
     assert uuids == [g.uuid for n in b.nodes for g in n.gpus]
-    assert len(set(uuids)) == len(uuids) == 16
+    assert len(set(uuids)) == len(uuids) == 4 + 4 + 8 + 2
     assert all(UUID.match(u) for u in uuids)
     assert gpu_uuid("x", 0) != gpu_uuid("x", 1) != gpu_uuid("y", 0)
 
