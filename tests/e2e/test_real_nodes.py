@@ -130,13 +130,7 @@ def test_a_cpu_server_runs_as_a_real_container_and_serves_jupyterlab(real):
     )
     assert r.status_code in (201, 202), r.text[:500]
 
-    def ready():
-        server = hub.api("GET", f"/users/{USER}").json()["servers"].get("")
-        if server is None:
-            raise AssertionError(f"{USER}'s server stopped while starting:\n{hub.log()[-3000:]}")
-        return server["ready"]
-
-    wait_for(ready, 240, 1, what=f"{USER}'s server to be ready")
+    _wait_ready(hub, USER)
 
     # JupyterLab and the server's API through the proxy, after the OAuth round
     # trip in which the notebook asked the hub's API (on HUB_ADDRESS) itself.
@@ -227,6 +221,48 @@ def _in_container(init: int, *command: str) -> subprocess.CompletedProcess:
     )
 
 
+def _start_gpu_server(hub, user: str, gpus: int = 1, gpu_type: str = "a100") -> None:
+    ensure_user(hub, user)
+    r = hub.api(
+        "POST",
+        f"/users/{user}/server",
+        {"profile": "pytorch", "gpu_type": gpu_type, "gpus": str(gpus)},
+    )
+    assert r.status in (201, 202), r.body
+
+
+def _wait_ready(hub, user: str) -> None:
+    def ready():
+        server = hub.api("GET", f"/users/{user}").json()["servers"].get("")
+        if server is None:
+            raise AssertionError(f"{user}'s server stopped while starting:\n{hub.log()[-3000:]}")
+        return server["ready"]
+
+    wait_for(ready, 240, 1, what=f"{user}'s server to be ready")
+
+
+def _assert_check_passed(pod: dict) -> None:
+    """The GPU check ran in its init container (nvidia-smi inside it) and passed."""
+    (check,) = [
+        c
+        for c in pod["status"]["initContainerStatuses"]
+        if c["name"] == labels.VALIDATION_CONTAINER_NAME
+    ]
+    assert check["state"]["terminated"]["exitCode"] == 0, check
+
+
+def _held(nodes, pod: dict, resource: str) -> list[str]:
+    """The device IDs of ``resource`` the kubelet allocated to the notebook, from PodResources."""
+    (held,) = [
+        a
+        for a in nodes.pod_resources(pod["spec"]["nodeName"])
+        if a["pod"] == pod["metadata"]["name"]
+        and a["resource"] == resource
+        and a["container"] == "notebook"
+    ]
+    return held["device_ids"]
+
+
 def _notebook_init(pod: dict) -> int:
     """The host pid of the notebook container's pid 1."""
     container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
@@ -261,38 +297,16 @@ def test_a_gpu_server_gets_exactly_its_gpus_checked_before_it_started(real):
     hub, kube, nodes = stack.hub, stack.control_plane.admin_api(), stack.nodes
     user = "gita"
     ensure_user(hub, user)
-    r = hub.api(
-        "POST", f"/users/{user}/server", {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
-    )
-    assert r.status in (201, 202), r.body
-
-    def ready():
-        server = hub.api("GET", f"/users/{user}").json()["servers"].get("")
-        if server is None:
-            raise AssertionError(f"{user}'s server stopped while starting:\n{hub.log()[-3000:]}")
-        return server["ready"]
-
-    wait_for(ready, 240, 1, what=f"{user}'s GPU server to be ready")
+    _start_gpu_server(hub, user, gpus=2)
+    _wait_ready(hub, user)
     pod = pod_of(kube, user)
     node = pod["spec"]["nodeName"]
     assert node.startswith("gpu-a100"), node
     # The GPU check ran in its init container (nvidia-smi inside it) and passed.
-    (check,) = [
-        c
-        for c in pod["status"]["initContainerStatuses"]
-        if c["name"] == labels.VALIDATION_CONTAINER_NAME
-    ]
-    assert check["state"]["terminated"]["exitCode"] == 0, check
+    _assert_check_passed(pod)
 
     # What the kubelet allocated, through its PodResources API.
-    (held,) = [
-        a
-        for a in nodes.pod_resources(node)
-        if a["pod"] == pod["metadata"]["name"]
-        and a["resource"] == "nvidia.com/gpu"
-        and a["container"] == "notebook"
-    ]
-    allocated = sorted(held["device_ids"])
+    allocated = sorted(_held(nodes, pod, "nvidia.com/gpu"))
     assert len(allocated) == 2
 
     init = _notebook_init(pod)
@@ -341,20 +355,10 @@ def test_a_mig_server_gets_exactly_its_mig_device_and_its_own_activity(real):
         notebook = pod["spec"]["containers"][0]
         assert notebook["resources"]["limits"][MIG_RESOURCE] == "1"
         assert "nvidia.com/gpu" not in notebook["resources"]["limits"]
-        (check,) = [
-            c
-            for c in pod["status"]["initContainerStatuses"]
-            if c["name"] == labels.VALIDATION_CONTAINER_NAME
-        ]
-        assert check["state"]["terminated"]["exitCode"] == 0, check
+        _assert_check_passed(pod)
 
         # The kubelet's device manager gave the notebook one MIG device ...
-        (held,) = [
-            a
-            for a in nodes.pod_resources(MIG_NODE)
-            if a["pod"] == name and a["resource"] == MIG_RESOURCE and a["container"] == "notebook"
-        ]
-        (mig_uuid,) = held["device_ids"]
+        (mig_uuid,) = _held(nodes, pod, MIG_RESOURCE)
         # ... and nvidia-smi inside lists exactly it, under its parent GPU (R470+ format).
         listed = _in_container(_notebook_init(pod), "nvidia-smi", "-L")
         assert listed.returncode == 0, listed.stderr
@@ -398,26 +402,6 @@ c.GPUCuller.pressure_timeout = 0
 c.GPUCuller.kubernetes = "on"
 c.Application.log_level = "INFO"
 """
-
-
-def _start_gpu_server(hub, user: str, gpus: int = 1, gpu_type: str = "a100") -> None:
-    ensure_user(hub, user)
-    r = hub.api(
-        "POST",
-        f"/users/{user}/server",
-        {"profile": "pytorch", "gpu_type": gpu_type, "gpus": str(gpus)},
-    )
-    assert r.status in (201, 202), r.body
-
-
-def _wait_ready(hub, user: str) -> None:
-    def ready():
-        server = hub.api("GET", f"/users/{user}").json()["servers"].get("")
-        if server is None:
-            raise AssertionError(f"{user}'s server stopped while starting:\n{hub.log()[-3000:]}")
-        return server["ready"]
-
-    wait_for(ready, 240, 1, what=f"{user}'s server to be ready")
 
 
 def test_the_culler_stops_the_idle_gpu_server_and_keeps_the_busy_one(real, browser, tmp_path):
