@@ -324,7 +324,6 @@ def test_shipped_catalogs_name_the_images_the_matrix_builds():
         (REPO / "config" / "catalog.yaml", ""),
         (REPO / "config" / "sandbox" / "catalog.yaml", "-jupyter"),
         (CATALOGS / "e2e.yaml", "-jupyter"),
-        (CATALOGS / "e2e-real-nodes.yaml", "-jupyter"),
     ]:
         for key, image in load_catalog_file(path).images.items():
             name = image.image.rsplit("/", 1)[1]

@@ -1,46 +1,108 @@
-"""The end-to-end stack: the real control plane, the local kubelet, a real hub with GPUSpawner.
+"""The end-to-end stack: the real control plane, real nodes, a real hub with GPUSpawner.
 
-Started once per test session. The hub reaches the cluster only with the
-service account of config/rbac.yaml. When the control plane cannot be built
-(no Go), these tests are skipped loudly, and fail in CI.
+Started once for the package (tests/e2e): the control plane, the default
+topology's nodes as real nodes (kubelet, containerd, runc, CNI; GPU nodes with
+our device plugin, NVIDIA's runtime in CDI mode, the emulated driver and DCGM
+exporter) holding the notebook image built here, a real Prometheus, and the hub
+on the host's address in the pod range. The hub reaches the cluster only with
+the service account of config/rbac.yaml. Where real nodes cannot run (no Go,
+no runc, not root), these tests are skipped loudly, and fail in CI.
+
+``tests/e2e/test_real_nodes.py::test_down_restores_the_host`` stops the stack
+and compares the host with the snapshot taken before it started; it runs after
+every test that uses the stack (:data:`LAST_TESTS`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from gpuspawner.catalog import load_catalog_file
+from gpuspawner_sandbox import hoststate, nodeconfig, testing
 from gpuspawner_sandbox.demo import SandboxStack
-from gpuspawner_sandbox.testing import control_plane_binary
+from gpuspawner_sandbox.topology import load_topology
 
 from ..conftest import FIXTURES
 
 E2E_CATALOG = FIXTURES / "catalogs" / "e2e.yaml"
+#: The image every real node holds (no registry is reachable): for pods tests create themselves.
+NODE_IMAGE = load_catalog_file(E2E_CATALOG).images["pytorch"].image
 
 # Admins who configure an image-wide NVIDIA_VISIBLE_DEVICES=all (a common CUDA
-# image default) must not leak GPUs into CPU-only servers.
+# image default) must not leak GPUs into CPU-only servers. Added to the sandbox
+# config's environment (GPUSPAWNER_CULLER_URL, for the notebook's cull warning),
+# not replacing it.
 EXTRA_HUB_CONFIG = """
-c.KubeSpawner.environment = {"NVIDIA_VISIBLE_DEVICES": "all"}
-c.KubeSpawner.start_timeout = 120
+c.KubeSpawner.environment = {**c.Spawner.environment, "NVIDIA_VISIBLE_DEVICES": "all"}
+c.KubeSpawner.start_timeout = 240
 # tests/e2e/test_admin_page.py reads the hub's /metrics without a token
 c.JupyterHub.authenticate_prometheus = False
 """
+#: Run after every other test that uses the stack, in this order: the forward-drop
+#: counter read once the whole suite has run, then the test that stops the stack.
+LAST_TESTS = ("test_nothing_was_forwarded_out_of_the_pod_ranges", "test_down_restores_the_host")
 
 
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory, pytestconfig):
-    binary = control_plane_binary(pytestconfig)
+def emit(line: str) -> None:
+    """Progress of the stack's start and of measured steps, past pytest's capture."""
+    sys.__stderr__.write(line + "\n")
+
+
+@dataclass
+class RealStack:
+    stack: SandboxStack
+    #: the host before the stack started (:func:`gpuspawner_sandbox.hoststate.snapshot`)
+    before: dict
+    #: the nodes' cgroup roots, compared with ``before``
+    cgroup_roots: list[str]
+
+
+@pytest.fixture(scope="package")
+def real(tmp_path_factory, pytestconfig):
+    testing.node_binaries(pytestconfig)  # build first; skip (fail in CI) where nodes cannot run
+    state_dir = tmp_path_factory.mktemp("sandbox")
+    roots = [nodeconfig.cgroup_root(n.name) for n in load_topology(None).nodes]
+    before = hoststate.snapshot(state_dir / "nodes", roots)
     s = SandboxStack(
-        tmp_path_factory.mktemp("sandbox"),
+        state_dir,
         catalog=E2E_CATALOG,
         extra_hub_config=EXTRA_HUB_CONFIG,
-        binary=binary,
+        real_nodes=True,
+        machine_wait=testing.MACHINE_WAIT,
+        emit=emit,
     )
-    with s:
-        yield s
+    with testing.capture_disabled(pytestconfig), s:
+        yield RealStack(s, before, roots)
+
+
+@pytest.fixture
+def stack(real):
+    return real.stack
+
+
+def pytest_collection_modifyitems(items):
+    """The tests of :data:`LAST_TESTS` run after every other test that uses the stack."""
+    e2e = [i for i in items if Path(str(i.fspath)).parent == Path(__file__).parent]
+    if not e2e:
+        return
+    first = items.index(e2e[0])
+
+    def order(item) -> int:
+        if item.name in LAST_TESTS:
+            return 1 + LAST_TESTS.index(item.name)
+        return (
+            0 if {"real", "stack", "hub", "kube"} & set(item.fixturenames) else len(LAST_TESTS) + 1
+        )
+
+    rest = [i for i in items if i not in e2e]
+    items[:] = rest[:first] + sorted(e2e, key=order) + rest[first:]
 
 
 @pytest.fixture

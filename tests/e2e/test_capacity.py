@@ -24,6 +24,7 @@ import pytest
 from gpuspawner_sandbox.kubeapi import ApiError
 
 from .conftest import (
+    NODE_IMAGE,
     ensure_user,
     hub_with,
     pod_of,
@@ -166,7 +167,8 @@ def blocking_pod(name, node):
             "containers": [
                 {
                     "name": "train",
-                    "image": "example/cuda-train",
+                    "image": NODE_IMAGE,
+                    "imagePullPolicy": "Never",
                     "command": ["sh", "-c", "trap '' TERM; while true; do sleep 1; done"],
                     "resources": {"limits": {"nvidia.com/gpu": "4"}},
                 }

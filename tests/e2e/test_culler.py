@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from .conftest import ensure_user, server_state, stop_server, wait_for, wait_ready
+from .conftest import NODE_IMAGE, ensure_user, server_state, stop_server, wait_for, wait_ready
 
 CULLER_CONFIG = """
 c = get_config()  # noqa
@@ -39,7 +39,8 @@ WAITING_POD = {
         "containers": [
             {
                 "name": "job",
-                "image": "registry.example.org/gpuspawner/cuda-pytorch:2.15.0-cuda13.2-py3.13",
+                "image": NODE_IMAGE,
+                "imagePullPolicy": "Never",
                 "command": ["sleep", "600"],
                 "resources": {"limits": {"nvidia.com/gpu": "1"}},
             }

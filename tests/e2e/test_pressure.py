@@ -16,6 +16,7 @@ import urllib.request
 import pytest
 
 from .conftest import (
+    NODE_IMAGE,
     ensure_user,
     hub_with,
     pod_of,
@@ -79,7 +80,8 @@ BLOCKER = {
         "containers": [
             {
                 "name": "job",
-                "image": "registry.example.org/gpuspawner/cuda-pytorch:2.15.0-cuda13.2-py3.13",
+                "image": NODE_IMAGE,
+                "imagePullPolicy": "Never",
                 "command": ["sleep", "600"],
                 "resources": {"limits": {"nvidia.com/gpu": "3"}},
             }

@@ -1,15 +1,10 @@
-"""The end-to-end stack on real nodes, through the real hub and proxy.
+"""What real nodes show, through the real hub and proxy (the package's stack, tests/e2e/conftest.py).
 
-Its own stack for the module (``SandboxStack(real_nodes=True)``): the control
-plane, the default topology's nodes as real nodes (kubelet, containerd, runc,
-CNI; GPU nodes with our device plugin, NVIDIA's runtime in CDI mode, the
-emulated driver and DCGM exporter) holding the notebook image built here (the
-Jupyter stage of images/cuda-pytorch), a real Prometheus, and the hub on the
-host's address in the pod range. Covered: a CPU-only server as a real
+Covered: a CPU-only server as a real
 container, a whole-GPU and a MIG server with their GPU checks, every emulated
 GPU fault failing the spawn with the check's sentence, GPU-aware culling and
-the admin page's utilisation. The last test stops the stack and checks the host
-is as before.
+the admin page's utilisation. The last test of the package stops the stack and
+checks the host is as before.
 """
 
 from __future__ import annotations
@@ -27,17 +22,11 @@ import requests
 
 from gpuspawner import labels
 from gpuspawner_sandbox import gpudriver, hoststate, nodeconfig, testing
-from gpuspawner_sandbox.demo import DEMO_PASSWORD, SandboxStack
-from gpuspawner_sandbox.topology import load_topology
+from gpuspawner_sandbox.demo import DEMO_PASSWORD
 
-from ..conftest import FIXTURES
-from .conftest import browser_log_in, ensure_user, pod_of, stop_server, user_pods, wait_for
+from .conftest import browser_log_in, emit, ensure_user, pod_of, stop_server, user_pods, wait_for
 
-REAL_CATALOG = FIXTURES / "catalogs" / "e2e-real-nodes.yaml"
 ADMIN_PAGE = "/services/gpuspawner-admin/"
-# Not the session stack's EXTRA_HUB_CONFIG: its c.KubeSpawner.environment would
-# replace c.Spawner.environment, and with it GPUSPAWNER_CULLER_URL.
-REAL_HUB_CONFIG = "c.KubeSpawner.start_timeout = 240\n"
 MEMORY_LIMIT = 768 * 1024 * 1024  # the catalog's 768Mi
 USER = "rina"
 # Run with the host's Python inside a pod's network namespace: the HTTP status
@@ -51,29 +40,6 @@ try:
 except urllib.error.HTTPError as e:
     print(e.code)
 """
-
-
-def _emit(line: str) -> None:
-    sys.__stderr__.write(line + "\n")
-
-
-@pytest.fixture(scope="module")
-def real(tmp_path_factory, pytestconfig):
-    testing.node_binaries(pytestconfig)  # build first; skip (fail in CI) where nodes cannot run
-    state_dir = tmp_path_factory.mktemp("real-stack")
-    names = [n.name for n in load_topology(None).nodes]
-    roots = [nodeconfig.cgroup_root(n) for n in names]
-    before = hoststate.snapshot(state_dir / "nodes", roots)
-    stack = SandboxStack(
-        state_dir,
-        catalog=REAL_CATALOG,
-        extra_hub_config=REAL_HUB_CONFIG,
-        real_nodes=True,
-        machine_wait=testing.MACHINE_WAIT,
-        emit=_emit,
-    )
-    with testing.capture_disabled(pytestconfig), stack:
-        yield stack, before, roots
 
 
 def _logged_in(hub, name: str) -> requests.Session:
@@ -107,7 +73,7 @@ def _cmdline(pid: int) -> list[str]:
 
 
 def test_the_hub_listens_on_loopback_and_its_pod_range_address_only(real):
-    stack, _, _ = real
+    stack = real.stack
     hub = stack.hub
     allowed = ipaddress.ip_address(nodeconfig.HUB_ADDRESS)
     listening = testing.listening_addresses(hub.process.pid)
@@ -118,7 +84,7 @@ def test_the_hub_listens_on_loopback_and_its_pod_range_address_only(real):
 
 
 def test_a_cpu_server_runs_as_a_real_container_and_serves_jupyterlab(real):
-    stack, _, _ = real
+    stack = real.stack
     hub, kube = stack.hub, stack.control_plane.admin_api()
     ensure_user(hub, USER)
     session = _logged_in(hub, USER)
@@ -293,7 +259,7 @@ def _burn(pod: dict, seconds: int, percent: int) -> subprocess.Popen:
 
 def test_a_gpu_server_gets_exactly_its_gpus_checked_before_it_started(real):
     """2 × A100 through the real hub: the kubelet's allocation, NVIDIA's runtime, the GPU check."""
-    stack, _, _ = real
+    stack = real.stack
     hub, kube, nodes = stack.hub, stack.control_plane.admin_api(), stack.nodes
     user = "gita"
     ensure_user(hub, user)
@@ -342,7 +308,7 @@ MIG_RESOURCE = "nvidia.com/mig-1g.5gb"
 
 def test_a_mig_server_gets_exactly_its_mig_device_and_its_own_activity(real):
     """A 1g.5gb MIG slice through the real hub: the kubelet's allocation, the check, DCGM."""
-    stack, _, _ = real
+    stack = real.stack
     hub, kube, nodes = stack.hub, stack.control_plane.admin_api(), stack.nodes
     user = "mika"
     _start_gpu_server(hub, user, 1, "a100-1g")
@@ -409,7 +375,7 @@ def test_the_culler_stops_the_idle_gpu_server_and_keeps_the_busy_one(real, brows
 
     The admin page, a hub service reading the same Prometheus, shows it first.
     """
-    stack, _, _ = real
+    stack = real.stack
     hub, kube = stack.hub, stack.control_plane.admin_api()
     busy, idle = "bea", "ida"
     for user in (busy, idle):
@@ -442,7 +408,7 @@ def test_the_culler_stops_the_idle_gpu_server_and_keeps_the_busy_one(real, brows
         shown = wait_for(utilisation_shown, 90, 2, what="the admin page's GPU utilisation")
         assert shown[idle] == 0, shown
         page.screenshot(path=str(tmp_path / "admin-page.png"), full_page=True)
-        _emit(f"admin page with GPU utilisation: {tmp_path / 'admin-page.png'}")
+        emit(f"admin page with GPU utilisation: {tmp_path / 'admin-page.png'}")
         page.context.close()
         # Long enough that the idle GPU has been idle past its gpu_timeout in Prometheus's data.
         time.sleep(25)
@@ -505,7 +471,7 @@ H100_NODE = "gpu-h100-0"
 def test_a_gpu_fault_fails_the_spawn_through_the_real_kubelet_and_removes_the_pod(
     real, user, fault, said
 ):
-    stack, _, _ = real
+    stack = real.stack
     hub, kube = stack.hub, stack.control_plane.admin_api()
     state = stack.nodes.paths(H100_NODE).driver_state
     ensure_user(hub, user)
@@ -533,7 +499,7 @@ def test_a_gpu_fault_fails_the_spawn_through_the_real_kubelet_and_removes_the_po
         # it ended on the check's failure, not on the hub's start timeout
         assert f"{user}'s server failed to start" not in hub.log()
         # Measured, not asserted (docs/benchmarks.md): request -> the user's error.
-        _emit(
+        emit(
             f"fault {fault['kind']}: the spawn failed {time.monotonic() - asked:.1f} s after the request"
         )
         wait_for(lambda: pod_of(kube, user) is None, 60, what=f"{user}'s pod to be deleted")
@@ -542,15 +508,15 @@ def test_a_gpu_fault_fails_the_spawn_through_the_real_kubelet_and_removes_the_po
 
 
 def test_nothing_was_forwarded_out_of_the_pod_ranges(real):
-    stack, _, _ = real
+    stack = real.stack
     assert stack.nodes.forward_drops() == 0
 
 
 def test_down_restores_the_host(real):
-    """Runs last: it stops the stack."""
-    stack, before, roots = real
+    """Runs after every test that uses the stack (tests/e2e/conftest.py): it stops it."""
+    stack = real.stack
     state_dir = stack.state_dir
     stack.stop()
-    after = hoststate.snapshot(state_dir / "nodes", roots)
-    assert hoststate.differences(before, after) == []
+    after = hoststate.snapshot(state_dir / "nodes", real.cgroup_roots)
+    assert hoststate.differences(real.before, after) == []
     assert testing.processes_mentioning(str(state_dir)) == []

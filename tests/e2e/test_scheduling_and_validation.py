@@ -1,10 +1,8 @@
-"""The real scheduler's view of GPUs, and the nvidia-smi check failing fast on injected faults."""
+"""The real scheduler's view of GPUs: placement, validation, and what a user waits for (GPU faults: test_real_nodes.py)."""
 
 import time
 
 import pytest
-
-from gpuspawner_sandbox.devices import Fault, clear_faults, inject_fault
 
 from .conftest import ensure_user, pod_of, server_state, stop_server, wait_for, wait_ready
 
@@ -112,50 +110,3 @@ def test_without_the_inventory_the_scheduler_keeps_it_pending_with_the_reason_un
     assert pod_of(kube, "wanda")["spec"]["nodeName"] == "gpu-h100-0"
     for user in [*hogs[1:], "wanda"]:
         stop_server(hub, user)
-
-
-def test_gpu_fault_the_device_plugin_missed_fails_the_spawn_fast_and_removes_the_pod(
-    stack, hub, kube
-):
-    ensure_user(hub, "vera")
-    # uncorrectable ECC errors on every H100 that the device plugin did not notice:
-    # the GPUs stay allocatable, so only GPUSpawner's check can catch them
-    inject_fault(stack.kubelet_dir, Fault(node="gpu-h100-0", kind="ecc", withdraw=False, value="3"))
-    try:
-        r = hub.api(
-            "POST", "/users/vera/server", {"profile": "pytorch", "gpu_type": "h100", "gpus": "1"}
-        )
-        if r.status == 202:
-            wait_for(lambda: server_state(hub, "vera") is None, 60, what="the failed spawn to end")
-        else:
-            assert r.status == 503, r.body
-            assert r.json()["message"].startswith(
-                "The GPUs given to this server failed their check"
-            )
-        (line,) = [ln for ln in hub.log().splitlines() if "Not starting vera's server" in ln]
-        assert "reason=gpu-check" in line
-        assert "The GPUs given to this server failed their check, so it was not started:" in line
-        assert "uncorrectable" in line.lower()
-        # it ended on the check's failure, not on the hub's 120 s start timeout
-        assert "vera's server failed to start" not in hub.log()
-        wait_for(lambda: pod_of(kube, "vera") is None, 30, what="the pod to be deleted")
-    finally:
-        clear_faults(stack.kubelet_dir)
-
-
-def test_driver_too_old_for_the_images_cuda_is_named(stack, hub, kube):
-    ensure_user(hub, "olga")
-    inject_fault(
-        stack.kubelet_dir, Fault(node="gpu-h100-0", kind="driver-too-old", value="535.161.08")
-    )
-    try:
-        hub.api(
-            "POST", "/users/olga/server", {"profile": "pytorch", "gpu_type": "h100", "gpus": "1"}
-        )
-        wait_for(lambda: server_state(hub, "olga") is None, 60, what="the failed spawn to end")
-        (line,) = [ln for ln in hub.log().splitlines() if "Not starting olga's server" in ln]
-        assert "reason=gpu-check" in line
-        assert "535.161.08" in line and "13.2" in line
-        wait_for(lambda: pod_of(kube, "olga") is None, 30, what="the pod to be deleted")
-    finally:
-        clear_faults(stack.kubelet_dir)

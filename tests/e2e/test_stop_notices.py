@@ -23,8 +23,8 @@ from gpuspawner.admin.service import GPUAdmin
 from gpuspawner.culler import notices
 from gpuspawner.culler import policy as P
 from gpuspawner.kube import KubeClient
+from gpuspawner_sandbox import gpudriver
 from gpuspawner_sandbox.demo import HUB_NAMESPACE
-from gpuspawner_sandbox.devices import Fault, clear_faults, inject_fault
 
 from .conftest import ensure_user, pod_of, server_state, stop_server, wait_for, wait_ready
 from .test_capacity import browser
@@ -102,7 +102,8 @@ async def test_each_stop_reason_is_shown_to_its_user_after_a_hub_restart(
         await client.close()
 
     # a GPU check that fails: GPUSpawner's own stop
-    inject_fault(stack.kubelet_dir, Fault(node="gpu-h100-0", kind="ecc", withdraw=False, value="3"))
+    driver = stack.nodes.paths("gpu-h100-0").driver_state
+    gpudriver.inject_fault(driver, kind="ecc", withdraw=False, value="3")
     try:
         hub.api(
             "POST",
@@ -111,7 +112,7 @@ async def test_each_stop_reason_is_shown_to_its_user_after_a_hub_restart(
         )
         wait_for(lambda: server_state(hub, USER, "check") is None, 60, what="the check to fail")
     finally:
-        clear_faults(stack.kubelet_dir)
+        gpudriver.clear_faults(driver)
 
     stack.stop_hub()
     hub = stack.start_hub()

@@ -17,7 +17,7 @@ CATALOGS = [REPO / "config" / "sandbox" / "catalog.yaml", REPO / "tests" / "fixt
 
 def _catalog_files() -> list[Path]:
     files = [CATALOGS[0]]
-    files += [CATALOGS[1] / n for n in ("e2e.yaml", "e2e-real-nodes.yaml")]
+    files += [CATALOGS[1] / "e2e.yaml"]
     return files
 
 
