@@ -1,15 +1,20 @@
 """Spawn latency on the local GPU cluster: GPUSpawner vs KubeSpawner, 50 users at once, start-up.
 
-    .venv/bin/python benchmarks/sandbox_spawn.py [--rounds 8]
+    sudo .venv/bin/python benchmarks/sandbox_spawn.py [--rounds 8]
 
-One sandbox (real control plane + local kubelet), two hubs on it with the
-same service account: one with GPUSpawner (catalog, limits, the nvidia-smi
+One sandbox (the real control plane and the default topology as real nodes:
+kubelet, containerd, NVIDIA's runtime, the notebook image built here; needs
+root), two hubs on it with the same service account: one with GPUSpawner (catalog, limits, the nvidia-smi
 init container), one with plain KubeSpawner configured by hand for the same
 pod (nvidia.com/gpu limit, node selector, toleration, same command). Spawns
 alternate between them; latency is request -> server ready (the REST call
 returns when the server answers, or the hub is polled when it takes longer).
 Then 50 users spawn on the GPUSpawner hub at once, 16 of them asking for a GPU
 and also, at the same moment, for a second GPU server beyond their limit of 1.
+It also measures the memory each running notebook costs: the
+RSS of every process of the CPU node (containerd, kubelet, shims, pause and
+the notebooks) with the servers running, less the same with none, divided by
+the number of notebooks there.
 Prints Markdown for docs/benchmarks.md.
 """
 
@@ -24,26 +29,30 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gpuspawner_sandbox import build
-from gpuspawner_sandbox.demo import SANDBOX_HUB_CONFIG, SandboxStack
-from gpuspawner_sandbox.hubprocess import start_hub
+import yaml
+from real_nodes import node_pids, total_rss
+
+from gpuspawner_sandbox.demo import SANDBOX_CATALOG, SandboxStack
+
+#: The CPU-only node of the default topology, where the 34 CPU-only servers run.
+CPU_NODE = "cpu-0"
 
 CATALOG = """
 images:
-  pytorch: {display_name: PyTorch, image: "ghcr.io/gpuspawner/cuda-pytorch:2.9.1-cuda13.0", cuda: "13.0"}
+  pytorch: {{display_name: PyTorch, image: "{image}", cuda: "{cuda}"}}
 gpu_types:
-  a100: {display_name: NVIDIA A100, node_selector: {nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB}}
-  h100: {display_name: NVIDIA H100, node_selector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}}
-limits: {default: 1}
+  a100: {{display_name: NVIDIA A100, node_selector: {{nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB}}}}
+  h100: {{display_name: NVIDIA H100, node_selector: {{nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}}}}
+limits: {{default: 1}}
 """
 
 KUBESPAWNER_HUB = """
 c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
-c.KubeSpawner.image = "ghcr.io/gpuspawner/cuda-pytorch:2.9.1-cuda13.0"
-c.KubeSpawner.extra_resource_limits = {"nvidia.com/gpu": "1"}
-c.KubeSpawner.extra_resource_guarantees = {"nvidia.com/gpu": "1"}
-c.KubeSpawner.node_selector = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
-c.KubeSpawner.tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+c.KubeSpawner.image = "{image}"
+c.KubeSpawner.extra_resource_limits = {{"nvidia.com/gpu": "1"}}
+c.KubeSpawner.extra_resource_guarantees = {{"nvidia.com/gpu": "1"}}
+c.KubeSpawner.node_selector = {{"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}}
+c.KubeSpawner.tolerations = [{{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}}]
 """
 
 
@@ -80,20 +89,25 @@ def pct(values, q):
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
+def notebook_image() -> tuple[str, str]:
+    """The image both hubs start and its CUDA version: the one the nodes hold."""
+    pytorch = yaml.safe_load(SANDBOX_CATALOG.read_text())["images"]["pytorch"]
+    return pytorch["image"], str(pytorch["cuda"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=8)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gpuspawner-bench-"))
-    (work / "catalog.yaml").write_text(CATALOG)
-    binary = build.build()
+    image, cuda = notebook_image()
+    (work / "catalog.yaml").write_text(CATALOG.format(image=image, cuda=cuda))
 
     # 50 notebook servers starting at once on 2 cores take minutes to answer:
     # give them longer than the default 60 s before the hub gives up on one.
     stack = SandboxStack(
         work / "sandbox",
         catalog=work / "catalog.yaml",
-        binary=binary,
         extra_hub_config="c.KubeSpawner.http_timeout = 300\nc.KubeSpawner.start_timeout = 600",
     )
     t0 = time.perf_counter()
@@ -102,14 +116,10 @@ def main() -> None:
     t0 = time.perf_counter()
     gpu_hub = stack.start_hub()
     hub_s = time.perf_counter() - t0
-    kube_hub = start_hub(
-        work / "kubespawner-hub",
-        extra_config=f"c.DummyAuthenticator.password = 'gpu'\nload_subconfig({str(SANDBOX_HUB_CONFIG)!r})\n{KUBESPAWNER_HUB}",
-        env={
-            "KUBECONFIG": str(stack.hub_kubeconfig),
-            "GPUSPAWNER_CATALOG": str(work / "catalog.yaml"),
-        },
-    )
+    # the sandbox hub's settings (the address notebooks reach it on) come with the stack
+    kube_hub = stack.start_second_hub("kubespawner-hub", KUBESPAWNER_HUB.format(image=image))
+    idle_node_kib = total_rss(node_pids(stack.nodes, CPU_NODE))
+    per_notebook_kib = None
     try:
         body = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
         for warm in range(2):  # warm caches of both hubs and the kubelet
@@ -163,6 +173,9 @@ def main() -> None:
             per_user[user] = per_user.get(user, 0) + int(
                 p["metadata"]["labels"]["gpuspawner.io/gpus"]
             )
+        on_cpu_node = sum(1 for p in pods if p["spec"].get("nodeName") == CPU_NODE)
+        busy_node_kib = total_rss(node_pids(stack.nodes, CPU_NODE))
+        per_notebook_kib = (busy_node_kib - idle_node_kib) / max(on_cpu_node, 1)
     finally:
         kube_hub.stop()
         stack.stop()
@@ -171,7 +184,9 @@ def main() -> None:
     print(
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     )
-    print(f"\nControl plane + kubelet + hub RBAC ready: {cluster_s:.1f} s; hub up: {hub_s:.1f} s\n")
+    print(
+        f"\nControl plane + real nodes + hub RBAC ready: {cluster_s:.1f} s; hub up: {hub_s:.1f} s\n"
+    )
     print("| spawn of 1 x A100, request -> ready | median s | p95 s | runs |")
     print("|---|---|---|---|")
     print(
@@ -193,6 +208,11 @@ def main() -> None:
     print(
         f"- request -> ready: p50 {pct(ready, 0.5):.1f} s, p95 {pct(ready, 0.95):.1f} s, all done in {burst_s:.1f} s"
     )
+    if per_notebook_kib is not None:
+        print(
+            f"- memory per running notebook on {CPU_NODE} (its node's processes, RSS): "
+            f"{per_notebook_kib / 1024:.0f} MiB"
+        )
 
 
 if __name__ == "__main__":

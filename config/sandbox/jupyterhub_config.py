@@ -3,7 +3,6 @@
 # the loopback addresses, ports, proxy, database and the demo login; see
 # sandbox/gpuspawner_sandbox/hubprocess.py and sandbox/gpuspawner_sandbox/demo.py.
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -17,39 +16,25 @@ c.JupyterHub.spawner_class = "gpu"
 c.GPUSpawner.catalog_file = os.environ.get("GPUSPAWNER_CATALOG", str(here / "catalog.yaml"))
 
 # The hub runs outside the cluster with the kubeconfig of its service account
-# (KUBECONFIG, bound only to config/rbac.yaml); notebooks reach it on loopback.
+# (KUBECONFIG, bound only to config/rbac.yaml). Pods are real containers of the
+# notebook image built here on real nodes (docs/sandbox.md): the image's own
+# start script and user (jovyan) run, and notebooks reach the hub on the host's
+# own address in the pod range (their only routes are the pod range), which the
+# sandbox puts on an interface of its own and names here.
 c.KubeSpawner.namespace = "jupyterhub"
-c.JupyterHub.hub_connect_ip = "127.0.0.1"
-# Images are recorded, not pulled: the local kubelet runs the container's
-# command on this machine, so it must be given (the image's CMD is not known).
-singleuser = shutil.which("jupyterhub-singleuser") or str(
-    Path(sys.executable).parent / "jupyterhub-singleuser"
-)
-c.KubeSpawner.cmd = [singleuser]
+_hub_address = os.environ.get("GPUSPAWNER_SANDBOX_HUB_ADDRESS", "127.0.0.1")
+c.JupyterHub.hub_ip = _hub_address
+c.JupyterHub.hub_connect_ip = _hub_address
+c.KubeSpawner.cmd = ["start-singleuser.sh"]
 c.KubeSpawner.args = [
     "--ServerApp.default_url=/lab",
     # language-server autodetection runs npm on every start; nothing here needs it
     "--LanguageServerManager.autodetect=False",
 ]
-# The local kubelet runs pods as this machine's user (root in CI), not as the
-# image's jovyan: Jupyter refuses to run as root unless told.
-if os.geteuid() == 0:
-    c.KubeSpawner.args.append("--allow-root")
-# Real nodes (gpuspawner-sandbox's SandboxStack(real_nodes=True), docs/sandbox.md):
-# pods are real containers of the notebook image built here, so the image's own
-# start script and user (jovyan) run, and notebooks reach the hub on the host's
-# own address in the pod range (their only routes are the pod range), which
-# the sandbox puts on a dummy interface and names here.
-_hub_address = os.environ.get("GPUSPAWNER_SANDBOX_HUB_ADDRESS")
-# On real nodes a real Prometheus scrapes every GPU node's DCGM exporter: the culler
-# and the admin page read GPU activity from it, as on a real cluster.
+# A real Prometheus scrapes every GPU node's DCGM exporter: the culler and the
+# admin page read GPU activity from it, as on a real cluster.
 _prometheus = os.environ.get("GPUSPAWNER_SANDBOX_PROMETHEUS_URL")
 _prometheus_args = [f"--prometheus-url={_prometheus}"] if _prometheus else []
-if _hub_address:
-    c.JupyterHub.hub_ip = _hub_address
-    c.JupyterHub.hub_connect_ip = _hub_address
-    c.KubeSpawner.cmd = ["start-singleuser.sh"]
-    c.KubeSpawner.args = [a for a in c.KubeSpawner.args if a != "--allow-root"]
 c.KubeSpawner.storage_pvc_ensure = False
 c.KubeSpawner.start_timeout = 180
 c.KubeSpawner.http_timeout = 60
@@ -75,8 +60,8 @@ with socket.socket() as _s:
 c.JupyterHub.services.append(
     {
         "name": "gpuspawner-culler",
-        # On real nodes notebooks ask it themselves: on the hub's pod-range address.
-        "url": f"http://{_hub_address or '127.0.0.1'}:{_culler_port}",
+        # notebooks ask it themselves: on the hub's pod-range address
+        "url": f"http://{_hub_address}:{_culler_port}",
         "command": [
             sys.executable,
             "-m",
@@ -107,13 +92,11 @@ c.JupyterHub.load_roles.append(
 )
 # JupyterLab's cull warning (gpuspawner-jupyterlab), as in config/jupyterhub_config.py:
 # every user may reach the culler, server tokens carry that access, and servers
-# ask it directly (emulated nodes: on loopback; real nodes: on the hub's address).
+# ask it directly, on the hub's address.
 CULLER_ACCESS = "access:services!service=gpuspawner-culler"
 c.JupyterHub.load_roles.append({"name": "user", "scopes": ["self", CULLER_ACCESS]})
 c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server", CULLER_ACCESS]
-c.Spawner.environment.update(
-    {"GPUSPAWNER_CULLER_URL": f"http://{_hub_address or '127.0.0.1'}:{_culler_port}/"}
-)
+c.Spawner.environment.update({"GPUSPAWNER_CULLER_URL": f"http://{_hub_address}:{_culler_port}/"})
 
 # --- gpuspawner-admin: the GPU page for admins (docs/admin.md) ----------------
 # A hub-managed service at /services/gpuspawner-admin/, on a free loopback port

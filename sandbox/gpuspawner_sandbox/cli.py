@@ -1,119 +1,29 @@
 """``gpuspawner-sandbox up|down|status``: the local GPU cluster from a shell.
 
-``up`` builds the control plane if needed, starts it in the background,
-records what it started in ``<state-dir>/controlplane.json`` and prints how to
-reach it; ``down`` stops everything recorded there; ``status`` says what runs.
+``up`` builds what is missing, starts the control plane and the topology's
+nodes as real nodes in the background, records what it started in
+``<state-dir>`` and prints how to reach it; ``down`` stops everything recorded
+there and restores the host; ``status`` says what runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.util
-import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from . import build, nodebuild, nodeconfig, nodes
 from .controlplane import (
-    STOP_GRACE,
     ControlPlane,
     ControlPlaneError,
-    log_tail,
-    pid_is_ours,
     read_state,
     recorded_status,
     stop_recorded,
 )
 
 DEFAULT_STATE_DIR = build.REPO_ROOT / ".cache" / "sandbox" / "state"
-KUBELET_MODULE = "gpuspawner_sandbox.kubelet"
-KUBELET_STATE = "kubelet.json"
-#: The file the kubelet writes into its state dir once its nodes are registered
-#: (gpuspawner_sandbox.kubelet.READY_FILE; not imported, to keep `status` light).
-KUBELET_READY_FILE = "kubelet.ready"
-
-
-# -- the local kubelet, started and stopped alongside the control plane ---------
-#
-# The kubelet (gpuspawner_sandbox.kubelet) owns the emulated GPU nodes. It is a
-# separate process so that `up` can return; its pid is recorded in
-# <state-dir>/kubelet.json and `down` stops it before the control plane.
-
-
-def kubelet_available() -> bool:
-    return importlib.util.find_spec(KUBELET_MODULE) is not None
-
-
-def start_kubelet(
-    state_dir: Path, kubeconfig: Path, topology: Path | None, timeout: float = 60
-) -> int:
-    """Start the local kubelet in the background, wait until its nodes are up; returns its pid."""
-    log_path = state_dir / "logs" / "kubelet.log"
-    log = log_path.open("ab")
-    kubelet_dir = state_dir / "kubelet"
-    kubelet_dir.mkdir(parents=True, exist_ok=True)
-    (kubelet_dir / KUBELET_READY_FILE).unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", KUBELET_MODULE, "--kubeconfig", str(kubeconfig)]
-    if topology is not None:
-        cmd += ["--topology", str(topology)]
-    cmd += ["--state-dir", str(kubelet_dir)]
-    try:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    finally:
-        log.close()
-    (state_dir / KUBELET_STATE).write_text(json.dumps({"pid": proc.pid}) + "\n")
-    deadline = time.monotonic() + timeout
-    while not (kubelet_dir / KUBELET_READY_FILE).exists():
-        if proc.poll() is not None:
-            raise ControlPlaneError(
-                f"The local kubelet exited with code {proc.returncode}; "
-                f"last lines of {log_path}:\n{log_tail(log_path)}"
-            )
-        if time.monotonic() > deadline:
-            raise ControlPlaneError(
-                f"The local kubelet did not register its nodes within {timeout:.0f}s; "
-                f"see {log_path}."
-            )
-        time.sleep(0.2)
-    return proc.pid
-
-
-def kubelet_pid(state_dir: Path) -> int | None:
-    """The recorded kubelet's pid if it still runs."""
-    try:
-        pid = json.loads((state_dir / KUBELET_STATE).read_text())["pid"]
-    except (OSError, ValueError, KeyError):
-        return None
-    return pid if pid_is_ours(pid, state_dir) else None
-
-
-def stop_kubelet(state_dir: Path, grace: float = STOP_GRACE) -> bool:
-    """Stop the recorded kubelet (SIGTERM, then SIGKILL); True if one ran."""
-    pid = kubelet_pid(state_dir)
-    if pid is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while pid_is_ours(pid, state_dir) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if pid_is_ours(pid, state_dir):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-    (state_dir / KUBELET_STATE).unlink(missing_ok=True)
-    return pid is not None
-
-
 # -- commands ------------------------------------------------------------------
 
 
@@ -122,14 +32,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     if any(recorded_status(state_dir).values()):
         print(f"The sandbox in {state_dir} is already running (see `gpuspawner-sandbox status`).")
         return 1
-    if args.real_nodes and os.geteuid() != 0:
+    if os.geteuid() != 0 and not args.no_kubelet:
         print(
-            "error: --real-nodes needs root (mount namespaces, cgroups, bridges); "
-            "run it with sudo, or leave it out for the emulated nodes.",
+            "error: real nodes need root (mount namespaces, cgroups, bridges): run it with sudo, "
+            "or with --no-kubelet for the control plane alone.",
             file=sys.stderr,
         )
         return 1
-    binaries = nodebuild.build_all() if args.real_nodes else None
+    binaries = None if args.no_kubelet else nodebuild.build_all()
     binary = binaries.k8s if binaries else build.build()
     cp = ControlPlane(state_dir, binary)
     cp.die_with_parent = args.foreground
@@ -137,24 +47,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     started = time.monotonic()
     cp.start(timeout=args.timeout)
     print(f"Control plane ready in {time.monotonic() - started:.1f}s at {cp.api_url}")
-
-    kubelet = None
-    real = None
-    if args.no_kubelet:
-        pass
-    elif binaries is not None:
-        real = start_real_nodes(state_dir, cp, binaries, args)
-    elif kubelet_available():
-        try:
-            kubelet = start_kubelet(state_dir, cp.admin_kubeconfig, args.topology)
-        except ControlPlaneError:
-            stop_kubelet(state_dir)
-            cp.stop()
-            raise
-        where = args.topology or "the default topology"
-        print(f"Local kubelet started (pid {kubelet}); its nodes from {where} are registered.")
-    else:
-        print("The local kubelet (gpuspawner_sandbox.kubelet) is not available: no nodes.")
+    real = start_real_nodes(state_dir, cp, binaries, args) if binaries is not None else None
 
     print(f"Logs: {cp.log_dir}")
     print(f"export KUBECONFIG={cp.admin_kubeconfig}")
@@ -173,8 +66,6 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("\nStopping…", flush=True)
         return 0
     finally:
-        if kubelet is not None:
-            stop_kubelet(state_dir)
         if real is not None:
             real.stop()
         cp.stop()
@@ -225,15 +116,14 @@ def start_real_nodes(
 def cmd_down(args: argparse.Namespace) -> int:
     state_dir = args.state_dir.resolve()
     real = nodes.teardown(state_dir)
-    had_kubelet = stop_kubelet(state_dir)
     stopped = stop_recorded(state_dir)
-    if not stopped and not had_kubelet and not real:
+    if not stopped and not real:
         print(f"Nothing was running in {state_dir}.")
         return 0
     if real:
         print(f"Stopped the real nodes {', '.join(real)} and restored the host.")
-    names = (["kubelet"] if had_kubelet else []) + stopped
-    print(f"Stopped {', '.join(names)}.")
+    if stopped:
+        print(f"Stopped {', '.join(stopped)}.")
     return 0
 
 
@@ -246,9 +136,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 3
     for name, alive in components.items():
         print(f"{name:<26} {'running' if alive else 'NOT RUNNING'}")
-    kubelet = kubelet_pid(state_dir)
-    if (state_dir / KUBELET_STATE).exists() or kubelet:
-        print(f"{'kubelet':<26} {'running' if kubelet else 'NOT RUNNING'}")
     real = nodes.status(state_dir)
     for node, parts in real.items():
         for part, alive in parts.items():
@@ -262,7 +149,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="gpuspawner-sandbox",
-        description="A local Kubernetes control plane with emulated GPU nodes, on loopback.",
+        description="A local Kubernetes cluster with real nodes over emulated GPUs, on loopback "
+        "and bridges of its own.",
     )
     parser.add_argument(
         "--state-dir",
@@ -278,21 +166,19 @@ def main(argv: list[str] | None = None) -> int:
         "--topology",
         type=Path,
         default=None,
-        help="the emulated nodes (YAML; default: sandbox/gpuspawner_sandbox/topology.yaml)",
+        help="the nodes and their emulated GPUs (YAML; default: "
+        "sandbox/gpuspawner_sandbox/topology.yaml)",
     )
-    up.add_argument("--no-kubelet", action="store_true", help="start the control plane only")
     up.add_argument(
-        "--real-nodes",
-        action="store_true",
-        help="run the topology's nodes as real nodes (the kubelet, containerd, runc and CNI, "
-        "and our device plugin over emulated GPUs on GPU nodes; needs root) instead of the "
-        "emulated kubelet",
+        "--no-kubelet", action="store_true", help="start the control plane only (no nodes)"
     )
+    # the nodes are always real now; accepted for old scripts
+    up.add_argument("--real-nodes", action="store_true", help=argparse.SUPPRESS)
     up.add_argument(
         "--device-list-strategy",
         choices=nodeconfig.DEVICE_LIST_STRATEGIES,
         default="envvar",
-        help="with --real-nodes: how the GPU nodes' device plugin names devices to the runtime, "
+        help="how the GPU nodes' device plugin names devices to the runtime, "
         "as NVIDIA's plugin's flag (NVIDIA_VISIBLE_DEVICES, CDI annotations, or CRI CDI devices)",
     )
     up.add_argument(

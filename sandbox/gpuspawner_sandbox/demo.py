@@ -2,10 +2,13 @@
 
     make demo            (or: gpuspawner-sandbox demo)
 
-Builds the control plane if needed, starts it with the local kubelet and its
-emulated GPU nodes, gives the hub the service account of config/rbac.yaml,
-and runs JupyterHub with GPUSpawner and configurable-http-proxy on
-127.0.0.1. Ctrl-C stops everything. The end-to-end tests start the same stack
+Builds what is missing (the control plane, the node components, the notebook
+image), starts the control plane and the topology's nodes as real nodes
+(kubelet, containerd, runc, CNI; GPU nodes with our device plugin, NVIDIA's
+runtime and the emulated driver), gives the hub the service account of
+config/rbac.yaml, and runs JupyterHub with GPUSpawner and
+configurable-http-proxy (the public side on 127.0.0.1). Ctrl-C stops
+everything and restores the host. The end-to-end tests start the same stack
 through :class:`SandboxStack`.
 """
 
@@ -13,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import time
 from pathlib import Path
 
 from . import build, nodebuild, nodeconfig, notebookimage
-from .cli import start_kubelet, stop_kubelet
 from .controlplane import ControlPlane, ControlPlaneError
 from .hubprocess import REPO, Hub, proxy_command, start_hub
 from .nodes import NodeError, RealNodes
@@ -32,8 +35,8 @@ SANDBOX_HUB_CONFIG = REPO / "config" / "sandbox" / "jupyterhub_config.py"
 SANDBOX_CATALOG = REPO / "config" / "sandbox" / "catalog.yaml"
 #: Where the notebook image's layers (the private engine's data root) and archive are cached.
 IMAGE_CACHE = REPO / ".cache" / "images"
-#: Tells config/sandbox/jupyterhub_config.py the nodes are real: the hub listens
-#: on this address (nodeconfig.HUB_ADDRESS), which notebooks reach.
+#: Tells config/sandbox/jupyterhub_config.py the address the hub listens on
+#: (nodeconfig.HUB_ADDRESS), which notebooks reach.
 HUB_ADDRESS_ENV = "GPUSPAWNER_SANDBOX_HUB_ADDRESS"
 #: Tells config/sandbox/jupyterhub_config.py where the Prometheus over the DCGM exporters is.
 PROMETHEUS_URL_ENV = "GPUSPAWNER_SANDBOX_PROMETHEUS_URL"
@@ -79,12 +82,12 @@ def start_story(hub: Hub, holders: dict[str, int] = STORY_HOLDERS, timeout: floa
 
 
 class SandboxStack:
-    """Control plane + nodes + a hub whose only cluster access is its service account.
+    """Control plane + real nodes + a hub whose only cluster access is its service account.
 
-    The nodes are the emulated kubelet's, or with ``real_nodes=True`` the
-    topology's nodes as real nodes (kubelet, containerd, runc, CNI) running
-    the notebook image built here (:mod:`gpuspawner_sandbox.notebookimage`),
-    with the hub on the host's address in the pod range.
+    The nodes are the topology's, as real nodes (kubelet, containerd, runc,
+    CNI) holding the notebook image built here
+    (:mod:`gpuspawner_sandbox.notebookimage`); the hub listens on the host's
+    address in the pod range, which notebooks reach.
     """
 
     def __init__(
@@ -97,7 +100,6 @@ class SandboxStack:
         public_port: int | None = None,
         binary: Path | None = None,
         hub_env: dict[str, str] | None = None,
-        real_nodes: bool = False,
         machine_wait: float = 0,
         emit=print,
     ):
@@ -112,7 +114,6 @@ class SandboxStack:
         self.hub: Hub | None = None
         self.hub_kubeconfig: Path | None = None
         self._token: str | None = None
-        self.real_nodes = real_nodes
         #: How long real nodes wait for another set on this machine to stop (tests wait).
         self.machine_wait = machine_wait
         self.emit = emit
@@ -120,21 +121,7 @@ class SandboxStack:
         self.prometheus: Prometheus | None = None
         self.notebook_images: notebookimage.NotebookImages | None = None
 
-    @property
-    def kubelet_dir(self) -> Path:
-        return self.state_dir / "kubelet"
-
     def start_cluster(self) -> None:
-        if self.real_nodes:
-            self._start_real_cluster()
-            return
-        cp = ControlPlane(self.state_dir, self.binary or build.build(out=sys.stderr))
-        self.control_plane = cp
-        cp.start()
-        start_kubelet(self.state_dir, cp.admin_kubeconfig, self.topology)
-        self._hub_account(cp)
-
-    def _start_real_cluster(self) -> None:
         from .topology import TopologyError, load_topology
 
         try:
@@ -237,7 +224,7 @@ class SandboxStack:
             self.hub = None
 
     def stop(self) -> None:
-        """Stop the hub (its servers' pods stay, as in a real hub restart), the kubelet, the control plane."""
+        """Stop the hub, Prometheus, the nodes (restoring the host) and the control plane."""
         self.stop_hub()
         if self.prometheus is not None:
             self.prometheus.stop()
@@ -245,8 +232,6 @@ class SandboxStack:
         if self.nodes is not None:
             self.nodes.stop()
             self.nodes = None
-        elif not self.real_nodes:
-            stop_kubelet(self.state_dir)
         if self.control_plane is not None:
             self.control_plane.stop()
 
@@ -264,8 +249,15 @@ class SandboxStack:
 
 
 def _prerequisites() -> str | None:
+    """What stops the demo before anything starts, in one sentence; None if nothing."""
+    if os.geteuid() != 0:
+        return (
+            "The demo runs real nodes (mount namespaces, cgroups, bridges), which needs root: "
+            "run it with sudo."
+        )
     try:
         build.find_go()
+        nodebuild.find_runc()
         proxy_command()
     except (build.BuildError, RuntimeError) as e:
         return str(e)
@@ -293,8 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--real-nodes",
         action="store_true",
-        help="run the topology's nodes as real nodes (kubelet, containerd, runc, CNI; needs root) "
-        "with the notebook image built here; GPU servers there are not ready yet (issue 11)",
+        help=argparse.SUPPRESS,  # the nodes are always real now; accepted for old scripts
     )
     parser.add_argument(
         "--no-story",
@@ -330,13 +321,13 @@ def main(argv: list[str] | None = None) -> int:
         }
         if story
         else {},
-        real_nodes=args.real_nodes,
         emit=lambda line: print(line, flush=True),
     )
     started = time.monotonic()
     try:
         print(
-            "Starting the local GPU cluster (etcd, kube-apiserver, scheduler, controller manager, kubelet)…",
+            "Starting the local GPU cluster (etcd, kube-apiserver, scheduler, controller manager, "
+            "then the nodes: kubelet, containerd, runc, CNI)…",
             flush=True,
         )
         stack.start_cluster()
@@ -373,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as e:
             print(f"The demo's story could not start: {e}", file=sys.stderr)
         except KeyboardInterrupt:
-            print("\nStopping JupyterHub, the kubelet and the control plane…", flush=True)
+            print("\nStopping JupyterHub, the nodes and the control plane…", flush=True)
             with contextlib.suppress(Exception):
                 stack.stop()
             return 0
@@ -396,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     except KeyboardInterrupt:
-        print("\nStopping JupyterHub, the kubelet and the control plane…", flush=True)
+        print("\nStopping JupyterHub, the nodes and the control plane…", flush=True)
         return 0
     finally:
         with contextlib.suppress(Exception):

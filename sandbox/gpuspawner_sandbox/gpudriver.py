@@ -121,7 +121,7 @@ class FaultKind:
     help: str
 
 
-#: The fault kinds (the old emulated kubelet's names, see devices.py, plus row remapping).
+#: The fault kinds, each with what it does to the GPU and whether the plugin notices.
 FAULT_KINDS: dict[str, FaultKind] = {
     "missing": FaultKind(
         "gpu",

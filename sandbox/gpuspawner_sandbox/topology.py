@@ -1,9 +1,10 @@
-"""The sandbox cluster's shape: which emulated nodes exist and what GPUs they hold.
+"""The sandbox cluster's shape: which nodes exist and what emulated GPUs they hold.
 
 A topology is a small YAML file (see ``topology.yaml`` beside this module for
-the default and ``docs/sandbox-kubelet.md`` for the format). Loading it gives
-plain data — :class:`Topology` with :class:`NodeSpec` and :class:`GPUSpec` —
-from which the local kubelet builds Node objects and the device pools.
+the default and ``docs/sandbox.md``, "Topology", for the format). Loading it
+gives plain data — :class:`Topology` with :class:`NodeSpec` and
+:class:`GPUSpec` — from which each real node gets its labels and taint, its
+emulated driver's GPUs and its device plugin's devices.
 
 Everything that identifies a device (GPU UUIDs, MIG UUIDs, PCI bus ids,
 serials) is derived deterministically from the node name and the GPU index, so
@@ -245,8 +246,6 @@ class NodeSpec:
 @dataclass(frozen=True)
 class Topology:
     nodes: tuple[NodeSpec, ...]
-    #: image glob pattern -> env the image declares (like ENV lines in its Dockerfile)
-    image_env: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def node(self, name: str) -> NodeSpec:
         for node in self.nodes:
@@ -273,10 +272,6 @@ def _mig_devices(node: str, index: int, model: GPUModel, layout: list[str]) -> t
         next_gi[profile.slices] += 1
         devices.append(MigDeviceSpec(mig_uuid(node, index, mig_index), profile, gi, 0, mig_index))
     return tuple(devices)
-
-
-def _where(node: str | None, key: str) -> str:
-    return f"node {node!r}, field {key!r}" if node else f"field {key!r}"
 
 
 def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
@@ -443,7 +438,12 @@ def parse_topology(raw: Any) -> Topology:
     """Validate a parsed topology document and build the :class:`Topology`."""
     if not isinstance(raw, dict) or not isinstance(raw.get("nodes"), list) or not raw["nodes"]:
         raise TopologyError("A topology needs a non-empty 'nodes' list.")
-    unknown = set(raw) - {"nodes", "driver", "image_env"}
+    if "image_env" in raw:
+        raise TopologyError(
+            "The topology's 'image_env' is no longer read: real nodes run each image with the "
+            "environment its own ENV lines set; remove it."
+        )
+    unknown = set(raw) - {"nodes", "driver"}
     if unknown:
         raise TopologyError(f"The topology has unknown top-level field(s): {', '.join(unknown)}.")
     driver = str(raw.get("driver", "580.95.05"))
@@ -455,15 +455,7 @@ def parse_topology(raw: Any) -> Topology:
         if node.name in seen:
             raise TopologyError(f"Node name {node.name!r} appears more than once.")
         seen.add(node.name)
-    image_env = raw.get("image_env") or {}
-    if not isinstance(image_env, dict) or not all(isinstance(v, dict) for v in image_env.values()):
-        raise TopologyError("'image_env' must map image patterns to mappings of env variables.")
-    return Topology(
-        nodes=nodes,
-        image_env={
-            str(k): {str(n): str(v) for n, v in env.items()} for k, env in image_env.items()
-        },
-    )
+    return Topology(nodes=nodes)
 
 
 def load_topology(path: Path | str | None = None) -> Topology:

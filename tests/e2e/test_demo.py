@@ -1,4 +1,5 @@
-"""The README's main command: it starts the cluster and the hub, answers, and Ctrl-C stops everything."""
+"""The README's main command: it starts the cluster on real nodes and the hub, answers, and Ctrl-C
+stops everything and restores the host."""
 
 import os
 import signal
@@ -9,8 +10,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from gpuspawner_sandbox import hoststate, nodeconfig, testing
 from gpuspawner_sandbox.hubprocess import free_port
-from gpuspawner_sandbox.testing import control_plane_binary, processes_mentioning
+from gpuspawner_sandbox.testing import processes_mentioning
+from gpuspawner_sandbox.topology import load_topology
 
 
 class Visitor:
@@ -63,8 +66,10 @@ def wait_until(predicate, timeout, what):
 
 
 def test_demo_starts_the_hub_and_ctrl_c_leaves_nothing_running(tmp_path, pytestconfig):
-    control_plane_binary(pytestconfig)  # built (or skipped/failed loudly) like the other e2e tests
+    testing.node_binaries(pytestconfig)  # built (or skipped/failed loudly) like the other e2e tests
     state = tmp_path / "demo-state"
+    roots = [nodeconfig.cgroup_root(n.name) for n in load_topology(None).nodes]
+    before = hoststate.snapshot(state / "nodes", roots)
     port = free_port()
     command = [
         str(Path(sys.executable).parent / "gpuspawner-sandbox"),
@@ -80,7 +85,8 @@ def test_demo_starts_the_hub_and_ctrl_c_leaves_nothing_running(tmp_path, pytestc
     log = (tmp_path / "demo.log").open("w+")
     demo = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 240
+        # the control plane, five real nodes each importing the notebook image, the hub
+        deadline = time.monotonic() + 600
         while "is running at" not in (tmp_path / "demo.log").read_text():
             assert demo.poll() is None, (tmp_path / "demo.log").read_text()
             assert time.monotonic() < deadline, (tmp_path / "demo.log").read_text()
@@ -92,13 +98,13 @@ def test_demo_starts_the_hub_and_ctrl_c_leaves_nothing_running(tmp_path, pytestc
             assert r.status == 200
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/hub/login", timeout=30) as r:
             assert b"password" in r.read().lower()
-        assert processes_mentioning(str(state))  # control plane, kubelet and hub run from it
+        assert processes_mentioning(str(state))  # control plane, nodes and hub run from it
 
         # The story: ada and bob hold every A100 with idle servers. Carol asks for
         # two and waits in line; the culler frees one holder's node for her.
         wait_until(
             lambda: "The story:" in (tmp_path / "demo.log").read_text(),
-            180,
+            300,
             "the story's servers",
         )
         base = f"http://127.0.0.1:{port}"
@@ -115,7 +121,7 @@ def test_demo_starts_the_hub_and_ctrl_c_leaves_nothing_running(tmp_path, pytestc
             server = (model.get("servers") or {}).get("") if status == 200 else None
             return server and server.get("ready")
 
-        wait_until(carol_ready, 240, "carol's queued A100 server to start")
+        wait_until(carol_ready, 300, "carol's queued A100 server to start")
         # she waited in the hub's queue: the A100s were all held when she asked
         hub_log = (state / "hub" / "hub.log").read_text()
         assert "carol leaves the GPU queue for NVIDIA A100" in hub_log
@@ -130,7 +136,8 @@ def test_demo_starts_the_hub_and_ctrl_c_leaves_nothing_running(tmp_path, pytestc
         assert "because" in visitor.page("/hub/home")  # the line saying why it stopped
     finally:
         os.kill(demo.pid, signal.SIGINT)  # what Ctrl-C sends
-        code = demo.wait(timeout=90)
+        code = demo.wait(timeout=300)  # the nodes' teardown deletes their copies of the image
     assert code == 0, (tmp_path / "demo.log").read_text()
     time.sleep(1)
     assert processes_mentioning(str(state)) == []
+    assert hoststate.differences(before, hoststate.snapshot(state / "nodes", roots)) == []

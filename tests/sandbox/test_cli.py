@@ -1,4 +1,4 @@
-"""gpuspawner-sandbox without a running sandbox: readable answers, no tracebacks."""
+"""gpuspawner-sandbox up|down|status: readable answers, no tracebacks, nothing left behind."""
 
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ def test_down_never_signals_a_stranger_with_a_recorded_pid(tmp_path, capsys):
         state = {"api_url": "https://127.0.0.1:1", "admin_kubeconfig": "x", "ports": {}}
         state["pids"] = {"etcd": stranger.pid}
         (tmp_path / "controlplane.json").write_text(json.dumps(state))
-        (tmp_path / "kubelet.json").write_text(json.dumps({"pid": stranger.pid}))
         assert cli.main(["--state-dir", str(tmp_path), "status"]) == 1
         assert "etcd" in capsys.readouterr().out
         assert cli.main(["--state-dir", str(tmp_path), "down"]) == 0
@@ -40,13 +39,13 @@ def test_down_never_signals_a_stranger_with_a_recorded_pid(tmp_path, capsys):
         stranger.wait()
 
 
-def test_up_status_down_leave_no_process(control_plane_binary, tmp_path, capsys):
+def test_up_control_plane_only_status_down_leave_no_process(control_plane_binary, tmp_path, capsys):
     state = tmp_path / "state"
     try:
-        assert cli.main(["--state-dir", str(state), "up"]) == 0
+        assert cli.main(["--state-dir", str(state), "up", "--no-kubelet"]) == 0
         out = capsys.readouterr().out
         assert f"export KUBECONFIG={state / 'admin.kubeconfig'}" in out
-        assert "Local kubelet started" in out
+        assert "Ready in" not in out  # no nodes
 
         assert cli.main(["--state-dir", str(state), "status"]) == 0
         status = capsys.readouterr().out
@@ -56,11 +55,12 @@ def test_up_status_down_leave_no_process(control_plane_binary, tmp_path, capsys)
         assert testing.processes_mentioning(str(state))
 
         # `up` again must not start a second sandbox over the first.
-        assert cli.main(["--state-dir", str(state), "up"]) == 1
+        assert cli.main(["--state-dir", str(state), "up", "--no-kubelet"]) == 1
         assert "already running" in capsys.readouterr().out
     finally:
         assert cli.main(["--state-dir", str(state), "down"]) == 0
-    assert "Stopped kubelet, " in capsys.readouterr().out
+    stopped = capsys.readouterr().out
+    assert stopped.startswith("Stopped ") and "kube-apiserver" in stopped, stopped
     deadline = time.monotonic() + 10  # reparented components are reaped by init
     while testing.processes_mentioning(str(state)) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -68,9 +68,9 @@ def test_up_status_down_leave_no_process(control_plane_binary, tmp_path, capsys)
     assert cli.main(["--state-dir", str(state), "status"]) == 3
 
 
-def test_up_real_nodes_status_down(pytestconfig, tmp_path, capsys):
-    """`up --real-nodes` runs the topology's nodes for real, a GPU node with its device
-    plugin; `down` restores the host."""
+def test_up_status_down(pytestconfig, tmp_path, capsys):
+    """`up` runs the topology's nodes for real, a GPU node with its device plugin;
+    `down` restores the host."""
     testing.node_binaries(pytestconfig)  # skips (fails in CI) without root, Go or runc
     topology = tmp_path / "topology.yaml"
     topology.write_text(
@@ -82,7 +82,7 @@ def test_up_real_nodes_status_down(pytestconfig, tmp_path, capsys):
     roots = [nodeconfig.cgroup_root(n) for n in ("cli-gpu-0", "cli-cpu-0")]
     before = hoststate.snapshot(state / "nodes", roots)
     try:
-        args = ["--state-dir", str(state), "up", "--real-nodes", "--topology", str(topology)]
+        args = ["--state-dir", str(state), "up", "--topology", str(topology)]
         args += ["--device-list-strategy", "cdi-cri"]
         assert cli.main(args) == 0
         out = capsys.readouterr().out
@@ -111,9 +111,9 @@ def test_up_real_nodes_status_down(pytestconfig, tmp_path, capsys):
     assert cli.main(["--state-dir", str(state), "status"]) == 3
 
 
-def test_up_real_nodes_without_root_is_one_sentence(tmp_path, capsys, monkeypatch):
+def test_up_without_root_is_one_sentence(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cli.os, "geteuid", lambda: 1000)
-    assert cli.main(["--state-dir", str(tmp_path), "up", "--real-nodes"]) == 1
+    assert cli.main(["--state-dir", str(tmp_path), "up"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: --real-nodes needs root") and err.count("\n") == 1
+    assert err.startswith("error: real nodes need root") and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []  # nothing built, started or written

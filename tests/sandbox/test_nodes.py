@@ -25,8 +25,8 @@ from gpuspawner_sandbox import hoststate, machineclaim, nodebuild, nodeconfig, n
 from gpuspawner_sandbox.kubeapi import ApiError
 
 NODES = ("real-0", "real-1")
-#: The nodes share the session's control plane with the stand-in kubelet's
-#: tests; the taint keeps every other test's pods off them.
+#: The nodes share the session's control plane with other tests (test_controlplane's
+#: pods among them); the taint keeps every other test's pods off them.
 TAINT_KEY = "gpuspawner.test/real-node"
 TOLERATION = [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
 FAILED_CHECK = "GPU 0: fallen off the bus (nvidia-smi exit 15)"
