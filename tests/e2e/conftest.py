@@ -74,7 +74,6 @@ def real(tmp_path_factory, pytestconfig):
         state_dir,
         catalog=E2E_CATALOG,
         extra_hub_config=EXTRA_HUB_CONFIG,
-        real_nodes=True,
         machine_wait=testing.MACHINE_WAIT,
         emit=emit,
     )
