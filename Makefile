@@ -77,7 +77,7 @@ test: lint system-packages $(VENV_JH55)/.installed $(VENV_JH55)/.labext-installe
 	[ $$rc -eq 0 ] || failed=1; \
 	exit $$failed
 
-# The local GPU cluster (real control plane built from Go, emulated GPU nodes)
+# The local GPU cluster (real control plane built from Go, real nodes over emulated GPUs; root)
 # and JupyterHub with GPUSpawner at http://127.0.0.1:8000/. Ctrl-C stops it all.
 demo: setup system-packages
 	@command -v go >/dev/null || { echo "Go 1.26 or newer is needed to build the local control plane: install it (e.g. from go.dev/dl or your distribution) and run make demo again"; exit 1; }

@@ -38,7 +38,8 @@ _prometheus_args = [f"--prometheus-url={_prometheus}"] if _prometheus else []
 c.KubeSpawner.storage_pvc_ensure = False
 c.KubeSpawner.start_timeout = 180
 c.KubeSpawner.http_timeout = 60
-# No Services: their endpoints would be loopback pod IPs, which the API refuses.
+# No Services: the sandbox runs no kube-proxy and its endpoint controllers are off
+# (docs/sandbox.md, "What remains for issue 10"); the hub reaches pod IPs directly.
 c.KubeSpawner.services_enabled = False
 
 # Notebook pods outlive hub restarts (as in zero-to-jupyterhub); the hub finds

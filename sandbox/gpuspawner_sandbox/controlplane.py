@@ -45,10 +45,11 @@ STOP_ORDER = (("kube-controller-manager", "kube-scheduler"), ("kube-apiserver",)
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
-#: Controllers turned off in the controller manager, and why. Endpoints and
-#: EndpointSlices reject loopback addresses, and pods here have 127.0.0.N as
-#: their IP, so these controllers could only fail noisily; the sandbox routes
-#: to pod IPs directly and creates no Services. (Cloud controllers are no
+#: Controllers turned off in the controller manager, and why. They were off
+#: while the retired emulated nodes gave pods loopback IPs, which Endpoints and
+#: EndpointSlices reject; real nodes' pods have pod-range IPs, but nothing needs
+#: the controllers yet: the sandbox routes to pod IPs directly, creates no
+#: Services and runs no kube-proxy. (Cloud controllers are no
 #: longer part of kube-controller-manager, and node IPAM is off unless
 #: --allocate-node-cidrs is set.)
 DISABLED_CONTROLLERS = (

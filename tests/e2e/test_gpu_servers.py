@@ -63,8 +63,8 @@ def test_gpu_server_gets_its_gpus_checked_and_answers_through_the_proxy(hub, kub
 
 
 def test_cpu_only_server_sees_no_gpu_even_when_image_and_config_say_all(hub, kube):
-    # the pytorch image declares NVIDIA_VISIBLE_DEVICES=all (sandbox topology) and so does
-    # c.KubeSpawner.environment in this hub's config
+    # c.KubeSpawner.environment in this hub's config says NVIDIA_VISIBLE_DEVICES=all, as a
+    # CUDA image's ENV may (ours set none)
     ensure_user(hub, "carl")
     r = hub.api("POST", "/users/carl/server", {"profile": "pytorch", "gpus": "0"})
     assert r.status in (201, 202), r.body
