@@ -36,11 +36,11 @@ E2E_CATALOG = FIXTURES / "catalogs" / "e2e.yaml"
 NODE_IMAGE = load_catalog_file(E2E_CATALOG).images["pytorch"].image
 
 # Admins who configure an image-wide NVIDIA_VISIBLE_DEVICES=all (a common CUDA
-# image default) must not leak GPUs into CPU-only servers. Added to the sandbox
-# config's environment (GPUSPAWNER_CULLER_URL, for the notebook's cull warning),
-# not replacing it.
+# image default) must not leak GPUs into CPU-only servers. Merged into the sandbox
+# config's environment (GPUSPAWNER_CULLER_URL, for the notebook's cull warning;
+# traitlets merges the two sections' update()s), not replacing it.
 EXTRA_HUB_CONFIG = """
-c.KubeSpawner.environment = {**c.Spawner.environment, "NVIDIA_VISIBLE_DEVICES": "all"}
+c.KubeSpawner.environment.update({"NVIDIA_VISIBLE_DEVICES": "all"})
 c.KubeSpawner.start_timeout = 240
 # tests/e2e/test_admin_page.py reads the hub's /metrics without a token
 c.JupyterHub.authenticate_prometheus = False
