@@ -50,7 +50,7 @@ from typing import Any
 
 import yaml
 
-from . import cdi, gpudriver, machineclaim, nodeconfig, ociimage
+from . import cdi, gpudriver, imageseed, machineclaim, nodeconfig, ociimage
 from .controlplane import ControlPlane, free_port, log_tail
 from .hoststate import cgroup_mounts, read_sysctl, sysctl_path
 from .kubeapi import ApiError, KubeApi
@@ -154,7 +154,7 @@ class RealNodes:
         #: How each GPU node's plugin names devices to the runtime (NVIDIA's
         #: --device-list-strategy): one for all nodes, or per node name.
         self.device_list_strategy = device_list_strategy
-        #: More image archives (docker save / OCI tars) every node imports: the notebook image.
+        #: More image archives (docker save / OCI tars) every node holds: the notebook image.
         self.images = tuple(images)
         #: Whether to give the host nodeconfig.HUB_ADDRESS (a dummy interface of
         #: ours) for a hub that notebooks reach.
@@ -221,12 +221,11 @@ class RealNodes:
         deadline = time.monotonic() + timeout
         try:
             self._begin()
-            archives = self._write_images()
+            seed = self._image_seed()
             began = {}
             for index, name in enumerate(self.names):
                 began[name] = time.monotonic()
-                self._start_node(name, index, archives, deadline)
-            self._import_images()
+                self._start_node(name, index, seed, deadline)
             # Nodes register in parallel; each one's time is its own start to
             # its Ready (a GPU node's: to its labels and GPUs in allocatable).
             labelled: set[str] = set()
@@ -305,37 +304,23 @@ class RealNodes:
         _run(["ip", "addr", "add", f"{nodeconfig.HUB_ADDRESS}/32", "dev", link])
         _run(["ip", "link", "set", link, "up"])
 
-    def _import_images(self) -> None:
-        """Import the extra image archives into every node's containerd, all nodes at once."""
-        if not self.images:
-            return
-        from concurrent.futures import ThreadPoolExecutor
+    def _say(self, line: str) -> None:
+        (self.emit or (lambda text: print(text, file=sys.stderr, flush=True)))(line)
 
-        def import_into(name: str) -> float:
-            began = time.monotonic()
-            holder = self.state["nodes"][name]["pids"]["holder"]
-            ctr = [
-                "nsenter",
-                f"--mount=/proc/{holder}/ns/mnt",
-                "--",
-                str(self.binaries.ctr),
-                "--address",
-                str(self.paths(name).containerd_socket),
-            ]
-            for archive in self.images:
-                _run([*ctr, "-n", "k8s.io", "images", "import", str(archive)], timeout=900)
-            return time.monotonic() - began
-
-        sizes = sum(p.stat().st_size for p in self.images) / 1e6
-        print(
-            f"Importing {len(self.images)} image archive(s) ({sizes:.0f} MB) into "
-            f"{len(self.names)} node(s)…",
-            file=sys.stderr,
-            flush=True,
-        )
-        with ThreadPoolExecutor(max_workers=len(self.names)) as pool:
-            for name, took in zip(self.names, pool.map(import_into, self.names), strict=True):
-                print(f"  {name}: imported in {took:.0f}s", file=sys.stderr, flush=True)
+    def _image_seed(self) -> Path:
+        """The containerd root every node starts from: our images and the extra archives."""
+        preexec = None
+        if self.die_with_parent and threading.current_thread() is threading.main_thread():
+            preexec = _die_with_parent
+        try:
+            return imageseed.ensure_seed(
+                [*self._write_images(), *self.images],
+                self.binaries.containerd_dir,
+                preexec=preexec,
+                emit=self._say,
+            )
+        except imageseed.SeedError as e:
+            raise NodeError(f"The nodes' images could not be prepared: {e}") from None
 
     def _add_forward_chain(self) -> None:
         chain = nodeconfig.FORWARD_CHAIN
@@ -388,7 +373,7 @@ class RealNodes:
 
     # -- one node ----------------------------------------------------------------
 
-    def _start_node(self, name: str, index: int, archives: list[Path], deadline: float) -> None:
+    def _start_node(self, name: str, index: int, seed: Path, deadline: float) -> None:
         paths, net = self.paths(name), NodeNetwork(index)
         rec: dict[str, Any] = {
             "index": index,
@@ -403,6 +388,11 @@ class RealNodes:
         self.state["nodes"][name] = rec
         self._save()
         self._write_files(name, paths, net)
+        began = time.monotonic()
+        imageseed.populate(seed, paths.containerd_root)
+        self._say(
+            f"  {name}: images in place in {time.monotonic() - began:.1f}s (from {seed.parent.name})"
+        )
 
         for mount in cgroup_mounts():
             top = mount / nodeconfig.cgroup_root(name).strip("/")
@@ -464,8 +454,6 @@ class RealNodes:
             "containerd",
             lambda: _run([*ctr, "version"], check=False).returncode == 0,
         )
-        for archive in archives:
-            _run([*ctr, "-n", "k8s.io", "images", "import", str(archive)])
 
         spec = self.gpu_spec(name)
         taints = [*self.taints, *(nodeconfig.gpu_taints(spec) if spec else [])]
