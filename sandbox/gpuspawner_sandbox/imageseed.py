@@ -46,8 +46,9 @@ LINKED_TREES = (
 )
 #: A finished seed has this file; anything else in the seeds directory is a leftover.
 COMPLETE = "complete.json"
-#: Seeds kept besides the one in use (another branch's images, an older commit).
-KEEP = 1
+#: Seeds kept besides the one in use: the test nodes without the notebook image, another
+#: branch's images.
+KEEP = 2
 
 
 class SeedError(Exception):
