@@ -288,6 +288,14 @@ def main(argv: list[str] | None = None) -> int:
         help=argparse.SUPPRESS,  # the nodes are always real now; accepted for old scripts
     )
     parser.add_argument(
+        "--machine-wait",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="how long to wait for other real nodes on this machine (a test run, another demo) "
+        "to stop; by default the demo refuses at once and says how to stop them",
+    )
+    parser.add_argument(
         "--no-story",
         action="store_true",
         help="start no idle A100 holders and no queue: just the cluster and the hub",
@@ -321,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         if story
         else {},
+        machine_wait=args.machine_wait,
         emit=lambda line: print(line, flush=True),
     )
     started = time.monotonic()

@@ -81,7 +81,7 @@ def real(tmp_path_factory, pytestconfig):
         yield RealStack(s, before, roots)
 
 
-@pytest.fixture
+@pytest.fixture(scope="package")
 def stack(real):
     return real.stack
 

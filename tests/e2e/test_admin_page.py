@@ -71,7 +71,7 @@ def test_admin_sees_gpu_servers_and_stops_one(browser, hub, kube):
         types = page.inner_text("#gpu-types")
         assert "NVIDIA A100 (a100)" in types
         # 2 × 4 A100s in the topology, 2 held by this server (others may hold more)
-        a100 = page.locator("#gpu-types tr", has_text="a100").inner_text().split("\t")
+        a100 = page.locator("#gpu-types tr", has_text="(a100)").inner_text().split("\t")
         allocatable, in_use, free = (int(a100[i]) for i in (1, 2, 3))
         assert allocatable == 8 and in_use >= 2 and free == allocatable - in_use
 

@@ -81,12 +81,15 @@ def test_demo_starts_the_hub_and_ctrl_c_leaves_nothing_running(tmp_path, pytestc
         # the story's culler stops an idle holder after 5 s instead of 2 minutes
         "--pressure-timeout",
         "5",
+        # another test run's real nodes on this machine: take turns, as the tests do
+        "--machine-wait",
+        str(testing.MACHINE_WAIT),
     ]
     log = (tmp_path / "demo.log").open("w+")
     demo = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        # the control plane, five real nodes each importing the notebook image, the hub
-        deadline = time.monotonic() + 600
+        # the control plane, five real nodes, the hub (or first another test run's nodes)
+        deadline = time.monotonic() + 600 + testing.MACHINE_WAIT
         while "is running at" not in (tmp_path / "demo.log").read_text():
             assert demo.poll() is None, (tmp_path / "demo.log").read_text()
             assert time.monotonic() < deadline, (tmp_path / "demo.log").read_text()
@@ -135,7 +138,8 @@ def test_demo_starts_the_hub_and_ctrl_c_leaves_nothing_running(tmp_path, pytestc
         holder, visitor = stopped[0]
         assert "because" in visitor.page("/hub/home")  # the line saying why it stopped
     finally:
-        os.kill(demo.pid, signal.SIGINT)  # what Ctrl-C sends
+        if demo.poll() is None:
+            os.kill(demo.pid, signal.SIGINT)  # what Ctrl-C sends
         code = demo.wait(timeout=300)  # the nodes' teardown deletes their copies of the image
     assert code == 0, (tmp_path / "demo.log").read_text()
     time.sleep(1)

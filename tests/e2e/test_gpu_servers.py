@@ -50,13 +50,13 @@ def test_gpu_server_gets_its_gpus_checked_and_answers_through_the_proxy(hub, kub
             assert response.status == 200
             assert "started" in json.loads(response.read())
 
-        # ... and sees exactly the two GPUs the cluster allocated to it
+        # ... and sees exactly the two GPUs the cluster allocated to it. NVIDIA's runtime
+        # (CDI mode) turned the plugin's NVIDIA_VISIBLE_DEVICES=<uuids> into device nodes and
+        # left "void" behind, as on a real node; what the kubelet gave is in test_real_nodes.py.
         out = run_code(hub, "gina", SHOW_GPUS)
-        visible = re.search(r"VISIBLE=(\S+)", out).group(1).split(",")
+        assert "VISIBLE=void" in out, out
         listed = UUID.findall(out.split("SMI=", 1)[1])
-        assert len(visible) == 2 and len(set(visible)) == 2
-        assert all(UUID.fullmatch(v) for v in visible)
-        assert sorted(listed) == sorted(visible)
+        assert len(listed) == 2 and len(set(listed)) == 2, out
     finally:
         stop_server(hub, "gina")
     assert pod_of(kube, "gina") is None

@@ -58,6 +58,7 @@ def test_form_shows_the_users_choices_with_live_figures(browser, hub):
         expected_types = [
             ["a100", f"NVIDIA A100 \u2014 {types['a100']['label']}"],
             ["h100", f"NVIDIA H100 \u2014 {types['h100']['label']}"],
+            ["a100-1g", f"NVIDIA A100 MIG 1g.5gb \u2014 {types['a100-1g']['label']}"],
         ]
         selected = page.eval_on_selector(TYPES, "s => s.value")
         marks = types[selected]["counts"]
@@ -78,7 +79,7 @@ def test_form_shows_the_users_choices_with_live_figures(browser, hub):
     assert a100["label"] == (
         f"{a100['free']} free of 8 (at most {a100['largest_free']} on one node)"
     )
-    assert payload["images"] == {"pytorch": ["a100", "h100"]}
+    assert payload["images"] == {"pytorch": ["a100", "h100", "a100-1g"]}
     assert page.inner_text("#gpuspawner-availability") == (
         "Free GPUs are counted live on the cluster's ready nodes."
     )
