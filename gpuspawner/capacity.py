@@ -382,7 +382,7 @@ class Capacity:
         if found is None or selection.gpu_type.key not in found:
             return admission.Verdict(wait=False)
         others = inventory_figures.alternatives(
-            catalog, selection.image, selection.gpu_type.key, found
+            catalog, selection.image, selection.gpu_type.key, selection.gpus, found
         )
         return admission.check_capacity(
             selection.gpu_type.display_name,

@@ -33,13 +33,18 @@ def catalog_availability(
 
 
 def alternatives(
-    catalog: Catalog, image: ImageSpec, type_key: str, figures: Mapping[str, Availability]
+    catalog: Catalog,
+    image: ImageSpec,
+    type_key: str,
+    gpus: int,
+    figures: Mapping[str, Availability],
 ) -> dict[str, Availability]:
-    """The other types the image may use, by display name (to suggest in a refusal)."""
+    """The other types the image may use with the same count, by display name (to suggest
+    in a refusal): a type whose catalog counts do not include ``gpus`` is no way out."""
     return {
         t.display_name: figures[t.key]
         for t in catalog.types_for_image(image)
-        if t.key != type_key and t.key in figures
+        if t.key != type_key and t.key in figures and gpus in catalog.counts_for_type(t)
     }
 
 

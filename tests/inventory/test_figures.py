@@ -1,7 +1,7 @@
 """The availability payload the spawn form polls, from plain data."""
 
 from gpuspawner.catalog import parse_catalog
-from gpuspawner.inventory.figures import availability_payload
+from gpuspawner.inventory.figures import alternatives, availability_payload
 from gpuspawner.inventory.model import Availability, NodeFigures
 from gpuspawner.profiles import MARK_NEVER, MARK_NOT_FREE
 
@@ -75,3 +75,14 @@ def test_without_figures_the_payload_says_why_and_shows_nothing():
         "types": {},
         "images": {},
     }
+
+
+def test_alternatives_are_the_images_other_types_that_offer_the_same_count():
+    catalog = parse_catalog(CATALOG)
+    pytorch = catalog.images["pytorch"]
+    # h100 offers 1 and 8: a way out for 1 GPU, not for 2 (even if its node could hold 2)
+    assert list(alternatives(catalog, pytorch, "a100", 1, FIGURES)) == ["NVIDIA H100"]
+    assert alternatives(catalog, pytorch, "a100", 2, FIGURES) == {}
+    assert list(alternatives(catalog, pytorch, "h100", 2, FIGURES)) == ["NVIDIA A100"]
+    # b200 is not the image's
+    assert "NVIDIA B200" not in alternatives(catalog, pytorch, "a100", 4, FIGURES)
