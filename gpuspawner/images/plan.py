@@ -12,7 +12,7 @@ from typing import Any
 
 from ..catalog import DEFAULT_GPU_TOLERATIONS
 from ..labels import IMAGE_LABEL_CUDA, IMAGE_LABEL_DRIVER_FLOOR, IMAGE_LABEL_FRAMEWORK
-from .matrix import ImageSpec, Matrix, MatrixError
+from .matrix import ChartImageSpec, ImageSpec, Matrix, MatrixError
 
 SMOKE_TEST_PATH = "/usr/local/bin/gpu-smoke-test"
 
@@ -173,6 +173,22 @@ def plan_builds(
     return steps
 
 
+def chart_image_labels(spec: ChartImageSpec, created: str, revision: str) -> dict[str, str]:
+    """The OCI labels of one of z2jh's other images, all given at build time: their
+    Dockerfiles carry none, so that no build date or revision invalidates a cached layer."""
+    return {
+        **build_labels(created, revision),
+        "org.opencontainers.image.title": f"{spec.name} for zero-to-jupyterhub",
+        "org.opencontainers.image.description": (
+            f"zero-to-jupyterhub's {spec.name} image, rebuilt by gpuspawner ({spec.dockerfile})"
+        ),
+        "org.opencontainers.image.version": spec.tag,
+        "org.opencontainers.image.source": "https://github.com/gpuspawner/gpuspawner",
+        "org.opencontainers.image.licenses": "BSD-3-Clause",
+        "org.opencontainers.image.base.name": spec.base_image or "scratch",
+    }
+
+
 def chart_build_step(
     matrix: Matrix,
     name: str,
@@ -197,11 +213,8 @@ def chart_build_step(
         tags=(spec.tag,),
         buildargs={
             **({"BASE_IMAGE": spec.base_image} if spec.base_image else {}),
-            "IMAGE_VERSION": spec.tag,
-            "BUILD_DATE": created,
-            "VCS_REF": revision,
         },
-        labels=build_labels(created, revision),
+        labels=chart_image_labels(spec, created, revision),
         extra_files={spec.context_path(b): binaries[b] for b in spec.binaries},
     )
 
