@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 
@@ -107,7 +107,7 @@ def tool_build_args(images: list[ChartImage], binaries: Mapping[str, Path]) -> l
 # -- I/O -----------------------------------------------------------------------------
 
 
-def host_binaries(cache: Path | None = None, *, out=None) -> dict[str, Path]:
+def host_binaries(cache: Path | None = None, *, out: TextIO | None = None) -> dict[str, Path]:
     """Build (or find cached) the programs the images copy, and the pause program's directory."""
     out = out if out is not None else sys.stderr
     if not (IMAGE_AWAITER.module_dir / "go.mod").is_file():
@@ -147,6 +147,7 @@ def build_chart_images(
     *,
     cache: Path | None = None,
     log_path: Path | None = None,
+    build_out: TextIO | None = None,
 ) -> list[ChartImage]:
     """Build (or find cached) every image of the chart on a started engine.
 
@@ -158,7 +159,8 @@ def build_chart_images(
     log_path = log_path or build.cache_dir() / "chart-images-build.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     emit("Chart images [1/3]: the programs they copy (image-awaiter, k8s, pause; cached)")
-    binaries = host_binaries(cache, out=sys.stderr)  # build.BuildError (GoMissing) as it is
+    # Go's progress (minutes for a cold `k8s`) to build_out; build.BuildError as it is.
+    binaries = host_binaries(cache, out=build_out if build_out is not None else sys.stderr)
     args = tool_build_args(images, binaries)
     emit(
         f"Chart images [2/3]: {', '.join(i.name for i in images if i.name != PAUSE)} "

@@ -119,7 +119,11 @@ def chart_built(engine):
     assert base.returncode == 0, base.stdout[-3000:]
     try:
         images = chartimages.build_chart_images(
-            engine, REPO, _emit, log_path=CACHE / "chart-images-build.log"
+            engine,
+            REPO,
+            _emit,
+            log_path=CACHE / "chart-images-build.log",
+            build_out=sys.__stderr__,  # a cold `k8s` build takes minutes: show its progress
         )
     except build.GoMissing as e:
         testing.sandbox_unavailable(str(e))
