@@ -23,6 +23,8 @@ VALUES = build.REPO_ROOT / "config" / "z2jh-values.yaml"
 LOCAL_VALUES = build.REPO_ROOT / "config" / "sandbox" / "z2jh-local-values.yaml"
 NAMESPACE = "jupyterhub"
 WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job")
+#: What the chart's user-scheduler ClusterRole lacks for kube-scheduler v1.37.
+USER_SCHEDULER_RBAC = build.REPO_ROOT / "config" / "sandbox" / "z2jh-user-scheduler-rbac.yaml"
 
 
 def test_chart_yaml_gets_the_release_version():
@@ -200,3 +202,55 @@ def test_the_local_overrides_pass_helm_lint(real_helm, chart):
         "lint", "--strict", str(chart), f"--values={VALUES}", f"--values={LOCAL_VALUES}"
     )
     assert "1 chart(s) linted, 0 chart(s) failed" in out
+
+
+# --- the user-scheduler's RBAC against the kube-scheduler we run ---------------------------
+
+#: The bootstrap ClusterRoles a kube-scheduler runs with (the API server creates them).
+SCHEDULER_ROLES = ("system:kube-scheduler", "system:volume-scheduler")
+
+
+def role_grants(rules) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) a ClusterRole's rules grant; resourceNames are ignored
+    (the chart names its own lock lease where the bootstrap role names kube-scheduler's)."""
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule.get("apiGroups", [])
+        for resource in rule.get("resources", [])
+        for verb in rule.get("verbs", [])
+    }
+
+
+def test_user_scheduler_rbac_is_what_our_kube_scheduler_is_granted(real_helm, chart, control_plane):
+    """The chart's user-scheduler role (written for v1.30) plus ours grant what the live
+    control plane's bootstrap roles grant its own kube-scheduler (the same binary), no more."""
+    api = control_plane.admin_api()
+    needed = set()
+    for name in SCHEDULER_ROLES:
+        role = api.get(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}")
+        needed |= role_grants(role["rules"])
+    manifests = real_helm.template(
+        "jhub", chart, namespace=NAMESPACE, values_files=[VALUES, LOCAL_VALUES]
+    )
+    chart_role = find(manifests, "ClusterRole", "jhub-user-scheduler")
+    chart_binding = find(manifests, "ClusterRoleBinding", "jhub-user-scheduler")
+    docs = {d["kind"]: d for d in yaml.safe_load_all(USER_SCHEDULER_RBAC.read_text()) if d}
+    ours, binding = role_grants(docs["ClusterRole"]["rules"]), docs["ClusterRoleBinding"]
+    chart_grants = role_grants(chart_role["rules"])
+    missing = needed - chart_grants - ours
+    assert not missing, "\n".join(map(str, sorted(missing)))
+    assert ours <= needed - chart_grants, sorted(ours - (needed - chart_grants))
+    assert binding["subjects"] == chart_binding["subjects"]
+    assert binding["roleRef"]["name"] == docs["ClusterRole"]["metadata"]["name"]
+    # the API server takes it as it is
+    control_plane.apply_manifests(USER_SCHEDULER_RBAC)
+    try:
+        applied = api.get(
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles/"
+            + docs["ClusterRole"]["metadata"]["name"]
+        )
+        assert role_grants(applied["rules"]) == ours
+    finally:
+        for kind, doc in (("clusterrolebindings", binding), ("clusterroles", docs["ClusterRole"])):
+            api.delete(f"/apis/rbac.authorization.k8s.io/v1/{kind}/{doc['metadata']['name']}")
