@@ -36,6 +36,7 @@ from .plan import (
     catalog_document,
     check_names,
     image_ref,
+    notebook_names,
     plan_builds,
     plan_test,
     prepuller_values,
@@ -97,6 +98,9 @@ def matrix_table(matrix: Matrix, registry: str | None) -> str:
             "-",
         ]
     )
+    rows += [
+        [matrix.z2jh.ref(name), "(z2jh)", "-", "-", "-", "-", "-"] for name in matrix.z2jh.images
+    ]
     return format_table(
         ["IMAGE:TAG", "PROFILE", "CUDA", "FRAMEWORK", "PYTHON", "HUB", "DRIVER"], rows
     )
@@ -203,6 +207,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="z2jh's pinned hub requirements.txt (default: the matrix's hub.requirements)",
     )
+    b.add_argument(
+        "--binary",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a host-built program z2jh's images copy (the matrix's z2jh.images.*.binaries)",
+    )
     t = sub.add_parser("test", parents=[common], help="run the GPU smoke test in built images")
     t.add_argument("names", nargs="*", metavar="NAME")
     t.add_argument("--cpu", action="store_true", help="CPU-only mode even if GPUs are available")
@@ -277,6 +288,17 @@ def _hub_requirements(args: argparse.Namespace, matrix: Matrix, root: Path) -> s
     return str(path)
 
 
+def parse_binaries(values: list[str]) -> dict[str, str]:
+    """``--binary NAME=PATH`` arguments as {name: path}."""
+    found = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise MatrixError(f"--binary {value!r}: write NAME=PATH, e.g. k8s=/path/to/k8s")
+        found[name] = path
+    return found
+
+
 def cmd_base(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
     plans = [plan_base(image) for image in base_images(matrix)]
     client = engine.connect()
@@ -306,6 +328,7 @@ def cmd_build(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -
         package_version=__version__,
         stage=args.target,
         hub_requirements=_hub_requirements(args, matrix, root),
+        binaries=parse_binaries(args.binary),
     )
     results: list[engine.BuildResult] = []
     failures: list[tuple[str, str]] = []
@@ -349,7 +372,7 @@ def cmd_test(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) ->
     gpu = engine.has_nvidia_runtime(client.info())
     failed = 0
     rows = []
-    for spec in matrix.select([n for n in names if n != matrix.hub.name]):
+    for spec in matrix.select(notebook_names(matrix, names)):
         run = plan_test(
             image_ref(matrix, spec, args.registry, args.target),
             gpu,
@@ -397,7 +420,7 @@ def cmd_push(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) ->
 
 
 def cmd_catalog(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
-    selected = [s.name for s in matrix.select([n for n in names if n != matrix.hub.name])]
+    selected = [s.name for s in matrix.select(notebook_names(matrix, names))]
     if args.only_built:
         client = engine.connect()
         selected = [

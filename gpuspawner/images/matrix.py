@@ -119,11 +119,44 @@ class HubSpec:
 
 
 @dataclass(frozen=True)
+class ChartImageSpec:
+    """One of zero-to-jupyterhub's other images (images/z2jh/), rebuilt where no registry is."""
+
+    name: str
+    dockerfile: str
+    tag: str
+    #: The Debian base it is built on; None for an image ``FROM scratch``.
+    base_image: str | None = None
+    #: Programs built on the host (by the sandbox) that the Dockerfile copies from
+    #: ``<its directory>/<binary>`` of the build context (``build --binary NAME=PATH``).
+    binaries: tuple[str, ...] = ()
+
+    def context_path(self, binary: str) -> str:
+        """Where a host-built binary lies in the build context."""
+        return f"{Path(self.dockerfile).parent.as_posix()}/{binary}"
+
+
+@dataclass(frozen=True)
+class ChartImages:
+    """zero-to-jupyterhub's images besides the hub, tagged ``<registry>/<name>:<tag>``."""
+
+    registry: str
+    images: dict[str, ChartImageSpec]
+    #: The tag of the real nodes' pause image, served as the chart's pause image
+    #: (made by the sandbox as an OCI archive, not from a Dockerfile).
+    pause_tag: str
+
+    def ref(self, name: str) -> str:
+        return f"{self.registry}/{name}:{self.images[name].tag}"
+
+
+@dataclass(frozen=True)
 class Matrix:
     registry: str
     images: dict[str, ImageSpec]
     hub: HubSpec
     source: str = "<matrix>"
+    z2jh: ChartImages = ChartImages(registry="", images={}, pause_tag="")
 
     def select(self, names: list[str] | None) -> list[ImageSpec]:
         """The named notebook images in matrix order (all when names is empty)."""
@@ -220,7 +253,50 @@ def parse_matrix(data: Any, source: str = "<matrix>") -> Matrix:
     )
     if hub.name in images:
         raise MatrixError(f"{where}.name {hub.name!r} is also a notebook image name")
-    return Matrix(registry=registry, images=images, hub=hub, source=source)
+    z2jh = parse_chart_images(data.get("z2jh"), f"{source}: z2jh", defaults.get("base_image"))
+    clashes = sorted({*z2jh.images} & {*images, hub.name})
+    if clashes:
+        raise MatrixError(
+            f"{source}: z2jh.images {', '.join(clashes)} clash with other image names"
+        )
+    return Matrix(registry=registry, images=images, hub=hub, source=source, z2jh=z2jh)
+
+
+def parse_chart_images(raw: Any, where: str, default_base: Any) -> ChartImages:
+    """The matrix's ``z2jh:`` section (absent: none)."""
+    if raw is None:
+        return ChartImages(registry="", images={}, pause_tag="")
+    if not isinstance(raw, dict) or not isinstance(raw.get("images"), dict):
+        raise MatrixError(f"{where} must be a mapping with an images mapping")
+    images: dict[str, ChartImageSpec] = {}
+    for name, entry in raw["images"].items():
+        at = f"{where}.images.{name}"
+        if not isinstance(name, str) or not _IMAGE_NAME_RE.match(name):
+            raise MatrixError(f"{at}: image names are lowercase letters, digits, '.-_'")
+        if not isinstance(entry, dict):
+            raise MatrixError(f"{at} must be a mapping")
+        tag = _str(entry, "tag", at)
+        if not _TAG_RE.match(tag):
+            raise MatrixError(f"{at}.tag {tag!r} is not a valid Docker tag")
+        binaries = entry.get("binaries") or []
+        if not isinstance(binaries, list) or not all(
+            isinstance(b, str) and _IMAGE_NAME_RE.match(b) for b in binaries
+        ):
+            raise MatrixError(f"{at}.binaries must be a list of program names")
+        base = _str({"base_image": default_base, **entry}, "base_image", at)
+        images[name] = ChartImageSpec(
+            name=name,
+            dockerfile=_str(entry, "dockerfile", at),
+            tag=tag,
+            base_image=None if base == "scratch" else base,
+            binaries=tuple(binaries),
+        )
+    pause_tag = _str(raw, "pause_tag", where)
+    if not _TAG_RE.match(pause_tag):
+        raise MatrixError(f"{where}.pause_tag {pause_tag!r} is not a valid Docker tag")
+    return ChartImages(
+        registry=_str(raw, "registry", where).rstrip("/"), images=images, pause_tag=pause_tag
+    )
 
 
 def load_matrix(path: str | Path) -> Matrix:
@@ -325,6 +401,11 @@ def consistency_problems(
             problems.extend(_file_problems(spec, root))
     if root is not None:
         problems.extend(_hub_file_problems(matrix.hub, root))
+        problems.extend(
+            f"z2jh.images.{spec.name}.dockerfile {spec.dockerfile} does not exist"
+            for spec in matrix.z2jh.images.values()
+            if not (root / spec.dockerfile).is_file()
+        )
     return problems
 
 

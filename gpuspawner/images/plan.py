@@ -6,12 +6,13 @@ the engine has the NVIDIA runtime), so the tool's behaviour is tested without Do
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..catalog import DEFAULT_GPU_TOLERATIONS
 from ..labels import IMAGE_LABEL_CUDA, IMAGE_LABEL_DRIVER_FLOOR, IMAGE_LABEL_FRAMEWORK
-from .matrix import ImageSpec, Matrix, MatrixError
+from .matrix import ChartImageSpec, ImageSpec, Matrix, MatrixError
 
 SMOKE_TEST_PATH = "/usr/local/bin/gpu-smoke-test"
 
@@ -98,19 +99,24 @@ def plan_builds(
     package_version: str = "0",
     stage: str = FULL_STAGE,
     hub_requirements: str | None = None,
+    binaries: Mapping[str, str] | None = None,
 ) -> list[BuildStep]:
-    """The builds for `names` (notebook images and/or the hub; all notebook images if empty).
+    """The builds for `names` (notebook images, the hub and/or z2jh's other images; all
+    notebook images if empty).
 
     `stage` stops the notebook images at that Dockerfile stage; `hub_requirements`
-    is the local path of z2jh's pinned hub requirements, sent with the hub's context.
+    is the local path of z2jh's pinned hub requirements, sent with the hub's context;
+    `binaries` are the local paths of the host-built programs z2jh's images copy.
     """
     reg = matrix.registry if registry is None else registry
     wanted = list(names or [])
     steps: list[BuildStep] = []
+    chart = [n for n in wanted if n in matrix.z2jh.images]
+    wanted = [n for n in wanted if n not in chart]
     include_hub = matrix.hub.name in wanted
     if include_hub:
         wanted.remove(matrix.hub.name)
-    specs = matrix.select(wanted) if wanted or not include_hub else []
+    specs = matrix.select(wanted) if wanted or not (include_hub or chart) else []
     for spec in specs:
         args = {**spec.build_args(), "BUILD_DATE": created, "VCS_REF": revision}
         full = stage == FULL_STAGE
@@ -161,7 +167,56 @@ def plan_builds(
                 ),
             )
         )
+    steps.extend(
+        chart_build_step(matrix, name, context, created, revision, binaries or {}) for name in chart
+    )
     return steps
+
+
+def chart_image_labels(spec: ChartImageSpec, created: str, revision: str) -> dict[str, str]:
+    """The OCI labels of one of z2jh's other images, all given at build time: their
+    Dockerfiles carry none, so that no build date or revision invalidates a cached layer."""
+    return {
+        **build_labels(created, revision),
+        "org.opencontainers.image.title": f"{spec.name} for zero-to-jupyterhub",
+        "org.opencontainers.image.description": (
+            f"zero-to-jupyterhub's {spec.name} image, rebuilt by gpuspawner ({spec.dockerfile})"
+        ),
+        "org.opencontainers.image.version": spec.tag,
+        "org.opencontainers.image.source": "https://github.com/gpuspawner/gpuspawner",
+        "org.opencontainers.image.licenses": "BSD-3-Clause",
+        "org.opencontainers.image.base.name": spec.base_image or "scratch",
+    }
+
+
+def chart_build_step(
+    matrix: Matrix,
+    name: str,
+    context: str,
+    created: str,
+    revision: str,
+    binaries: Mapping[str, str],
+) -> BuildStep:
+    """The build of one of z2jh's other images; its host-built programs must be given."""
+    spec = matrix.z2jh.images[name]
+    missing = [b for b in spec.binaries if b not in binaries]
+    if missing:
+        raise MatrixError(
+            f"{name} copies the host-built {', '.join(missing)}: pass --binary NAME=PATH "
+            "(python -m gpuspawner_sandbox.chartimages builds them and this image)"
+        )
+    return BuildStep(
+        name=name,
+        dockerfile=spec.dockerfile,
+        context=context,
+        repository=repository(matrix.z2jh.registry, name),
+        tags=(spec.tag,),
+        buildargs={
+            **({"BASE_IMAGE": spec.base_image} if spec.base_image else {}),
+        },
+        labels=chart_image_labels(spec, created, revision),
+        extra_files={spec.context_path(b): binaries[b] for b in spec.binaries},
+    )
 
 
 def plan_test(
@@ -256,11 +311,17 @@ def prepuller_values(
 def base_images(matrix: Matrix) -> list[str]:
     """Every base image the matrix builds on, each once, in matrix order."""
     seen = [spec.base_image for spec in matrix.images.values()] + [matrix.hub.base_image]
+    seen += [spec.base_image for spec in matrix.z2jh.images.values() if spec.base_image]
     return list(dict.fromkeys(seen))
 
 
 def known_names(matrix: Matrix) -> list[str]:
-    return [*matrix.images, matrix.hub.name]
+    return [*matrix.images, matrix.hub.name, *matrix.z2jh.images]
+
+
+def notebook_names(matrix: Matrix, names: list[str]) -> list[str]:
+    """The notebook images among `names` (the verbs that test or catalog only those)."""
+    return [n for n in names if n in matrix.images]
 
 
 def check_names(matrix: Matrix, names: list[str]) -> None:

@@ -61,9 +61,10 @@ HELM = nodebuild.GoTool(
 )
 
 Z2JH_VERSION = "4.4.0"
-#: The chart as in git at the tag (a copy of shared/ lies beside the clone).
-Z2JH_CHART = build.REPO_ROOT.parent / "shared" / "third-party" / "zero-to-jupyterhub-k8s-4.4.0"
-Z2JH_CHART = Z2JH_CHART / "jupyterhub"
+#: zero-to-jupyterhub as in git at the tag (a copy of shared/ lies beside the clone):
+#: the chart and its images' sources.
+Z2JH_SOURCE = build.REPO_ROOT.parent / "shared" / "third-party" / "zero-to-jupyterhub-k8s-4.4.0"
+Z2JH_CHART = Z2JH_SOURCE / "jupyterhub"
 
 CHARTPRESS_TAG = "set-by-chartpress"
 

@@ -102,6 +102,20 @@ def _mntns(pid: int) -> str | None:
         return None
 
 
+def pause_spec(ref: str, programs: Path, arch: str) -> ociimage.ImageSpec:
+    """The pause image, named ``ref``: the pod sandboxes' on the real nodes, and the one
+    zero-to-jupyterhub's placeholder and puller pods run (:mod:`.chartimages`).
+
+    ``programs`` holds the built pause program (:func:`.nodebuild.build_image_programs`).
+    """
+    return ociimage.ImageSpec(
+        ref=ref,
+        files={"pause": ((programs / "pause").read_bytes(), 0o755)},
+        entrypoint=["/pause"],
+        architecture=arch,
+    )
+
+
 # -- the record --------------------------------------------------------------------
 
 
@@ -342,12 +356,7 @@ class RealNodes:
         arch = go_arch()
         programs = self.binaries.images_dir
         specs = [
-            ociimage.ImageSpec(
-                ref=nodeconfig.PAUSE_IMAGE,
-                files={"pause": ((programs / "pause").read_bytes(), 0o755)},
-                entrypoint=["/pause"],
-                architecture=arch,
-            ),
+            pause_spec(nodeconfig.PAUSE_IMAGE, programs, arch),
             ociimage.ImageSpec(
                 ref=nodeconfig.TOOL_IMAGE,
                 files={"tool": ((programs / "tool").read_bytes(), 0o755)},

@@ -129,7 +129,7 @@ def _commit_time(repo: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip().isdigit() else None
 
 
-def _run_tool(repo: Path, engine: PrivateEngine, args: list[str], log, emit: Emit) -> None:
+def run_image_tool(repo: Path, engine: PrivateEngine, args: list[str], log, emit: Emit) -> None:
     env = {**os.environ, "DOCKER_HOST": engine.host}
     if (epoch := _commit_time(repo)) is not None:
         env["SOURCE_DATE_EPOCH"] = epoch
@@ -192,7 +192,7 @@ def ensure_notebook_images(
                     f"Notebook image [{number}/{total}]: {what} "
                     f"({time.monotonic() - started:.0f}s so far)"
                 )
-                _run_tool(repo, engine, args, log, emit)
+                run_image_tool(repo, engine, args, log, emit)
         built = stage_refs(_engine_images(engine))
         wanted = {r for refs in built.values() for r in refs if any(f"/{n}:" in r for n in names)}
         ids = {image_id for image_id, refs in built.items() if wanted & set(refs)}

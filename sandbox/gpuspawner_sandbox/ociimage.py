@@ -101,11 +101,38 @@ def image_config(spec: ImageSpec, diff_id: str) -> dict[str, Any]:
     }
 
 
+def config_blob(spec: ImageSpec, layer: bytes) -> bytes:
+    """The image config's bytes; their digest is the image's ID (Docker's too)."""
+    return _json(image_config(spec, _digest(layer)))  # uncompressed: digest == diff_id
+
+
+def image_id(spec: ImageSpec) -> str:
+    """The image's ID (``sha256:…``), as containerd and Docker report it once loaded."""
+    return _digest(config_blob(spec, layer_tar(spec.files)))
+
+
+def docker_archive(spec: ImageSpec) -> bytes:
+    """The same image as a ``docker save`` tar (manifest.json), which ``docker load`` of
+    Docker 20.10 reads (it reads no OCI layout): same layer, same config, same ID."""
+    layer = layer_tar(spec.files)
+    config = config_blob(spec, layer)
+    config_name = _digest(config).split(":", 1)[1] + ".json"
+    layer_name = _digest(layer).split(":", 1)[1] + "/layer.tar"
+    manifest = [{"Config": config_name, "RepoTags": [spec.ref], "Layers": [layer_name]}]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        _add(tar, "manifest.json", _json(manifest), 0o644)
+        _add(tar, config_name, config, 0o644)
+        _add(tar, layer_name.split("/", 1)[0] + "/", None, 0o755)
+        _add(tar, layer_name, layer, 0o644)
+    return buf.getvalue()
+
+
 def image_archive(spec: ImageSpec) -> bytes:
     """The image as an OCI image-layout tar, named ``spec.ref`` for containerd."""
     layer = layer_tar(spec.files)
     layer_digest = _digest(layer)  # uncompressed: digest == diff_id
-    config = _json(image_config(spec, layer_digest))
+    config = config_blob(spec, layer)
     manifest = _json(
         {
             "schemaVersion": 2,

@@ -60,6 +60,15 @@ def sandbox_unavailable(reason: str) -> None:
     pytest.skip(message)
 
 
+def third_party_missing(message: str) -> None:
+    """Skip (locally) or fail (in CI) because material of ``../shared/third-party`` is missing."""
+    import pytest
+
+    if in_ci():
+        pytest.fail(f"{message} (CI must have it)", pytrace=False)
+    pytest.skip(message)
+
+
 def capture_disabled(pytestconfig):
     """Let build progress reach the terminal even though pytest captures output."""
     capman = pytestconfig.pluginmanager.getplugin("capturemanager") if pytestconfig else None

@@ -97,7 +97,8 @@ def test_unknown_image_name_is_one_sentence():
     assert proc.returncode == cli.EXIT_UNUSABLE
     assert proc.stderr.strip().splitlines() == [
         "gpuspawner-images: cuda-jax is not an image of "
-        f"{REPO / 'images' / 'matrix.yaml'}; known: cuda-pytorch, cuda-tensorflow, hub"
+        f"{REPO / 'images' / 'matrix.yaml'}; known: cuda-pytorch, cuda-tensorflow, hub, "
+        "configurable-http-proxy, network-tools, image-awaiter, kube-scheduler"
     ]
 
 

@@ -15,8 +15,24 @@ import pytest
 
 from .conftest import REPO
 
-DOCKERFILES = sorted((REPO / "images").glob("*/Dockerfile"))
-SHELL_SCRIPTS = sorted({*(REPO / "images").rglob("*.sh"), REPO / "scripts" / "gpu-checks.sh"})
+DOCKERFILES = sorted((REPO / "images").rglob("Dockerfile"))
+
+
+def is_shell_script(path: Path) -> bool:
+    """A shell script by name (*.sh) or by its first line (the images' entrypoints)."""
+    if path.suffix == ".sh":
+        return True
+    with path.open("rb") as f:
+        first = f.readline()
+    return first.startswith((b"#!/bin/sh", b"#!/bin/bash", b"#!/usr/bin/env bash"))
+
+
+SHELL_SCRIPTS = sorted(
+    {
+        *(p for p in (REPO / "images").rglob("*") if p.is_file() and is_shell_script(p)),
+        REPO / "scripts" / "gpu-checks.sh",
+    }
+)
 
 
 def linter(name: str) -> str:
@@ -30,7 +46,11 @@ def linter(name: str) -> str:
 
 def test_there_is_something_to_lint():
     assert {p.parent.name for p in DOCKERFILES} >= {"cuda-pytorch", "cuda-tensorflow", "hub"}
+    z2jh = {p.parent.name for p in DOCKERFILES if p.parent.parent.name == "z2jh"}
+    assert z2jh == {"configurable-http-proxy", "network-tools", "image-awaiter", "kube-scheduler"}
     assert (REPO / "scripts" / "gpu-checks.sh") in SHELL_SCRIPTS
+    assert REPO / "images" / "z2jh" / "kube-scheduler" / "kube-scheduler" in SHELL_SCRIPTS
+    assert REPO / "images" / "common" / "fix-permissions" in SHELL_SCRIPTS
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: str(p.relative_to(REPO)))

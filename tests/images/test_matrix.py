@@ -100,6 +100,9 @@ def test_constraints_disagreeing_with_the_matrix_are_reported(raw, tmp_path):
         (tree / "images" / name / "Dockerfile").write_text("FROM scratch\n")
     (tree / "images" / "hub").mkdir()
     (tree / "images" / "hub" / "Dockerfile").write_text("FROM scratch\n")
+    for entry in raw["z2jh"]["images"].values():
+        (tree / entry["dockerfile"]).parent.mkdir(parents=True)
+        (tree / entry["dockerfile"]).write_text("FROM scratch\n")
     (tree / "images" / "cuda-pytorch" / "constraints.txt").write_text(
         (REPO / "images" / "cuda-pytorch" / "constraints.txt").read_text()
     )

@@ -13,10 +13,18 @@ import sys
 import pytest
 import yaml
 
-from gpuspawner_sandbox import build, helm, testing
+import gpuspawner
+from gpuspawner.images.matrix import load_matrix
+from gpuspawner.images.plan import image_ref, repository
+from gpuspawner_sandbox import build, chartimages, helm, testing
 
 VALUES = build.REPO_ROOT / "config" / "z2jh-values.yaml"
+#: The overrides for a cluster that reaches no registry: only images built on this machine.
+LOCAL_VALUES = build.REPO_ROOT / "config" / "sandbox" / "z2jh-local-values.yaml"
 NAMESPACE = "jupyterhub"
+WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job")
+#: What the chart's user-scheduler ClusterRole lacks for kube-scheduler v1.37.
+USER_SCHEDULER_RBAC = build.REPO_ROOT / "config" / "sandbox" / "z2jh-user-scheduler-rbac.yaml"
 
 
 def test_chart_yaml_gets_the_release_version():
@@ -68,19 +76,29 @@ def real_helm(pytestconfig, tmp_path_factory) -> helm.Helm:
 @pytest.fixture(scope="module")
 def chart(tmp_path_factory):
     if not (helm.Z2JH_CHART / "Chart.yaml").is_file():
-        message = (
+        testing.third_party_missing(
             f"THE ZERO-TO-JUPYTERHUB 4.4.0 CHART IS MISSING at {helm.Z2JH_CHART} "
             "(a copy of shared/ beside the clone), so the Helm tests do not run"
         )
-        if testing.in_ci():
-            pytest.fail(message + " (CI must have it)", pytrace=False)
-        pytest.skip(message)
     return helm.release_chart(helm.Z2JH_CHART, tmp_path_factory.mktemp("chart") / "jupyterhub")
 
 
 @pytest.fixture(scope="module")
 def rendered(real_helm, chart) -> list[dict]:
     return real_helm.template("jhub", chart, namespace=NAMESPACE, values_files=[VALUES])
+
+
+def containers(manifests) -> list[dict]:
+    """Every container and init container of the rendered workloads."""
+    return [
+        c
+        for m in manifests
+        if m["kind"] in WORKLOADS
+        for c in [
+            *m["spec"]["template"]["spec"].get("initContainers", []),
+            *m["spec"]["template"]["spec"]["containers"],
+        ]
+    ]
 
 
 def find(manifests, kind, name):
@@ -106,14 +124,7 @@ def test_the_hub_runs_our_image_with_the_released_chart_around_it(rendered, char
     assert hub["metadata"]["labels"]["helm.sh/chart"] == f"jupyterhub-{helm.Z2JH_VERSION}"
     # every image the chart tags with its own release is tagged 4.4.0, as published
     chart_images = [
-        c["image"]
-        for m in rendered
-        if m["kind"] in ("Deployment", "DaemonSet", "StatefulSet", "Job")
-        for c in [
-            *m["spec"]["template"]["spec"].get("initContainers", []),
-            *m["spec"]["template"]["spec"]["containers"],
-        ]
-        if c["image"].startswith("quay.io/jupyterhub/k8s-")
+        c["image"] for c in containers(rendered) if c["image"].startswith("quay.io/jupyterhub/k8s-")
     ]
     assert chart_images
     assert {image.rsplit(":", 1)[1] for image in chart_images} == {helm.Z2JH_VERSION}
@@ -152,3 +163,94 @@ def test_the_released_chart_carries_the_json_schema_helm_reads(chart):
     source = yaml.safe_load((helm.Z2JH_CHART / "values.schema.yaml").read_text())
     assert json.loads((chart / "values.schema.json").read_text()) == source
     assert not (helm.Z2JH_CHART / "values.schema.json").exists()  # the source is untouched
+
+
+def images_our_build_makes() -> set[str]:
+    """What `make test` builds: the hub and the notebook images' Jupyter stage
+    (tests/images/conftest.py's `built`), and z2jh's other images (chartimages)."""
+    matrix = load_matrix(build.REPO_ROOT / "images" / "matrix.yaml")
+    hub = f"{repository(matrix.registry, matrix.hub.name)}:{gpuspawner.__version__}"
+    notebooks = {image_ref(matrix, spec, stage="jupyter") for spec in matrix.images.values()}
+    return {hub, *notebooks, *(i.ref for i in chartimages.load_chart_images())}
+
+
+def test_with_the_local_overrides_the_chart_runs_only_images_built_here(real_helm, chart):
+    manifests = real_helm.template(
+        "jhub", chart, namespace=NAMESPACE, values_files=[VALUES, LOCAL_VALUES]
+    )
+    rendered = containers(manifests)
+    assert {c["image"] for c in rendered} == images_our_build_makes()
+    # z2jh's image pullers give two containers no imagePullPolicy (singleuser.image's and
+    # the pause container): Kubernetes' default for a tag, IfNotPresent, uses the node's.
+    unset = {c["name"] for c in rendered if "imagePullPolicy" not in c}
+    assert unset == {"image-pull-singleuser", "pause"}
+    assert {c["imagePullPolicy"] for c in rendered if c["name"] not in unset} == {"Never"}
+    # the chart's own commands for the images we rebuilt
+    scheduler = find(manifests, "Deployment", "user-scheduler")
+    (container,) = scheduler["spec"]["template"]["spec"]["containers"]
+    assert container["command"][0] == "/usr/local/bin/kube-scheduler"
+    awaiter = find(manifests, "Job", "hook-image-awaiter")
+    assert awaiter["spec"]["template"]["spec"]["containers"][0]["command"][0] == "/image-awaiter"
+    proxy = find(manifests, "Deployment", "proxy")
+    assert proxy["spec"]["template"]["spec"]["containers"][0]["command"][0] == (
+        "configurable-http-proxy"
+    )
+
+
+def test_the_local_overrides_pass_helm_lint(real_helm, chart):
+    out = real_helm.run(
+        "lint", "--strict", str(chart), f"--values={VALUES}", f"--values={LOCAL_VALUES}"
+    )
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+
+
+# --- the user-scheduler's RBAC against the kube-scheduler we run ---------------------------
+
+#: The bootstrap ClusterRoles a kube-scheduler runs with (the API server creates them).
+SCHEDULER_ROLES = ("system:kube-scheduler", "system:volume-scheduler")
+
+
+def role_grants(rules) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) a ClusterRole's rules grant; resourceNames are ignored
+    (the chart names its own lock lease where the bootstrap role names kube-scheduler's)."""
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule.get("apiGroups", [])
+        for resource in rule.get("resources", [])
+        for verb in rule.get("verbs", [])
+    }
+
+
+def test_user_scheduler_rbac_is_what_our_kube_scheduler_is_granted(real_helm, chart, control_plane):
+    """The chart's user-scheduler role (written for v1.30) plus ours grant what the live
+    control plane's bootstrap roles grant its own kube-scheduler (the same binary), no more."""
+    api = control_plane.admin_api()
+    needed = set()
+    for name in SCHEDULER_ROLES:
+        role = api.get(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}")
+        needed |= role_grants(role["rules"])
+    manifests = real_helm.template(
+        "jhub", chart, namespace=NAMESPACE, values_files=[VALUES, LOCAL_VALUES]
+    )
+    chart_role = find(manifests, "ClusterRole", "jhub-user-scheduler")
+    chart_binding = find(manifests, "ClusterRoleBinding", "jhub-user-scheduler")
+    docs = {d["kind"]: d for d in yaml.safe_load_all(USER_SCHEDULER_RBAC.read_text()) if d}
+    ours, binding = role_grants(docs["ClusterRole"]["rules"]), docs["ClusterRoleBinding"]
+    chart_grants = role_grants(chart_role["rules"])
+    missing = needed - chart_grants - ours
+    assert not missing, "\n".join(map(str, sorted(missing)))
+    assert ours <= needed - chart_grants, sorted(ours - (needed - chart_grants))
+    assert binding["subjects"] == chart_binding["subjects"]
+    assert binding["roleRef"]["name"] == docs["ClusterRole"]["metadata"]["name"]
+    # the API server takes it as it is
+    control_plane.apply_manifests(USER_SCHEDULER_RBAC)
+    try:
+        applied = api.get(
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles/"
+            + docs["ClusterRole"]["metadata"]["name"]
+        )
+        assert role_grants(applied["rules"]) == ours
+    finally:
+        for kind, doc in (("clusterrolebindings", binding), ("clusterroles", docs["ClusterRole"])):
+            api.delete(f"/apis/rbac.authorization.k8s.io/v1/{kind}/{doc['metadata']['name']}")

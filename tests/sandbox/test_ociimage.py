@@ -97,3 +97,20 @@ def test_no_cmd_means_no_cmd_key():
     config = ociimage.image_config(spec, "sha256:" + "0" * 64)
     assert "Cmd" not in config["config"]
     assert config["config"]["Entrypoint"] == ["/pause"]
+
+
+def test_docker_archive_is_the_same_image_for_docker_load():
+    """`docker save`'s layout (what Docker 20.10 loads): same layer and config as the OCI
+    archive, so the image's ID is the same wherever it is loaded."""
+    oci = _members(ociimage.image_archive(SPEC))
+    docker = _members(ociimage.docker_archive(SPEC))
+    (manifest,) = json.loads(docker["manifest.json"])
+    assert manifest["RepoTags"] == ["gpuspawner.invalid/tool:v1"]
+    config = docker[manifest["Config"]]
+    assert "sha256:" + hashlib.sha256(config).hexdigest() == ociimage.image_id(SPEC)
+    (index,) = json.loads(oci["index.json"])["manifests"]
+    oci_manifest = json.loads(_blob(oci, index["digest"]))
+    assert _blob(oci, oci_manifest["config"]["digest"]) == config
+    (layer,) = manifest["Layers"]
+    assert docker[layer] == _blob(oci, oci_manifest["layers"][0]["digest"])
+    assert ociimage.docker_archive(SPEC) == ociimage.docker_archive(SPEC)  # deterministic

@@ -1,0 +1,206 @@
+"""zero-to-jupyterhub's own images, built here for a cluster that reaches no registry.
+
+The chart (4.4.0, :mod:`gpuspawner_sandbox.helm`) runs, besides the hub, the
+configurable-http-proxy, network-tools, image-awaiter, kube-scheduler and pause
+images. ``images/matrix.yaml``'s ``z2jh:`` section names each as
+``gpuspawner.invalid/z2jh/<name>:<tag>``, and ``config/sandbox/z2jh-local-values.yaml``
+points the chart at them. They are built with the notebook images' machinery, on
+the same private Docker engine (:class:`gpuspawner_sandbox.dockerd.PrivateEngine`):
+
+1. the programs they copy, built on the host and cached: z2jh's image-awaiter
+   from its own Go source at the chart's tag (static, go-retryablehttp from the Go
+   module proxy), and the control plane's ``k8s`` binary (:mod:`.build`), whose
+   ``k8s kube-scheduler`` the kube-scheduler image runs;
+2. ``gpuspawner-images build --binary NAME=PATH …`` of ``images/z2jh/*/Dockerfile``
+   (the Debian base must exist: ``gpuspawner-images base``); Docker's layer cache
+   makes a rebuild of unchanged sources a matter of seconds;
+3. the chart's pause image: the real nodes' own (:func:`.nodes.pause_spec`), under
+   the chart's name, loaded with ``docker load``, skipped when the engine has it.
+
+``python -m gpuspawner_sandbox.chartimages`` does it all on its own engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from . import build, helm, nodebuild, nodes, ociimage
+from .dockerd import HarnessError, PrivateEngine
+from .notebookimage import NotebookImageError, run_image_tool
+
+Emit = Callable[[str], None]
+
+MATRIX = build.REPO_ROOT / "images" / "matrix.yaml"
+#: The chart's pause image has no Dockerfile: it is this name in ``z2jh.images``' namespace.
+PAUSE = "pause"
+
+#: z2jh's image-awaiter, from its own go.mod at the chart's tag (standard library and
+#: go-retryablehttp), static as upstream's Dockerfile builds it.
+IMAGE_AWAITER = nodebuild.LocalProgram(
+    name="image-awaiter",
+    module_dir=helm.Z2JH_SOURCE / "images" / "image-awaiter",
+    describe="Building z2jh's image-awaiter (its own Go module; seconds)…",
+    sources=("go.mod", "go.sum", "main.go", "daemonset.go"),
+)
+
+
+class ChartImageError(Exception):
+    """The chart's images could not be built; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class ChartImage:
+    """One image of the chart as the matrix names it."""
+
+    name: str
+    ref: str
+    binaries: tuple[str, ...] = ()
+
+
+def chart_images(matrix: Mapping[str, Any]) -> list[ChartImage]:
+    """The matrix's ``z2jh:`` images (parsed YAML), the pause image last."""
+    z2jh = matrix.get("z2jh") or {}
+    registry = str(z2jh.get("registry", "")).rstrip("/")
+    if not registry or not isinstance(z2jh.get("images"), dict) or not z2jh.get("pause_tag"):
+        raise ChartImageError(f"{MATRIX} has no z2jh section with registry, images and pause_tag.")
+    found = [
+        ChartImage(name, f"{registry}/{name}:{entry['tag']}", tuple(entry.get("binaries") or ()))
+        for name, entry in z2jh["images"].items()
+    ]
+    return [*found, ChartImage(PAUSE, f"{registry}/{PAUSE}:{z2jh['pause_tag']}")]
+
+
+def load_chart_images(path: Path = MATRIX) -> list[ChartImage]:
+    try:
+        return chart_images(yaml.safe_load(path.read_text()) or {})
+    except (OSError, yaml.YAMLError) as e:
+        raise ChartImageError(f"The image matrix {path} cannot be read: {e}") from None
+
+
+def tool_build_args(images: list[ChartImage], binaries: Mapping[str, Path]) -> list[str]:
+    """``gpuspawner-images build`` of every image with a Dockerfile, with its programs."""
+    built = [i for i in images if i.name != PAUSE]
+    wanted = sorted({b for i in built for b in i.binaries})
+    missing = [b for b in wanted if b not in binaries]
+    if missing:
+        raise ChartImageError(f"No host-built program for {', '.join(missing)}.")
+    return [
+        "build",
+        "--network",
+        "host",
+        *(i.name for i in built),
+        *(f"--binary={name}={binaries[name]}" for name in wanted),
+    ]
+
+
+# -- I/O -----------------------------------------------------------------------------
+
+
+def host_binaries(cache: Path | None = None, *, out: TextIO | None = None) -> dict[str, Path]:
+    """Build (or find cached) the programs the images copy, and the pause program's directory."""
+    out = out if out is not None else sys.stderr
+    if not (IMAGE_AWAITER.module_dir / "go.mod").is_file():
+        raise ChartImageError(
+            f"z2jh's image-awaiter source is missing at {IMAGE_AWAITER.module_dir} "
+            "(a copy of shared/ beside the clone)."
+        )
+    return {
+        IMAGE_AWAITER.name: nodebuild.build_local(IMAGE_AWAITER, cache, out=out),
+        "k8s": build.build(cache=cache, out=out),
+        PAUSE: nodebuild.build_image_programs(cache=cache, out=out),
+    }
+
+
+def _load_pause(engine: PrivateEngine, ref: str, programs: Path, emit: Emit) -> str:
+    spec = nodes.pause_spec(ref, programs, nodebuild.go_arch())
+    wanted = ociimage.image_id(spec)
+    client = engine.client()
+    try:
+        have = {
+            t: image["Id"] for image in client.api.images() for t in image.get("RepoTags") or []
+        }
+        if have.get(ref) == wanted:
+            emit(f"    {ref} is {wanted[:19]}… already (cached)")
+            return wanted
+        client.images.load(ociimage.docker_archive(spec))
+    finally:
+        client.close()
+    emit(f"    loaded {ref} ({wanted[:19]}…)")
+    return wanted
+
+
+def build_chart_images(
+    engine: PrivateEngine,
+    repo: Path = build.REPO_ROOT,
+    emit: Emit = print,
+    *,
+    cache: Path | None = None,
+    log_path: Path | None = None,
+    build_out: TextIO | None = None,
+) -> list[ChartImage]:
+    """Build (or find cached) every image of the chart on a started engine.
+
+    Raises :class:`ChartImageError`, or :class:`.build.BuildError` for the host's programs
+    (:class:`.build.GoMissing` where Go is missing).
+    """
+    started = time.monotonic()
+    images = load_chart_images(repo / "images" / "matrix.yaml")
+    log_path = log_path or build.cache_dir() / "chart-images-build.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    emit("Chart images [1/3]: the programs they copy (image-awaiter, k8s, pause; cached)")
+    # Go's progress (minutes for a cold `k8s`) to build_out; build.BuildError as it is.
+    binaries = host_binaries(cache, out=build_out if build_out is not None else sys.stderr)
+    args = tool_build_args(images, binaries)
+    emit(
+        f"Chart images [2/3]: {', '.join(i.name for i in images if i.name != PAUSE)} "
+        f"({time.monotonic() - started:.0f}s so far)"
+    )
+    try:
+        with log_path.open("w") as log:
+            run_image_tool(repo, engine, args, log, emit)
+    except NotebookImageError as e:
+        raise ChartImageError(str(e)) from None
+    (pause,) = [i for i in images if i.name == PAUSE]
+    emit(f"Chart images [3/3]: {pause.ref} ({time.monotonic() - started:.0f}s so far)")
+    _load_pause(engine, pause.ref, binaries[PAUSE], emit)
+    emit(f"Chart images ready in {time.monotonic() - started:.0f}s")
+    return images
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpuspawner_sandbox.chartimages",
+        description="Build zero-to-jupyterhub's images (images/z2jh) on a private Docker engine.",
+    )
+    parser.parse_args(argv)
+    repo = build.REPO_ROOT
+    # A short socket path (unix sockets: 107 bytes): a fresh /tmp directory.
+    state = Path(tempfile.mkdtemp(prefix="gs-dockerd-"))
+    engine = PrivateEngine(state=state, data_root=repo / ".cache" / "images" / "engine")
+    try:
+        engine.start()
+        run_image_tool(repo, engine, ["base"], io.StringIO(), print)
+        for image in build_chart_images(engine, repo):
+            print(image.ref)
+    except (HarnessError, ChartImageError, NotebookImageError, build.BuildError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        engine.stop()
+        shutil.rmtree(state, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
