@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from . import build
+from . import build, nodeconfig
 from .dockerd import mounts_under, stop_process
 
 #: Bumped when the seed's layout or how it is made changes.
@@ -146,8 +146,6 @@ def ensure_seed(
         f"({size:.0f} MB) once; nodes start from copies of it until the images change…"
     )
     began = time.monotonic()
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    env["PATH"] = f"{containerd_dir}:{env.get('PATH', '/usr/sbin:/usr/bin')}"
     with (work / "containerd.log").open("ab") as log:
         proc = subprocess.Popen(
             [str(containerd), "--config", str(work / "config.toml")],
@@ -156,7 +154,7 @@ def ensure_seed(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=preexec,
-            env=env,
+            env=nodeconfig.component_env(os.environ, containerd_dir),
         )
     try:
         client = [str(ctr), "--address", str(run / "c.sock"), "-n", NAMESPACE]

@@ -316,6 +316,17 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 """
 
 
+def component_env(base: Mapping[str, str], containerd_dir: Path) -> dict[str, str]:
+    """The environment a node component (or the image store's containerd) runs with.
+
+    containerd finds its shim next to itself, on PATH; proxies have no business here
+    (pulls fail fast on loopback, and nothing else leaves the machine).
+    """
+    env = {k: v for k, v in base.items() if k.lower() not in ("http_proxy", "https_proxy")}
+    env["PATH"] = f"{containerd_dir}:{env.get('PATH', '/usr/sbin:/usr/bin')}"
+    return env
+
+
 def nvidia_runtime_config(
     paths: NodePaths,
     runc: Path,

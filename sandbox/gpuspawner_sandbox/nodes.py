@@ -584,11 +584,7 @@ class RealNodes:
         env: Mapping[str, str] | None = None,
     ) -> subprocess.Popen:
         log_path = self.paths(name).logs / f"{component}.log"
-        env = {**os.environ, **(env or {})}
-        # The shim is found next to containerd; proxies have no business here.
-        env["PATH"] = f"{self.binaries.containerd_dir}:{env.get('PATH', '/usr/sbin:/usr/bin')}"
-        for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
-            env.pop(var, None)
+        env = nodeconfig.component_env({**os.environ, **(env or {})}, self.binaries.containerd_dir)
         preexec = None
         if self.die_with_parent and threading.current_thread() is threading.main_thread():
             preexec = _die_with_parent
