@@ -149,6 +149,8 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
     # True while the last start was refused before any pod was requested, so
     # poll() can answer "not running" without asking the cluster.
     _refused_before_pod: bool = False
+    #: Whether this start got as far as asking the API server for its pod.
+    _pod_requested: bool = False
     _parsed_catalog: Catalog | None = None
     _admin_values: dict[str, Any] | None = None
 
@@ -578,6 +580,8 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
 
     async def get_pod_manifest(self):
         pod = await super().get_pod_manifest()
+        # KubeSpawner asks for the manifest right before it creates the pod.
+        self._pod_requested = True
         if self._selection is not None and self.gpu_catalog_configured:
             catalog = self.load_catalog()
             pod.metadata.labels = {
@@ -820,6 +824,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
 
     async def _start(self):
         self._refused_before_pod = False
+        self._pod_requested = False
         self._stop_notice = None
         self._running = None
         self.capacity.start_over()
@@ -862,8 +867,46 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
                 reason="gpu-check",
                 status=503,
             ) from None
+        except Exception:
+            # Any other failure (a timeout of KubeSpawner's pod creation under a slow API
+            # server, the hub's start timeout): the pod may exist although the hub never
+            # saw it, and KubeSpawner's stop() deletes only pods its reflector has seen.
+            if self._pod_requested:
+                await self._delete_pod_by_name()
+            raise
         finally:
             self._release_reservation()
+
+    async def _delete_pod_by_name(self) -> None:
+        """Delete this server's pod by name, asking the API server, not the reflector's cache.
+
+        A create whose answer timed out may still have made the pod: without this it
+        would run on, holding its GPUs, with a token the hub no longer accepts.
+        """
+        retry = kube.RetryPolicy(timeout=self.k8s_api_request_retry_timeout)
+        try:
+            await retry.run(
+                lambda: kube.request_json(
+                    self.api.delete_namespaced_pod,
+                    self.pod_name,
+                    self.namespace,
+                    what=f"deleting pod {self.pod_name}",
+                    timeout=self.k8s_api_request_timeout,
+                    grace_period_seconds=0,
+                ),
+                self.log,
+            )
+        except kube.NotFound:
+            return
+        except Exception as e:
+            self.log.error(
+                "Could not delete the pod %s of %s's failed start: %s",
+                self.pod_name,
+                self._log_name,
+                e,
+            )
+            return
+        self.log.info("Deleted the pod %s of %s's failed start", self.pod_name, self._log_name)
 
     async def _delete_failed_pod(self, why: str) -> None:
         """Delete the pod of a failed spawn so it holds no GPUs (and no place in the queue)."""

@@ -143,9 +143,21 @@ class StandInApi:
                 return web.json_response(pod)
         return web.json_response(status_body(404, f'pods "{name}" not found'), status=404)
 
+    async def _delete(self, request: web.Request) -> web.Response:
+        """Delete a pod by name, as the API server does (404 when there is none)."""
+        self.requests.append((request.method, request.path, dict(request.query)))
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        for pod in self.objects["pods"]:
+            meta = pod.get("metadata") or {}
+            if (meta.get("namespace"), meta.get("name")) == (namespace, name):
+                self.objects["pods"].remove(pod)
+                return web.json_response(pod)
+        return web.json_response(status_body(404, f'pods "{name}" not found'), status=404)
+
     async def start(self) -> StandInApi:
         app = web.Application()
         app.router.add_patch("/api/v1/namespaces/{namespace}/pods/{name}", self._patch)
+        app.router.add_delete("/api/v1/namespaces/{namespace}/pods/{name}", self._delete)
         app.router.add_get("/api/v1/pods", self._answer)
         app.router.add_get("/api/v1/nodes", self._answer)
         app.router.add_get("/api/v1/namespaces/{namespace}/pods", self._answer)

@@ -778,3 +778,33 @@ async def test_failed_check_deletes_the_pod_and_fails_the_spawn_with_the_reason(
         f"The GPUs given to this server failed their check, so it was not started: {reason}"
     )
     assert hubstate.current().reservations() == []  # the GPUs are no longer counted for this server
+
+
+@pytest.mark.parametrize("pod_was_made", [True, False])
+async def test_a_failed_start_deletes_its_pod_by_name_even_if_the_hub_never_saw_it(
+    kubeapi, monkeypatch, pod_was_made
+):
+    """KubeSpawner's create timed out under a slow API server, yet the pod may exist: it must go."""
+
+    config = Config()
+    config.KubeSpawner.namespace = "jupyterhub"
+    spawner = make_spawner(config, name="slow")
+    spawner.api = await core_api_for(kubeapi)
+    if pod_was_made:
+        kubeapi.objects["pods"].append(
+            {"metadata": {"name": spawner.pod_name, "namespace": "jupyterhub", "labels": {}}}
+        )
+
+    async def create_timed_out(self):
+        await self.get_pod_manifest()  # as KubeSpawner does right before its create request
+        raise asyncio.TimeoutError("create pod: no answer within 3 s")
+
+    monkeypatch.setattr(KubeSpawner, "_start", create_timed_out)
+    try:
+        with pytest.raises(asyncio.TimeoutError):
+            await spawner._start()
+    finally:
+        await spawner.api.api_client.close()
+    deletes = [r for r in kubeapi.requests if r[0] == "DELETE"]
+    assert [r[1] for r in deletes] == [f"/api/v1/namespaces/jupyterhub/pods/{spawner.pod_name}"]
+    assert not [p for p in kubeapi.objects["pods"] if p["metadata"]["name"] == spawner.pod_name]
