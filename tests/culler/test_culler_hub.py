@@ -16,6 +16,7 @@ import json
 import threading
 import time
 import urllib.request
+from datetime import datetime, timezone
 
 import pytest
 
@@ -97,7 +98,7 @@ def wait_scraped(prometheus, *users: str) -> None:
 
 def set_activity(hub, user: str) -> None:
     """What jupyterhub-singleuser reports on activity: 'now' for the user's default server."""
-    now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     r = hub.api("POST", f"/users/{user}/activity", {"servers": {"": {"last_activity": now}}})
     assert r.status == 200, r.body
 
@@ -521,6 +522,9 @@ def patches_of(kubeapi, *users: str) -> list:
     return [r for r in kubeapi.requests if r[0] == "PATCH" and r[1] in paths]
 
 
+IDLE_TIMEOUT = 5
+
+
 async def test_the_pod_carries_the_warning_then_the_reason_before_the_stop(
     hub, culler_token, kubeapi
 ):
@@ -529,8 +533,10 @@ async def test_the_pod_carries_the_warning_then_the_reason_before_the_stop(
     start_servers(hub, {"noted": A100, "kept": A100})
     kubeapi.objects["pods"] = [fixture_pod_of("noted"), fixture_pod_of("kept")]
     pods = {p["metadata"]["name"]: p["metadata"] for p in kubeapi.objects["pods"]}
-    await asyncio.sleep(1.2)
-    app = make_culler(hub, culler_token, timeout=1, warning_period=600, kubernetes="on")
+    # Idle for longer than the timeout; the timeout long enough that a pass on a loaded
+    # machine does not make 'kept' idle again right after its activity.
+    await asyncio.sleep(IDLE_TIMEOUT + 0.2)
+    app = make_culler(hub, culler_token, timeout=IDLE_TIMEOUT, warning_period=600, kubernetes="on")
     stop_server = app.hub.stop_server
 
     async def stop_and_record(user, server):

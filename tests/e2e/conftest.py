@@ -55,6 +55,17 @@ def emit(line: str) -> None:
     sys.__stderr__.write(line + "\n")
 
 
+@pytest.fixture
+def report(pytestconfig):
+    """Say a measured figure on the terminal while the test runs (pytest captures its output)."""
+
+    def say(line: str) -> None:
+        with testing.capture_disabled(pytestconfig):
+            emit(line)
+
+    return say
+
+
 @dataclass
 class RealStack:
     stack: SandboxStack

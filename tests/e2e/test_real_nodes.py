@@ -24,7 +24,7 @@ from gpuspawner import labels
 from gpuspawner_sandbox import gpudriver, hoststate, nodeconfig, testing
 from gpuspawner_sandbox.demo import DEMO_PASSWORD
 
-from .conftest import browser_log_in, emit, ensure_user, pod_of, stop_server, user_pods, wait_for
+from .conftest import browser_log_in, ensure_user, pod_of, stop_server, user_pods, wait_for
 
 ADMIN_PAGE = "/services/gpuspawner-admin/"
 MEMORY_LIMIT = 768 * 1024 * 1024  # the catalog's 768Mi
@@ -370,7 +370,9 @@ c.Application.log_level = "INFO"
 """
 
 
-def test_the_culler_stops_the_idle_gpu_server_and_keeps_the_busy_one(real, browser, tmp_path):
+def test_the_culler_stops_the_idle_gpu_server_and_keeps_the_busy_one(
+    real, browser, tmp_path, report
+):
     """GPU activity from the DCGM exporter via the real Prometheus, driven by gpu-burn-emulated.
 
     The admin page, a hub service reading the same Prometheus, shows it first.
@@ -408,7 +410,7 @@ def test_the_culler_stops_the_idle_gpu_server_and_keeps_the_busy_one(real, brows
         shown = wait_for(utilisation_shown, 90, 2, what="the admin page's GPU utilisation")
         assert shown[idle] == 0, shown
         page.screenshot(path=str(tmp_path / "admin-page.png"), full_page=True)
-        emit(f"admin page with GPU utilisation: {tmp_path / 'admin-page.png'}")
+        report(f"admin page with GPU utilisation: {tmp_path / 'admin-page.png'}")
         page.context.close()
         # Long enough that the idle GPU has been idle past its gpu_timeout in Prometheus's data.
         time.sleep(25)
@@ -469,7 +471,7 @@ H100_NODE = "gpu-h100-0"
     ],
 )
 def test_a_gpu_fault_fails_the_spawn_through_the_real_kubelet_and_removes_the_pod(
-    real, user, fault, said
+    real, user, fault, said, report
 ):
     stack = real.stack
     hub, kube = stack.hub, stack.control_plane.admin_api()
@@ -499,7 +501,7 @@ def test_a_gpu_fault_fails_the_spawn_through_the_real_kubelet_and_removes_the_po
         # it ended on the check's failure, not on the hub's start timeout
         assert f"{user}'s server failed to start" not in hub.log()
         # Measured, not asserted (docs/benchmarks.md): request -> the user's error.
-        emit(
+        report(
             f"fault {fault['kind']}: the spawn failed {time.monotonic() - asked:.1f} s after the request"
         )
         wait_for(lambda: pod_of(kube, user) is None, 60, what=f"{user}'s pod to be deleted")
