@@ -109,7 +109,12 @@ disabled_plugins = [
 
 
 def _run(cmd: Sequence[str], timeout: float) -> None:
-    result = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+    try:
+        result = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise SeedError(
+            f"`{' '.join(map(str, cmd))}` did not finish within {timeout:.0f}s."
+        ) from None
     if result.returncode != 0:
         raise SeedError(f"`{' '.join(map(str, cmd))}` failed: {result.stderr.strip()[-500:]}")
 
@@ -146,17 +151,18 @@ def ensure_seed(
         f"({size:.0f} MB) once; nodes start from copies of it until the images change…"
     )
     began = time.monotonic()
-    with (work / "containerd.log").open("ab") as log:
-        proc = subprocess.Popen(
-            [str(containerd), "--config", str(work / "config.toml")],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=preexec,
-            env=nodeconfig.component_env(os.environ, containerd_dir),
-        )
+    proc = None
     try:
+        with (work / "containerd.log").open("ab") as log:
+            proc = subprocess.Popen(
+                [str(containerd), "--config", str(work / "config.toml")],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=preexec,
+                env=nodeconfig.component_env(os.environ, containerd_dir),
+            )
         client = [str(ctr), "--address", str(run / "c.sock"), "-n", NAMESPACE]
         deadline = time.monotonic() + 60
         while subprocess.run([*client, "version"], capture_output=True).returncode != 0:
@@ -175,9 +181,14 @@ def ensure_seed(
         )
         os.rename(work, seed)
     except BaseException:
-        stop_process(proc, grace=5)
-        _remove(run)
-        _remove(work)
+        if proc is not None:
+            stop_process(proc, grace=5)
+        # An unpack cut short leaves its temporary mount (in this, the host's, namespace).
+        for point in sorted(mounts_under(work), key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True)
+        with contextlib.suppress(SeedError, OSError):
+            _remove(run)
+            _remove(work)
         raise
     emit(f"  image store ready in {time.monotonic() - began:.0f}s ({seed})")
     return seed / "root"

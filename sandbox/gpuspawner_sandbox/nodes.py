@@ -333,7 +333,7 @@ class RealNodes:
                 preexec=preexec,
                 emit=self._say,
             )
-        except imageseed.SeedError as e:
+        except (imageseed.SeedError, OSError) as e:
             raise NodeError(f"The nodes' images could not be prepared: {e}") from None
 
     def _add_forward_chain(self) -> None:
@@ -398,7 +398,10 @@ class RealNodes:
         self._save()
         self._write_files(name, paths, net)
         began = time.monotonic()
-        imageseed.populate(seed, paths.containerd_root)
+        try:
+            imageseed.populate(seed, paths.containerd_root)
+        except (imageseed.SeedError, OSError) as e:
+            raise NodeError(f"Node {name} could not get its images from {seed}: {e}") from None
         self._say(
             f"  {name}: images in place in {time.monotonic() - began:.1f}s (from {seed.parent.name})"
         )

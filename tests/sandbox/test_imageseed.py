@@ -141,3 +141,23 @@ def test_a_seed_is_made_once_and_a_containerd_on_a_copy_has_its_images(pytestcon
     # removing an image on the copy leaves the seed whole
     assert all(blob.exists() for blob in blobs)
     assert len(list(root.joinpath(*SNAPSHOTS).rglob("hello"))) == 2
+
+
+def test_a_containerd_that_cannot_start_leaves_nothing_behind(tmp_path):
+    """The failure is one sentence with containerd's log; no half-made seed, no socket dir."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, script in {
+        "containerd": '[ "$1" = --version ] && echo "containerd v0"; echo "no cgroups here" >&2; exit 1',
+        "ctr": "exit 1",
+    }.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{script}\n")
+        (bin_dir / name).chmod(0o755)
+    archive = _archive(tmp_path / "a.tar", "gpuspawner.invalid/a:v1", b"a")
+    before = set(Path(tempfile.gettempdir()).glob("gpuspawner-seed-*"))
+    cache = tmp_path / "cache"
+    with pytest.raises(imageseed.SeedError, match="did not start; its log ends") as failed:
+        imageseed.ensure_seed([archive], bin_dir, cache=cache, emit=lambda line: None)
+    assert "no cgroups here" in str(failed.value)
+    assert list((cache / imageseed.SEEDS_DIR).iterdir()) == []
+    assert set(Path(tempfile.gettempdir()).glob("gpuspawner-seed-*")) == before
