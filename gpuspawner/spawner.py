@@ -868,9 +868,10 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
                 status=503,
             ) from None
         except Exception:
-            # Any other failure (a timeout of KubeSpawner's pod creation under a slow API
-            # server, the hub's start timeout): the pod may exist although the hub never
-            # saw it, and KubeSpawner's stop() deletes only pods its reflector has seen.
+            # Any other failure once the pod was asked for (KubeSpawner's create timing out
+            # under a slow API server, its retries running out): the pod may exist although
+            # the hub never saw it, and KubeSpawner's stop() deletes only pods its reflector
+            # has seen.
             if self._pod_requested:
                 await self._delete_pod_by_name()
             raise
