@@ -318,19 +318,25 @@ class RealNodes:
         _run(["ip", "addr", "add", f"{nodeconfig.HUB_ADDRESS}/32", "dev", link])
         _run(["ip", "link", "set", link, "up"])
 
+    def _preexec(self) -> Callable[[], None] | None:
+        """What a process we start runs first: dying with us, where that is wanted.
+
+        PR_SET_PDEATHSIG follows the thread that forked, so only the main thread's children get it.
+        """
+        if self.die_with_parent and threading.current_thread() is threading.main_thread():
+            return _die_with_parent
+        return None
+
     def _say(self, line: str) -> None:
         (self.emit or (lambda text: print(text, file=sys.stderr, flush=True)))(line)
 
     def _image_seed(self) -> Path:
         """The containerd root every node starts from: our images and the extra archives."""
-        preexec = None
-        if self.die_with_parent and threading.current_thread() is threading.main_thread():
-            preexec = _die_with_parent
         try:
             return imageseed.ensure_seed(
                 [*self._write_images(), *self.images],
                 self.binaries.containerd_dir,
-                preexec=preexec,
+                preexec=self._preexec(),
                 emit=self._say,
             )
         except (imageseed.SeedError, OSError) as e:
@@ -588,9 +594,6 @@ class RealNodes:
     ) -> subprocess.Popen:
         log_path = self.paths(name).logs / f"{component}.log"
         env = nodeconfig.component_env({**os.environ, **(env or {})}, self.binaries.containerd_dir)
-        preexec = None
-        if self.die_with_parent and threading.current_thread() is threading.main_thread():
-            preexec = _die_with_parent
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
                 cmd,
@@ -598,7 +601,7 @@ class RealNodes:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=preexec,
+                preexec_fn=self._preexec(),
                 env=env,
             )
         self.processes[f"{name}/{component}"] = proc

@@ -112,6 +112,14 @@ def node_binaries(pytestconfig=None):
     raise AssertionError("unreachable: sandbox_unavailable raises")
 
 
+def running_pod(api, namespace: str, name: str) -> dict | None:
+    """The pod if every one of its containers runs (started, not just scheduled), else None."""
+    pod = api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    running = bool(statuses) and all("running" in (c.get("state") or {}) for c in statuses)
+    return pod if running else None
+
+
 @contextlib.contextmanager
 def running_control_plane(
     state_dir: Path, pytestconfig=None, binary: Path | None = None

@@ -21,6 +21,7 @@ import urllib.request
 
 import pytest
 
+from gpuspawner_sandbox import testing
 from gpuspawner_sandbox.kubeapi import ApiError
 
 from .conftest import (
@@ -191,15 +192,13 @@ def test_pod_stuck_without_gpus_fails_fast_with_the_reason_and_is_removed(
     try:
         for name, node in names.items():
             kube.post(f"/api/v1/namespaces/{BATCH_NAMESPACE}/pods", blocking_pod(name, node))
-
-        def running(name):
-            pod = kube.get(f"/api/v1/namespaces/{BATCH_NAMESPACE}/pods/{name}")
-            statuses = (pod.get("status") or {}).get("containerStatuses") or []
-            return bool(statuses) and all("running" in (c.get("state") or {}) for c in statuses)
-
         # Only a started container ignores SIGTERM: a pod deleted before its container runs
         # is gone at once (real nodes take a moment to start it).
-        wait_for(lambda: all(running(n) for n in names), 120, what="the batch pods to run")
+        wait_for(
+            lambda: all(testing.running_pod(kube, BATCH_NAMESPACE, n) for n in names),
+            120,
+            what="the batch pods to run",
+        )
         # Another namespace's pods count: the A100s are all taken.
         figures_when(hub, token, lambda t: t["a100"]["free"] == 0, "no free A100 (batch pods)")
         r = hub.api(

@@ -129,12 +129,7 @@ def burner(gpu_node, control_plane):
         api = control_plane.admin_api()
         api.post(f"/api/v1/namespaces/{namespace}/pods", _gpu_pod("burner", 2))
 
-        def running():
-            pod = api.get(f"/api/v1/namespaces/{namespace}/pods/burner")
-            statuses = pod["status"].get("containerStatuses", [])
-            return pod if statuses and "running" in statuses[0]["state"] else None
-
-        pod = wait_for("pod burner to run", running)
+        pod = wait_for("pod burner to run", lambda: testing.running_pod(api, namespace, "burner"))
         container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
         pids = wait_for(
             "the container's process", lambda: testing.container_pids(NODE, container_id)

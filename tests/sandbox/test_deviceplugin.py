@@ -112,12 +112,7 @@ def _visible_devices(api, namespace: str, pod_name: str) -> tuple[dict, list[str
     """The running pod and the GPUs NVIDIA's runtime gave its container: the UUIDs of
     the /dev/nvidia<minor> entries in the container's /dev."""
 
-    def running():
-        pod = api.get(f"/api/v1/namespaces/{namespace}/pods/{pod_name}")
-        statuses = pod["status"].get("containerStatuses", [])
-        return pod if statuses and "running" in statuses[0]["state"] else None
-
-    pod = wait_for(f"pod {pod_name} to run", running)
+    pod = wait_for(f"pod {pod_name} to run", lambda: testing.running_pod(api, namespace, pod_name))
     container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
     pids = wait_for(
         "the container's process", lambda: testing.container_pids(NVLINK_NODE, container_id)
@@ -265,12 +260,7 @@ def test_the_cdi_strategy_hands_cdi_device_names_to_the_runtime(
     resource = "nvidia.com/mig-1g.10gb"
     api.post(f"/api/v1/namespaces/{namespace}/pods", _gpu_pod("cdi", 1, MIG_NODE, resource))
 
-    def running():
-        pod = api.get(f"/api/v1/namespaces/{namespace}/pods/cdi")
-        statuses = pod["status"].get("containerStatuses", [])
-        return pod if statuses and "running" in statuses[0]["state"] else None
-
-    pod = wait_for("the CDI pod to run", running)
+    pod = wait_for("the CDI pod to run", lambda: testing.running_pod(api, namespace, "cdi"))
     container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
     pids = wait_for(
         "the container's process", lambda: testing.container_pids(MIG_NODE, container_id)
