@@ -8,6 +8,7 @@
 //	k8s kube-scheduler ...
 //	k8s kube-controller-manager ...
 //	k8s kubelet ...
+//	k8s kube-proxy ...
 //	k8s device-plugin --driver-state FILE ...
 //
 // One binary shares the (long) compile of everything the Kubernetes
@@ -38,12 +39,13 @@ import (
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubeproxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 
 	"gpuspawner/sandbox/k8s/deviceplugin"
 )
 
-const usage = "usage: k8s etcd|kube-apiserver|kube-scheduler|kube-controller-manager|kubelet|device-plugin [flags]"
+const usage = "usage: k8s etcd|kube-apiserver|kube-scheduler|kube-controller-manager|kubelet|kube-proxy|device-plugin [flags]"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -61,6 +63,8 @@ func main() {
 		os.Exit(runCobra(controllermanager.NewControllerManagerCommand()))
 	case "kubelet":
 		os.Exit(runCobra(kubelet.NewKubeletCommand(context.Background())))
+	case "kube-proxy":
+		os.Exit(runCobra(kubeproxy.NewProxyCommand()))
 	case "device-plugin":
 		os.Exit(deviceplugin.Main(os.Args[2:]))
 	default:

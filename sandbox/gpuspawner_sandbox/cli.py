@@ -41,13 +41,24 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 1
     binaries = None if args.no_kubelet else nodebuild.build_all()
     binary = binaries.k8s if binaries else build.build()
-    cp = ControlPlane(state_dir, binary)
+    # With real nodes, the API server listens on the host's link in the pod range
+    # (the cluster network), which the nodes' prepare() makes first.
+    cp = ControlPlane(state_dir, binary, api_address=nodeconfig.API_ADDRESS if binaries else None)
     cp.die_with_parent = args.foreground
+    real = real_nodes(state_dir, cp, binaries, args) if binaries is not None else None
+    if real is not None:
+        real.prepare()
     print("Starting etcd, kube-apiserver, kube-scheduler and kube-controller-manager…", flush=True)
     started = time.monotonic()
-    cp.start(timeout=args.timeout)
+    try:
+        cp.start(timeout=args.timeout)
+    except BaseException:
+        if real is not None:
+            real.stop()
+        raise
     print(f"Control plane ready in {time.monotonic() - started:.1f}s at {cp.api_url}")
-    real = start_real_nodes(state_dir, cp, binaries, args) if binaries is not None else None
+    if real is not None:
+        start_real_nodes(real, cp, args)
 
     print(f"Logs: {cp.log_dir}")
     print(f"export KUBECONFIG={cp.admin_kubeconfig}")
@@ -71,46 +82,49 @@ def cmd_up(args: argparse.Namespace) -> int:
         cp.stop()
 
 
-def start_real_nodes(
+def real_nodes(
     state_dir: Path, cp: ControlPlane, binaries: nodebuild.NodeBinaries, args: argparse.Namespace
 ) -> nodes.RealNodes:
-    """Start the topology's nodes as real nodes (GPU nodes with our device plugin);
-    stops the control plane on failure."""
+    """The topology's nodes as real nodes (GPU nodes with our device plugin), with the
+    cluster network; not started."""
     from .topology import TopologyError, load_topology
 
     try:
         topology = load_topology(args.topology)
     except (OSError, TopologyError) as e:
-        cp.stop()
         raise nodes.NodeError(f"Cannot read the topology: {e}") from None
-    names = [n.name for n in topology.nodes]
-    specs = {n.name: n for n in topology.nodes}
     real = nodes.RealNodes(
         state_dir,
         cp,
         binaries,
-        names,
-        specs=specs,
+        [n.name for n in topology.nodes],
+        specs={n.name: n for n in topology.nodes},
         device_list_strategy=args.device_list_strategy,
+        cluster_network=True,
     )
     real.die_with_parent = args.foreground
+    return real
+
+
+def start_real_nodes(real: nodes.RealNodes, cp: ControlPlane, args: argparse.Namespace) -> None:
+    """Start the prepared nodes; stops them and the control plane on failure."""
     print(
-        f"Starting real nodes (kubelet, containerd, runc, CNI; device plugin on GPU nodes): "
-        f"{', '.join(names)}…",
+        f"Starting real nodes (kubelet, containerd, runc, CNI; device plugin on GPU nodes; "
+        f"kube-proxy and CoreDNS): {', '.join(real.names)}…",
         flush=True,
     )
     try:
         real.start(timeout=args.timeout)
     except BaseException:
+        real.stop()
         cp.stop()
         raise
-    for name in names:
+    for name in real.names:
         exporter = real.dcgm_exporter(name)
         metrics = f"; DCGM metrics at http://{exporter}/metrics" if exporter else ""
         print(
             f"  {name} Ready in {real.started_in[name]:.1f}s (node IP {real.node_ip(name)}{metrics})"
         )
-    return real
 
 
 def cmd_down(args: argparse.Namespace) -> int:

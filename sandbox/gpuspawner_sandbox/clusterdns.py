@@ -24,17 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from . import build, nodebuild
+from . import nodebuild
 
-COREDNS_MODULE_DIR = build.REPO_ROOT / "sandbox" / "coredns"
-COREDNS = nodebuild.LocalProgram(
-    name="coredns",
-    module_dir=COREDNS_MODULE_DIR,
-    describe=(
-        "Building CoreDNS (github.com/coredns/coredns with the cluster DNS plugins only); "
-        "from a cold Go cache this takes about 2 minutes."
-    ),
-)
+COREDNS = nodebuild.COREDNS
+COREDNS_MODULE_DIR = COREDNS.module_dir
 
 #: The RBAC a cluster DNS needs (as kubeadm's system:coredns), and its service account.
 RBAC_MANIFEST = Path(__file__).with_name("coredns-rbac.yaml")
@@ -83,7 +76,8 @@ def build_coredns(cache: Path | None = None, *, out: TextIO | None = None) -> Pa
     return nodebuild.build_local(COREDNS, cache, out=out)
 
 
-def _ready(address: DNSAddress) -> bool:
+def ready(address: DNSAddress) -> bool:
+    """Whether CoreDNS says it is ready: its kubernetes plugin has synced."""
     import urllib.error
     import urllib.request
 
@@ -121,7 +115,7 @@ def running_coredns(
         )
     try:
         deadline = time.monotonic() + timeout
-        while not _ready(address):
+        while not ready(address):
             if process.poll() is not None or time.monotonic() > deadline:
                 tail = log_path.read_text(errors="replace")[-2000:]
                 what = (

@@ -33,30 +33,17 @@ from typing import Any
 
 import yaml
 
-from . import build, pki
+from . import build, nodeconfig, pki
 from .kubeapi import ApiError, KubeApi, kubeconfig
 
 #: Components in start order; stop runs the stages of STOP_ORDER in turn.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
 STOP_ORDER = (("kube-controller-manager", "kube-scheduler"), ("kube-apiserver",), ("etcd",))
 
-#: The service CIDR the API server insists on. Configuration only: the
-#: sandbox creates no Services for pods, and nothing ever dials these addresses.
-SERVICE_CIDR = "10.0.0.0/24"
+#: The Services' addresses (nodeconfig.SERVICE_CIDR): inside the pod range, so
+#: pods reach them with the cluster network (kube-proxy), and nothing else does.
+SERVICE_CIDR = str(nodeconfig.SERVICE_CIDR)
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
-
-#: Controllers turned off in the controller manager, and why. They were off
-#: while the retired emulated nodes gave pods loopback IPs, which Endpoints and
-#: EndpointSlices reject; real nodes' pods have pod-range IPs, but nothing needs
-#: the controllers yet: the sandbox routes to pod IPs directly, creates no
-#: Services and runs no kube-proxy. (Cloud controllers are no
-#: longer part of kube-controller-manager, and node IPAM is off unless
-#: --allocate-node-cidrs is set.)
-DISABLED_CONTROLLERS = (
-    "endpoints-controller",
-    "endpointslice-controller",
-    "endpointslice-mirroring-controller",
-)
 
 #: Seconds a component gets to exit after SIGTERM before it is killed.
 STOP_GRACE = 15.0
@@ -106,14 +93,34 @@ class ControlPlane:
     #: started them dies. The CLI turns it off so ``up`` can return.
     die_with_parent: bool = True
 
-    def __init__(self, state_dir: Path, binary: Path | None = None, host: str = "127.0.0.1"):
+    def __init__(
+        self,
+        state_dir: Path,
+        binary: Path | None = None,
+        host: str = "127.0.0.1",
+        api_address: str | None = None,
+    ):
         if not ipaddress.ip_address(host).is_loopback:
             raise ValueError(
                 f"{host} is not a loopback address; the sandbox listens on loopback only"
             )
+        api_address = api_address or host
+        if not (
+            ipaddress.ip_address(api_address).is_loopback
+            or ipaddress.ip_address(api_address) in nodeconfig.HOST_SERVICES_SUBNET
+        ):
+            raise ValueError(
+                f"{api_address} is neither a loopback address nor one of the host's in the pod "
+                f"range ({nodeconfig.HOST_SERVICES_SUBNET}); the sandbox listens nowhere else"
+            )
         self.state_dir = Path(state_dir).resolve()
         self.binary = Path(binary) if binary is not None else build.binary_path()
+        #: Where etcd, the scheduler and the controller manager listen.
         self.host = host
+        #: Where the API server listens, and what it advertises: loopback, or with
+        #: the cluster network an address of ours that pods reach too
+        #: (nodeconfig.API_ADDRESS, on a link the real nodes create first).
+        self.api_address = api_address
         self.ports: dict[str, int] = {}
         self.processes: dict[str, subprocess.Popen] = {}
         self.pki: pki.Pki | None = None
@@ -125,7 +132,12 @@ class ControlPlane:
     def api_url(self) -> str:
         if "kube-apiserver" not in self.ports:
             raise ControlPlaneError("The control plane has not been started.")
-        return f"https://{self.host}:{self.ports['kube-apiserver']}"
+        return f"https://{self.api_address}:{self.ports['kube-apiserver']}"
+
+    @property
+    def service_ip(self) -> str:
+        """The "kubernetes" Service's ClusterIP: the first address of the service CIDR."""
+        return str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))
 
     @property
     def admin_kubeconfig(self) -> Path:
@@ -355,13 +367,15 @@ class ControlPlane:
             self.log_file(component).unlink(missing_ok=True)
         taken: set[int] = set()
         for key in ("etcd", "etcd-peer", *COMPONENTS[1:]):
-            port = free_port(self.host)
+            host = self.api_address if key == "kube-apiserver" else self.host
+            port = free_port(host)
             while port in taken:
-                port = free_port(self.host)
+                port = free_port(host)
             taken.add(port)
             self.ports[key] = port
-        service_ip = str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))
-        self.pki = pki.generate(self.state_dir / "pki", host=self.host, service_ip=service_ip)
+        self.pki = pki.generate(
+            self.state_dir / "pki", host=self.api_address, service_ip=self.service_ip
+        )
         ca_pem = self.pki.ca.cert.read_bytes()
         for stem in ("admin", "kube-scheduler", "kube-controller-manager"):
             pair = self.pki.clients[stem]
@@ -400,13 +414,14 @@ class ControlPlane:
         assert p is not None
         return [
             f"--etcd-servers=http://{self.host}:{self.ports['etcd']}",
-            f"--bind-address={self.host}",
+            f"--bind-address={self.api_address}",
             f"--secure-port={self.ports['kube-apiserver']}",
-            # A loopback advertise address is only accepted without the
-            # endpoint reconciler, which would publish it in the
-            # "kubernetes" Endpoints (loopback is invalid there).
-            f"--advertise-address={self.host}",
-            "--endpoint-reconciler-type=none",
+            f"--advertise-address={self.api_address}",
+            # The reconciler publishes the advertised address as the "kubernetes"
+            # Service's endpoint, which pods reach through kube-proxy; a loopback
+            # address is invalid there and only accepted without it.
+            "--endpoint-reconciler-type="
+            + ("none" if ipaddress.ip_address(self.api_address).is_loopback else "lease"),
             f"--cert-dir={self.state_dir / 'pki' / 'apiserver'}",
             f"--tls-cert-file={p.apiserver.cert}",
             f"--tls-private-key-file={p.apiserver.key}",
@@ -470,7 +485,6 @@ class ControlPlane:
             "--use-service-account-credentials=true",
             f"--cluster-signing-cert-file={p.ca.cert}",
             f"--cluster-signing-key-file={p.ca.key}",
-            "--controllers=*," + ",".join(f"-{c}" for c in DISABLED_CONTROLLERS),
         ]
 
     def _spawn(self, component: str, args: list[str]) -> None:
@@ -554,7 +568,7 @@ def _component_env() -> dict[str, str]:
     # no business with any proxy.
     for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
         env.pop(var, None)
-    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.0/8,localhost"
+    env["NO_PROXY"] = env["no_proxy"] = f"127.0.0.0/8,localhost,{nodeconfig.POD_RANGE}"
     return env
 
 

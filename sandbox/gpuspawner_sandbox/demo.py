@@ -139,11 +139,11 @@ class SandboxStack:
                 f"have: the notebook image is built as {', '.join(images.refs)}."
             )
         self.notebook_images = images
-        cp = ControlPlane(self.state_dir, self.binary or binaries.k8s)
+        cp = ControlPlane(
+            self.state_dir, self.binary or binaries.k8s, api_address=nodeconfig.API_ADDRESS
+        )
         self.control_plane = cp
-        cp.start()
         names = [n.name for n in topology.nodes]
-        self.emit(f"Starting real nodes: {', '.join(names)}…")
         self.nodes = RealNodes(
             self.state_dir,
             cp,
@@ -151,10 +151,14 @@ class SandboxStack:
             names,
             specs={n.name: n for n in topology.nodes},
             images=[images.archive],
-            hub_address=True,
+            cluster_network=True,
             machine_wait=self.machine_wait,
             emit=self.emit,
         )
+        # The host's link first: the API server listens on it.
+        self.nodes.prepare()
+        cp.start()
+        self.emit(f"Starting real nodes: {', '.join(names)}…")
         self.nodes.start()
         self.hub_env.setdefault(HUB_ADDRESS_ENV, nodeconfig.HUB_ADDRESS)
         self._start_prometheus()

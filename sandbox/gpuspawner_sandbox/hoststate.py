@@ -1,7 +1,7 @@
 """A snapshot of the host state real nodes touch, to prove ``down`` restores it.
 
 Starting nodes creates processes, mount namespaces and mounts, cgroups,
-bridges and veths, iptables chains, directories, and the kubelet changes
+bridges and veths, routes, iptables chains, directories, and the kubelet changes
 sysctls. :func:`snapshot` reads all of that (limited to what could be ours
 where the machine is shared with other work) into plain data, so a test can
 compare the host before ``up`` with the host after ``down``.
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .nodeconfig import (
-    BRIDGE_PREFIX,
     KUBELET_SYSCTLS,
+    LINK_PREFIX,
     NETWORK_SYSCTLS,
     POD_RANGE,
     PRIVATE_HOST_DIRS,
@@ -146,7 +146,7 @@ def _links() -> list[str]:
     names = []
     for line in _run(["ip", "-o", "link", "show"]).splitlines():
         name = line.split(":", 2)[1].strip().split("@", 1)[0]
-        if name.startswith((BRIDGE_PREFIX, "veth")):
+        if name.startswith((LINK_PREFIX, "veth")):
             names.append(name)
     return sorted(names)
 
@@ -173,6 +173,9 @@ def snapshot(state_root: Path, cgroup_roots: Iterable[str] = ()) -> dict[str, An
         "routes": _routes(),
         "iptables": iptables_rules(_run(["iptables-save"])),
         "ip6tables": iptables_rules(_run(["ip6tables-save"])),
+        # kube-proxy's iptables mode clears the nftables mode's table at start;
+        # it must not leave one behind either (empty where nft is not installed).
+        "nftables": sorted(_run(["nft", "list", "tables"]).splitlines()),
         "sysctls": {name: read_sysctl(name) for name in (*KUBELET_SYSCTLS, *NETWORK_SYSCTLS)},
         "paths": {p: os.path.lexists(p) for p in WATCHED_PATHS},
         "state_root": sorted(p.name for p in state_root.iterdir()) if state_root.is_dir() else None,

@@ -62,6 +62,10 @@ class KubeApi:
         self.context = ssl.create_default_context(cafile=str(ca_file))
         if cert_file is not None:
             self.context.load_cert_chain(str(cert_file), str(key_file) if key_file else None)
+        # The API server is on loopback or our pod-range address: never through a proxy.
+        self._opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=self.context)
+        )
 
     @classmethod
     def from_kubeconfig(cls, path: Path, *, timeout: float = 30.0) -> KubeApi:
@@ -111,7 +115,7 @@ class KubeApi:
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(req, context=self.context, timeout=self.timeout) as resp:
+            with self._opener.open(req, timeout=self.timeout) as resp:
                 text = resp.read().decode()
                 status = resp.status
         except urllib.error.HTTPError as e:

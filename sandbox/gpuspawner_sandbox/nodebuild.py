@@ -128,6 +128,7 @@ class NodeBinaries:
     nvidia_dir: Path  # nvidia-container-runtime, nvidia-cdi-hook, nvidia-ctk
     nvidia_smi: Path  # the emulated driver's nvidia-smi (static)
     dcgm_exporter: Path  # the emulated DCGM exporter (static; one per GPU node)
+    coredns: Path  # the cluster DNS (one per machine, with the cluster network)
 
     @property
     def containerd(self) -> Path:
@@ -382,6 +383,18 @@ NVIDIA_SMI = LocalProgram(
     sources=(*build.SOURCE_FILES, "cmd/nvidia-smi", "nvidiasmi"),
 )
 
+#: The cluster DNS (gpuspawner_sandbox.clusterdns): CoreDNS from its Go module with
+#: the cluster-DNS plugins only (sandbox/coredns), its own module.
+COREDNS = LocalProgram(
+    name="coredns",
+    module_dir=build.REPO_ROOT / "sandbox" / "coredns",
+    describe=(
+        "Building CoreDNS (github.com/coredns/coredns with the cluster DNS plugins only); "
+        "from a cold Go cache this takes about 2 minutes."
+    ),
+)
+
+
 #: Our programs built from sandbox/go besides the ``k8s`` binary.
 MODULE_PROGRAMS = (NVIDIA_SMI, DCGM_EXPORTER)
 
@@ -415,6 +428,7 @@ def build_all(cache: Path | None = None, *, out: TextIO | None = None) -> NodeBi
         nvidia_dir=dirs[NVIDIA_TOOLKIT.name],
         nvidia_smi=build_local(NVIDIA_SMI, cache, out=out),
         dcgm_exporter=build_local(DCGM_EXPORTER, cache, out=out),
+        coredns=build_local(COREDNS, cache, out=out),
     )
 
 

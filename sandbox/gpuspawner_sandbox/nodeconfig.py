@@ -27,12 +27,24 @@ POD_RANGE = ipaddress.ip_network("10.244.0.0/16")
 BRIDGE_PREFIX = "gsbr"
 
 #: The last /24 of the pod range is not a node's: it holds the host's own
-#: address for pods, on an interface of ours (a bridge without ports). The hub listens there, so
+#: addresses for pods, on an interface of ours (a bridge without ports). The hub listens there, so
 #: notebooks reach its API inside the pod range (the host's loopback is not
 #: theirs, and nothing may listen on the external interface).
 HOST_SERVICES_SUBNET = ipaddress.ip_network("10.244.255.0/24")
 HUB_ADDRESS = str(HOST_SERVICES_SUBNET.network_address + 1)
+#: With the cluster network (RealNodes(cluster_network=True)): the API server's
+#: address for everyone, pods included (the "kubernetes" Service's endpoint), and
+#: the cluster DNS's (each pod's nameserver, the kubelet's clusterDNS).
+API_ADDRESS = str(HOST_SERVICES_SUBNET.network_address + 2)
+DNS_ADDRESS = str(HOST_SERVICES_SUBNET.network_address + 3)
+#: ClusterIPs: the upper half of the host's subnet, so a Service's address is inside
+#: the pod range too, and pods reach it on the one route they have. The host routes
+#: the range to HUB_LINK, a bridge without ports: an address no Service holds goes
+#: nowhere (kube-proxy rewrites those that are held before routing).
+SERVICE_CIDR = ipaddress.ip_network("10.244.255.128/25")
 HUB_LINK = "gshub0"
+#: Every interface of ours starts with this: the nodes' bridges and HUB_LINK.
+LINK_PREFIX = "gs"
 #: Node N has 10.244.N.0/24, so nodes 0..254 fit beside the host's subnet.
 MAX_NODES = 255
 
@@ -66,7 +78,16 @@ NODE_CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
 #: first node starts and put back after the last one stops.
 KUBELET_SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops")
 #: Networking sysctls nothing of ours should change; recorded and put back too.
-NETWORK_SYSCTLS = ("net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables")
+#: (Pods on different nodes reach each other because forwarding is turned on for
+#: our bridges alone, net.ipv4.conf.<bridge>.forwarding, which goes with them.)
+#: The last two are kube-proxy's, which it leaves alone as configured
+#: (kube_proxy_configuration); recorded to prove it.
+NETWORK_SYSCTLS = (
+    "net.ipv4.ip_forward",
+    "net.bridge.bridge-nf-call-iptables",
+    "net.ipv4.conf.all.route_localnet",
+    "net.netfilter.nf_conntrack_max",
+)
 
 
 class NodeConfigError(ValueError):
@@ -431,8 +452,10 @@ def kubelet_configuration(
     client_ca: Path,
     healthz_port: int,
     kubelet_port: int = 10250,
+    cluster_dns: str | None = None,
 ) -> dict[str, Any]:
-    """The KubeletConfiguration for one node."""
+    """The KubeletConfiguration for one node; ``cluster_dns`` is the pods' nameserver, if any."""
+    dns = {"clusterDNS": [cluster_dns]} if cluster_dns else {}
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -477,6 +500,50 @@ def kubelet_configuration(
         # sysctls itself (recorded and put back by nodes.py).
         "protectKernelDefaults": False,
         "clusterDomain": "cluster.local",
+        # Pods with dnsPolicy ClusterFirst (the default) ask the cluster DNS,
+        # which answers for the cluster's zone only and forwards nothing.
+        **dns,
+    }
+
+
+def kube_proxy_configuration(
+    kubeconfig: Path, *, node: str, healthz_port: int, metrics_port: int
+) -> dict[str, Any]:
+    """The KubeProxyConfiguration of the machine's one kube-proxy.
+
+    One is enough: every node's pods are on bridges in the host's network
+    namespace, which is where kube-proxy writes its rules. It runs as ``node``
+    (the first node) only to learn a node IP.
+    """
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "hostnameOverride": node,
+        "mode": "iptables",
+        # Traffic from a pod is local and keeps its source address; only the
+        # host's own connections to a Service are masqueraded, and those never
+        # leave the machine either.
+        "detectLocalMode": "ClusterCIDR",
+        "clusterCIDR": str(POD_RANGE),
+        # NodePorts only on our bridges' addresses, never the external interface.
+        "nodePortAddresses": [str(POD_RANGE)],
+        "healthzBindAddress": f"127.0.0.1:{healthz_port}",
+        "metricsBindAddress": f"127.0.0.1:{metrics_port}",
+        # Zero leaves the host's conntrack sysctls as they are (NETWORK_SYSCTLS).
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": "0s",
+            "tcpCloseWaitTimeout": "0s",
+        },
+        "iptables": {
+            "masqueradeAll": False,
+            # Else it sets net.ipv4.conf.all.route_localnet for NodePorts on 127.0.0.1.
+            "localhostNodePorts": False,
+            "syncPeriod": "30s",
+            "minSyncPeriod": "1s",
+        },
     }
 
 
@@ -596,7 +663,18 @@ def forward_rules(chain: str = FORWARD_CHAIN) -> list[list[str]]:
     return [
         ["-A", chain, "-s", pods, "!", "-d", pods, "-j", "DROP"],
         ["-A", chain, "-i", f"{BRIDGE_PREFIX}+", "!", "-d", pods, "-j", "DROP"],
+        # Our bridges forward (pod to pod across nodes): an address inside the pod
+        # range that no bridge of ours holds would take the host's default route.
+        ["-A", chain, "-i", f"{BRIDGE_PREFIX}+", "!", "-o", f"{LINK_PREFIX}+", "-j", "DROP"],
     ]
+
+
+def kube_proxy_synced(metrics: str) -> bool:
+    """Whether kube-proxy's Prometheus metrics say it has written the IPv4 rules once."""
+    for line in metrics.splitlines():
+        if line.startswith('kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}'):
+            return float(line.rsplit(" ", 1)[1]) > 0
+    return False
 
 
 def cgroup_root(node: str) -> str:

@@ -44,13 +44,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from . import cdi, gpudriver, imageseed, machineclaim, nodeconfig, ociimage
+from . import cdi, clusterdns, gpudriver, imageseed, machineclaim, nodeconfig, ociimage
 from .controlplane import ControlPlane, free_port, log_tail
 from .hoststate import cgroup_mounts, read_sysctl, sysctl_path
 from .kubeapi import ApiError, KubeApi
@@ -63,8 +64,13 @@ STATE_FILE = "nodes.json"
 #: Seconds each process gets to exit after SIGTERM before it is killed.
 STOP_GRACE = 10.0
 
-#: iptables chains the kubelet creates (and we remove again when we created them).
+#: iptables chains the kubelet and kube-proxy create (and we remove again when we
+#: created them).
 KUBELET_CHAIN_PREFIX = "KUBE-"
+
+#: The record's key (and the directory under the nodes' root) of the machine-wide
+#: components of the cluster network, kube-proxy and CoreDNS; not a valid node name.
+CLUSTER = "_cluster"
 
 _PR_SET_PDEATHSIG = 1
 
@@ -153,7 +159,7 @@ class RealNodes:
         specs: Mapping[str, NodeSpec] | None = None,
         device_list_strategy: str | Mapping[str, str] = "envvar",
         images: Sequence[Path] = (),
-        hub_address: bool = False,
+        cluster_network: bool = False,
         machine_wait: float = 0,
         emit: Callable[[str], None] | None = None,
     ):
@@ -170,9 +176,12 @@ class RealNodes:
         self.device_list_strategy = device_list_strategy
         #: More image archives (docker save / OCI tars) every node holds: the notebook image.
         self.images = tuple(images)
-        #: Whether to give the host nodeconfig.HUB_ADDRESS (a dummy interface of
-        #: ours) for a hub that notebooks reach.
-        self.hub_address = hub_address
+        #: Whether pods get the cluster network of a real cluster: the host's link
+        #: (nodeconfig.HUB_LINK) with the hub's, the API server's and the cluster
+        #: DNS's addresses and the Services' route; forwarding between our bridges;
+        #: a real kube-proxy and CoreDNS as the pods' nameserver. The control plane
+        #: is then started after prepare(), with api_address=nodeconfig.API_ADDRESS.
+        self.cluster_network = cluster_network
         #: How long a start waits for another set of real nodes on this machine to stop
         #: (machineclaim) before it refuses: 0 for `up` and the demo, longer for tests.
         self.machine_wait = machine_wait
@@ -214,8 +223,13 @@ class RealNodes:
     def api(self) -> KubeApi:
         return self.cp.admin_api()
 
-    def start(self, timeout: float = 180) -> None:
-        """Start every node and wait until all are Ready; on failure undo everything."""
+    def prepare(self) -> None:
+        """Claim the machine and make the host-wide part (our link, our chain), recorded.
+
+        Done by :meth:`start` when not done before; with the cluster network it comes
+        before the control plane starts, whose API server listens on our link.
+        On failure, or when the control plane fails after it, :meth:`stop` undoes it.
+        """
         if os.geteuid() != 0:
             raise NodeError("Real nodes need root (mount namespaces, cgroups, bridges).")
         if read_state(self.state_dir):
@@ -232,9 +246,18 @@ class RealNodes:
             )
         except machineclaim.MachineBusy as e:
             raise NodeError(str(e)) from None
-        deadline = time.monotonic() + timeout
         try:
             self._begin()
+        except BaseException:
+            self.stop()
+            raise
+
+    def start(self, timeout: float = 180) -> None:
+        """Start every node and wait until all are Ready; on failure undo everything."""
+        if not self.state:
+            self.prepare()
+        deadline = time.monotonic() + timeout
+        try:
             seed = self._image_seed()
             began = {}
             for index, name in enumerate(self.names):
@@ -256,6 +279,8 @@ class RealNodes:
                     if self.gpus_advertised(name):
                         self.started_in[name] = time.monotonic() - began[name]
                 time.sleep(0.2)
+            if self.cluster_network:
+                self._start_cluster_services(deadline)
         except BaseException:
             self.stop()
             raise
@@ -292,9 +317,10 @@ class RealNodes:
             "chain": False,
             "hub_link": None,
             "nodes": {},
+            CLUSTER: {"root": str(self.paths(CLUSTER).root), "pids": {}},
         }
         self._save()
-        if self.hub_address:
+        if self.cluster_network:
             self._add_hub_link()
         for host_dir in nodeconfig.PRIVATE_HOST_DIRS:
             if not os.path.lexists(host_dir):
@@ -315,8 +341,13 @@ class RealNodes:
         self._save()
         # A bridge without ports: the kernel here has no dummy interfaces.
         _run(["ip", "link", "add", link, "type", "bridge"])
-        _run(["ip", "addr", "add", f"{nodeconfig.HUB_ADDRESS}/32", "dev", link])
+        for address in (nodeconfig.HUB_ADDRESS, nodeconfig.API_ADDRESS, nodeconfig.DNS_ADDRESS):
+            _run(["ip", "addr", "add", f"{address}/32", "dev", link])
         _run(["ip", "link", "set", link, "up"])
+        # kube-proxy rewrites a Service's address before routing; the route lets
+        # the host's own connections get that far (the link has no ports, so an
+        # address no Service holds goes nowhere).
+        _run(["ip", "route", "add", str(nodeconfig.SERVICE_CIDR), "dev", link])
 
     def _preexec(self) -> Callable[[], None] | None:
         """What a process we start runs first: dying with us, where that is wanted.
@@ -436,6 +467,12 @@ class RealNodes:
         self._save()
         _run(["ip", "link", "add", net.bridge, "type", "bridge"])
         _run(["ip", "addr", "add", net.bridge_cidr, "dev", net.bridge])
+        if self.cluster_network:
+            # Pods' packets arriving here may be forwarded (to another node's bridge,
+            # or to a Service's pod): this bridge alone, the host's ip_forward stays
+            # as it is, and the setting goes with the bridge. Our chain drops
+            # anything bound elsewhere.
+            sysctl_path(f"net.ipv4.conf.{net.bridge}.forwarding").write_text("1\n")
         _run(["ip", "link", "set", net.bridge, "up"])
 
         holder = self._spawn(
@@ -544,7 +581,12 @@ class RealNodes:
             gpudriver.write_driver_state(paths.driver_state, state)
             self._write_runtime_files(paths, spec, state)
         config = nodeconfig.kubelet_configuration(
-            paths, net, node=name, client_ca=self.cp.ca_file, healthz_port=free_port()
+            paths,
+            net,
+            node=name,
+            client_ca=self.cp.ca_file,
+            healthz_port=free_port(),
+            cluster_dns=nodeconfig.DNS_ADDRESS if self.cluster_network else None,
         )
         paths.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
         kubeconfig = self.cp.client_kubeconfig(
@@ -593,6 +635,7 @@ class RealNodes:
         env: Mapping[str, str] | None = None,
     ) -> subprocess.Popen:
         log_path = self.paths(name).logs / f"{component}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         env = nodeconfig.component_env({**os.environ, **(env or {})}, self.binaries.containerd_dir)
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
@@ -605,9 +648,67 @@ class RealNodes:
                 env=env,
             )
         self.processes[f"{name}/{component}"] = proc
-        self.state["nodes"][name]["pids"][component] = proc.pid
+        record = self.state[CLUSTER] if name == CLUSTER else self.state["nodes"][name]
+        record["pids"][component] = proc.pid
         self._save()
         return proc
+
+    # -- the cluster network's machine-wide part --------------------------------
+
+    def _start_cluster_services(self, deadline: float) -> None:
+        """kube-proxy and CoreDNS, once for the machine, and our forward chain first again."""
+        paths = self.paths(CLUSTER)
+        paths.root.mkdir(parents=True, exist_ok=True)
+        self._say("  cluster network: starting kube-proxy and CoreDNS…")
+        began = time.monotonic()
+        proxy_config = paths.root / "kube-proxy.yaml"
+        # The identity kube-proxy has everywhere: the default ClusterRoleBinding
+        # system:node-proxier grants the user system:kube-proxy what it reads.
+        kubeconfig = self.cp.client_kubeconfig("system:kube-proxy", [], name="kube-proxy")
+        metrics = free_port()
+        proxy_config.write_text(
+            yaml.safe_dump(
+                nodeconfig.kube_proxy_configuration(
+                    kubeconfig, node=self.names[0], healthz_port=free_port(), metrics_port=metrics
+                ),
+                sort_keys=False,
+            )
+        )
+        self._spawn(
+            CLUSTER,
+            "kube-proxy",
+            [str(self.binaries.k8s), "kube-proxy", f"--config={proxy_config}"],
+        )
+
+        self.cp.apply_manifests(clusterdns.RBAC_MANIFEST)
+        self.cp.wait_for_service_account(clusterdns.NAMESPACE, clusterdns.SERVICE_ACCOUNT)
+        dns_kubeconfig = self.cp.service_account_kubeconfig(
+            clusterdns.NAMESPACE, clusterdns.SERVICE_ACCOUNT
+        )
+        ip = nodeconfig.DNS_ADDRESS
+        address = clusterdns.DNSAddress(ip, 53, free_port(ip), free_port(ip))
+        corefile = paths.root / "Corefile"
+        corefile.write_text(clusterdns.corefile(address, dns_kubeconfig))
+        self._spawn(CLUSTER, "coredns", [str(self.binaries.coredns), "-conf", str(corefile)])
+
+        def proxy_synced() -> bool:
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{metrics}/metrics", timeout=2
+                ) as response:
+                    return nodeconfig.kube_proxy_synced(response.read().decode())
+            except OSError:
+                return False
+
+        # Its health says ok before its first sync, which puts its jumps in FORWARD.
+        self._wait(CLUSTER, deadline, "kube-proxy's first sync", proxy_synced)
+        self._wait(CLUSTER, deadline, "CoreDNS", lambda: clusterdns.ready(address))
+        # kube-proxy puts its KUBE-FORWARD (which accepts established flows) before
+        # everything in FORWARD; ours drops what would leave the pod range, first.
+        chain = nodeconfig.FORWARD_CHAIN
+        _run(["iptables", "-D", "FORWARD", "-j", chain])
+        _run(["iptables", "-I", "FORWARD", "1", "-j", chain])
+        self._say(f"  cluster network: ready in {time.monotonic() - began:.1f}s")
 
     def _wait(self, name: str, deadline: float, what: str, check) -> None:
         while not check():
@@ -620,14 +721,17 @@ class RealNodes:
             if key.startswith(f"{name}/") and proc.poll() is not None:
                 component = key.split("/", 1)[1]
                 log_path = self.paths(name).logs / f"{component}.log"
+                whose = "the cluster network" if name == CLUSTER else f"node {name}"
                 raise NodeError(
-                    f"{component} of node {name} exited with code {proc.returncode} "
+                    f"{component} of {whose} exited with code {proc.returncode} "
                     f"while waiting for {what}; last lines of {log_path}:\n{log_tail(log_path)}"
                 )
         if time.monotonic() > deadline:
-            log_path = self.paths(name).logs / "kubelet.log"
+            component = "kube-proxy" if name == CLUSTER else "kubelet"
+            log_path = self.paths(name).logs / f"{component}.log"
+            whose = "The cluster network" if name == CLUSTER else f"Node {name}"
             raise NodeError(
-                f"Node {name}: {what} not ready in time; last lines of {log_path}:\n"
+                f"{whose}: {what} not ready in time; last lines of {log_path}:\n"
                 f"{log_tail(log_path)}"
             )
 
@@ -910,6 +1014,9 @@ def teardown(state_dir: Path) -> list[str]:
         return []
     names = list(state.get("nodes", {}))
     problems = []
+    cluster = state.get(CLUSTER, {})
+    for pid in cluster.get("pids", {}).values():
+        _stop_pid(pid, cluster["root"])
     for name in reversed(names):
         try:
             _teardown_node(name, state["nodes"][name])

@@ -328,3 +328,23 @@ def test_a_port_taken_after_it_was_picked_means_a_retry(
         cp.stop()
         squatter.close()
     assert testing.processes_mentioning(str(tmp_path)) == []
+
+
+@pytest.mark.parametrize(
+    ("api_address", "allowed"),
+    [("127.0.0.9", True), ("10.244.255.2", True), ("10.244.3.1", False), ("192.0.2.7", False)],
+)
+def test_the_api_server_listens_on_loopback_or_the_hosts_pod_range_address_only(
+    tmp_path, api_address, allowed
+):
+    if allowed:
+        cp = ControlPlane(tmp_path, tmp_path / "k8s", api_address=api_address)
+        assert cp.api_address == api_address and cp.host == "127.0.0.1"
+    else:
+        with pytest.raises(ValueError, match=rf"^{api_address} is neither a loopback address"):
+            ControlPlane(tmp_path, tmp_path / "k8s", api_address=api_address)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_kubernetes_service_ip_is_the_first_of_the_pod_range_services(tmp_path):
+    assert ControlPlane(tmp_path, tmp_path / "k8s").service_ip == "10.244.255.129"

@@ -156,10 +156,63 @@ def test_mount_script_binds_every_private_dir_then_signals_ready():
     assert lines[0] == "set -eu"
 
 
-def test_forward_rules_drop_only_what_leaves_the_pod_range():
+def test_forward_rules_drop_what_leaves_the_pod_range_or_our_links():
     rules = nodeconfig.forward_rules("CHAIN")
     assert all(r[:2] == ["-A", "CHAIN"] and r[-2:] == ["-j", "DROP"] for r in rules)
-    assert all(["!", "-d", "10.244.0.0/16"] == r[r.index("!") : r.index("!") + 3] for r in rules)
+    leaving_range, from_bridges, to_strangers = rules
+    assert leaving_range[2:-2] == ["-s", "10.244.0.0/16", "!", "-d", "10.244.0.0/16"]
+    assert from_bridges[2:-2] == ["-i", "gsbr+", "!", "-d", "10.244.0.0/16"]
+    # Forwarded from a bridge to any interface not ours: an unheld pod-range
+    # address would otherwise take the host's default route.
+    assert to_strangers[2:-2] == ["-i", "gsbr+", "!", "-o", "gs+"]
+    assert nodeconfig.HUB_LINK.startswith(nodeconfig.LINK_PREFIX)
+    assert NET.bridge.startswith(nodeconfig.LINK_PREFIX)
+
+
+def test_the_hosts_addresses_and_the_services_share_the_hosts_subnet_apart():
+    host = nodeconfig.HOST_SERVICES_SUBNET
+    addresses = [nodeconfig.HUB_ADDRESS, nodeconfig.API_ADDRESS, nodeconfig.DNS_ADDRESS]
+    assert len(set(addresses)) == 3
+    for address in addresses:
+        ip = ipaddress.ip_address(address)
+        assert ip in host and ip not in nodeconfig.SERVICE_CIDR
+    assert nodeconfig.SERVICE_CIDR.subnet_of(host)
+    # Pods reach every one of them on the one route they have.
+    assert host.subnet_of(nodeconfig.POD_RANGE)
+
+
+def test_kubelet_gives_pods_the_cluster_dns_only_when_there_is_one():
+    def config(**kwargs):
+        return nodeconfig.kubelet_configuration(
+            PATHS, NET, node="cpu-0", client_ca=Path("/ca.crt"), healthz_port=1, **kwargs
+        )
+
+    assert "clusterDNS" not in config()
+    with_dns = config(cluster_dns=nodeconfig.DNS_ADDRESS)
+    assert with_dns["clusterDNS"] == [nodeconfig.DNS_ADDRESS]
+    assert with_dns["clusterDomain"] == "cluster.local"
+
+
+def test_kube_proxy_leaves_the_host_settings_and_the_external_interface_alone():
+    config = nodeconfig.kube_proxy_configuration(
+        Path("/kp.kubeconfig"), node="cpu-0", healthz_port=1, metrics_port=2
+    )
+    assert config["kind"] == "KubeProxyConfiguration"
+    assert config["mode"] == "iptables"
+    assert config["clientConnection"]["kubeconfig"] == "/kp.kubeconfig"
+    assert config["hostnameOverride"] == "cpu-0"
+    # Pods' traffic keeps its source (no masquerade for the pod range).
+    assert config["detectLocalMode"] == "ClusterCIDR" and config["clusterCIDR"] == "10.244.0.0/16"
+    assert config["iptables"]["masqueradeAll"] is False
+    # NodePorts on our bridges only; none on 127.0.0.1 (that needs route_localnet).
+    assert config["nodePortAddresses"] == ["10.244.0.0/16"]
+    assert config["iptables"]["localhostNodePorts"] is False
+    assert config["healthzBindAddress"] == "127.0.0.1:1"
+    assert config["metricsBindAddress"] == "127.0.0.1:2"
+    # Zero: the conntrack sysctls are left as they are.
+    conntrack = config["conntrack"]
+    assert conntrack["maxPerCore"] == 0 and conntrack["min"] == 0
+    assert conntrack["tcpEstablishedTimeout"] == conntrack["tcpCloseWaitTimeout"] == "0s"
 
 
 def test_device_plugin_args_taint_and_labels_of_a_gpu_node(tmp_path):
@@ -263,3 +316,13 @@ def test_nvidia_runtime_default_accepts_the_variable_as_nvidia_does():
         PATHS, Path("/usr/sbin/runc"), Path("/x/nvidia-ctk"), "nvidia.com/gpu"
     )
     assert tomllib.loads(text)["accept-nvidia-visible-devices-envvar-when-unprivileged"] is True
+
+
+def test_kube_proxy_is_synced_once_its_ipv4_rules_were_written():
+    name = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+    assert not nodeconfig.kube_proxy_synced("")
+    assert not nodeconfig.kube_proxy_synced(f'{name}{{ip_family="IPv4"}} 0\n')
+    assert not nodeconfig.kube_proxy_synced(f'{name}{{ip_family="IPv6"}} 1.7e+09\n')
+    assert nodeconfig.kube_proxy_synced(
+        f'# HELP {name} The last time\n{name}{{ip_family="IPv4"}} 1.7648e+09\n'
+    )
