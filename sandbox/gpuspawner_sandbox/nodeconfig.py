@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .gpudriver import USAGE_DIR, DriverPaths
-from .topology import NodeSpec, node_labels, node_taints
+from .topology import NodeSpec, cpu_millicores, memory_bytes, node_labels, node_taints
 
 #: Every pod network lives inside this range; the forward-drop rule drops
 #: anything forwarded from it to a destination outside it.
@@ -453,9 +453,16 @@ def kubelet_configuration(
     healthz_port: int,
     kubelet_port: int = 10250,
     cluster_dns: str | None = None,
+    max_pods: int = 110,
+    system_reserved: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The KubeletConfiguration for one node; ``cluster_dns`` is the pods' nameserver, if any."""
+    """The KubeletConfiguration for one node; ``cluster_dns`` is the pods' nameserver, if any.
+
+    ``max_pods`` and ``system_reserved`` (:func:`capacity_reservation`) give it the
+    topology's pods, CPU and memory.
+    """
     dns = {"clusterDNS": [cluster_dns]} if cluster_dns else {}
+    reserved = {"systemReserved": dict(system_reserved)} if system_reserved else {}
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -503,7 +510,43 @@ def kubelet_configuration(
         # Pods with dnsPolicy ClusterFirst (the default) ask the cluster DNS,
         # which answers for the cluster's zone only and forwards nothing.
         **dns,
+        "maxPods": max_pods,
+        # Set aside so that allocatable is the topology's CPU and memory, where the
+        # machine has more (enforced on the node's pods' cgroup, "pods" only).
+        **reserved,
     }
+
+
+def capacity_reservation(
+    node: NodeSpec, machine_millicores: int, machine_memory: int
+) -> tuple[dict[str, str], list[str]]:
+    """What the kubelet reserves so the node offers at most the topology's CPU and memory.
+
+    Returns the ``systemReserved`` mapping (empty where the machine has no more
+    than the topology asks) and one sentence per resource the machine cannot give in
+    full: every node is on this machine, so none can advertise more than it has.
+    """
+    reserved: dict[str, str] = {}
+    short: list[str] = []
+    if node.cpu is not None:
+        cpu = cpu_millicores(node.cpu)
+        if machine_millicores > cpu:
+            reserved["cpu"] = f"{machine_millicores - cpu}m"
+        elif machine_millicores < cpu:
+            short.append(
+                f"{node.name}: the topology's cpu {node.cpu} is more than this machine has "
+                f"({machine_millicores / 1000:g}); the node offers the machine's."
+            )
+    if node.memory is not None:
+        memory = memory_bytes(node.memory)
+        if machine_memory > memory:
+            reserved["memory"] = str(machine_memory - memory)
+        elif machine_memory < memory:
+            short.append(
+                f"{node.name}: the topology's memory {node.memory} is more than this machine "
+                f"has ({machine_memory / 2**30:.1f}Gi); the node offers the machine's."
+            )
+    return reserved, short
 
 
 def kube_proxy_configuration(

@@ -28,6 +28,12 @@ of a GPU node lives under its root, so teardown has nothing more to restore.
 Beside the kubelet runs the emulated DCGM exporter
 (``sandbox/go/cmd/dcgm-exporter``) on the node IP, its address recorded as
 ``dcgm_exporter``.
+
+With ``cluster_network=True`` pods get what a real cluster gives them (docs/sandbox.md,
+"The cluster network"): the host's link ``gshub0`` holds the hub's, the API server's
+and the cluster DNS's addresses and routes the Services' range; each bridge forwards
+(that bridge alone); one kube-proxy and one CoreDNS serve the machine, recorded under
+``_cluster``.
 """
 
 from __future__ import annotations
@@ -516,7 +522,13 @@ class RealNodes:
             *enter,
             str(self.binaries.k8s),
             "kubelet",
-            *nodeconfig.kubelet_args(paths, net, node=name, taints=taints),
+            *nodeconfig.kubelet_args(
+                paths,
+                net,
+                node=name,
+                taints=taints,
+                labels=self.specs[name].labels if name in self.specs else None,
+            ),
         ]
         self._spawn(name, "kubelet", self.kubelet_cmds[name])
         if spec:
@@ -580,6 +592,12 @@ class RealNodes:
             state = gpudriver.driver_state(spec)
             gpudriver.write_driver_state(paths.driver_state, state)
             self._write_runtime_files(paths, spec, state)
+        topology = self.specs.get(name)
+        reserved: dict[str, str] = {}
+        if topology is not None:
+            reserved, short = nodeconfig.capacity_reservation(topology, *_machine_capacity())
+            for line in short:
+                self._say(f"  {line}")
         config = nodeconfig.kubelet_configuration(
             paths,
             net,
@@ -587,6 +605,8 @@ class RealNodes:
             client_ca=self.cp.ca_file,
             healthz_port=free_port(),
             cluster_dns=nodeconfig.DNS_ADDRESS if self.cluster_network else None,
+            max_pods=topology.pods if topology is not None else 110,
+            system_reserved=reserved,
         )
         paths.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
         kubeconfig = self.cp.client_kubeconfig(
@@ -693,7 +713,7 @@ class RealNodes:
 
         def proxy_synced() -> bool:
             try:
-                with urllib.request.urlopen(
+                with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
                     f"http://127.0.0.1:{metrics}/metrics", timeout=2
                 ) as response:
                     return nodeconfig.kube_proxy_synced(response.read().decode())
@@ -831,6 +851,17 @@ def forward_drops(chain: str = nodeconfig.FORWARD_CHAIN) -> int:
         if fields and fields[0].isdigit():
             total += int(fields[0])
     return total
+
+
+def _machine_capacity() -> tuple[int, int]:
+    """This machine's CPUs (millicores) and memory (bytes), as the kubelet counts them."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            memory = int(line.split()[1]) * 1024
+            break
+    else:
+        raise NodeError("Cannot read this machine's memory from /proc/meminfo.")
+    return (os.cpu_count() or 1) * 1000, memory
 
 
 def _makedirs(path: Path) -> list[Path]:

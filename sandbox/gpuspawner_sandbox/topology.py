@@ -169,6 +169,61 @@ GPU_MODELS: dict[str, GPUModel] = {
 _BUS_NUMBERS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DRIVER = re.compile(r"^\d{3}\.\d{2,3}(\.\d{2,3})?$")
+_CPU = re.compile(r"^(\d+(?:\.\d+)?)(m?)$")
+_MEMORY = re.compile(r"^(\d+(?:\.\d+)?)((?:[KMGTPE]i)|[kMGTPE])?$")
+_MEMORY_FACTORS = {
+    "": 1,
+    **{s: 1000 ** (i + 1) for i, s in enumerate("kMGTPE")},
+    **{f"{s}i": 1024 ** (i + 1) for i, s in enumerate("KMGTPE")},
+}
+
+#: The labels in the kubernetes.io and k8s.io namespaces a kubelet may give its own
+#: Node (k8s.io/kubelet's pkg/apis/well_known_labels.go); it refuses to start with
+#: any other there.
+KUBELET_LABELS = frozenset(
+    {
+        "kubernetes.io/hostname",
+        "kubernetes.io/os",
+        "kubernetes.io/arch",
+        "beta.kubernetes.io/os",
+        "beta.kubernetes.io/arch",
+        "beta.kubernetes.io/instance-type",
+        "node.kubernetes.io/instance-type",
+        "topology.kubernetes.io/zone",
+        "topology.kubernetes.io/region",
+        "failure-domain.beta.kubernetes.io/zone",
+        "failure-domain.beta.kubernetes.io/region",
+    }
+)
+KUBELET_LABEL_NAMESPACES = ("kubelet.kubernetes.io", "node.kubernetes.io")
+
+
+def kubelet_may_set(key: str) -> bool:
+    """Whether a kubelet may register its Node with this label (its --node-labels)."""
+    namespace = key.split("/", 1)[0] if "/" in key else ""
+    restricted = any(
+        namespace == d or namespace.endswith("." + d) for d in ("kubernetes.io", "k8s.io")
+    )
+    if not restricted or key in KUBELET_LABELS:
+        return True
+    return any(namespace == d or namespace.endswith("." + d) for d in KUBELET_LABEL_NAMESPACES)
+
+
+def cpu_millicores(quantity: str) -> int:
+    """A CPU quantity ("16", "1.5", "500m") in millicores; ValueError if it is none."""
+    match = _CPU.match(quantity)
+    if not match:
+        raise ValueError(f"not a CPU quantity: {quantity!r}")
+    number = float(match.group(1))
+    return int(number if match.group(2) else number * 1000)
+
+
+def memory_bytes(quantity: str) -> int:
+    """A memory quantity ("64Gi", "512M", "1000") in bytes; ValueError if it is none."""
+    match = _MEMORY.match(quantity)
+    if not match:
+        raise ValueError(f"not a memory quantity: {quantity!r}")
+    return int(float(match.group(1)) * _MEMORY_FACTORS[match.group(2) or ""])
 
 
 class TopologyError(ValueError):
@@ -223,8 +278,11 @@ class NodeSpec:
     """One emulated node: its capacity, driver and GPUs."""
 
     name: str
-    cpu: str
-    memory: str
+    #: At most this much is allocatable on the real node (nodeconfig.capacity_reservation):
+    #: a real node cannot advertise more than the machine has. None: the machine's.
+    cpu: str | None
+    memory: str | None
+    #: The kubelet's maxPods.
     pods: int
     driver: str
     mig_strategy: str
@@ -303,6 +361,30 @@ def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
     labels = raw.get("labels") or {}
     if not isinstance(labels, dict):
         raise TopologyError(f"Node {name!r}: 'labels' must be a mapping.")
+    for key in labels:
+        if not kubelet_may_set(str(key)):
+            raise TopologyError(
+                f"Node {name!r}: a kubelet may not give its node the label {key!r}; "
+                "use one outside the kubernetes.io and k8s.io namespaces."
+            )
+    cpu = None if raw.get("cpu") is None else str(raw["cpu"])
+    memory = None if raw.get("memory") is None else str(raw["memory"])
+    try:
+        if cpu is not None and cpu_millicores(cpu) <= 0:
+            raise ValueError(cpu)
+    except ValueError:
+        raise TopologyError(
+            f"Node {name!r}: 'cpu' must be a positive CPU quantity like '16' or '500m', "
+            f"not {cpu!r}."
+        ) from None
+    try:
+        if memory is not None and memory_bytes(memory) <= 0:
+            raise ValueError(memory)
+    except ValueError:
+        raise TopologyError(
+            f"Node {name!r}: 'memory' must be a positive memory quantity like '64Gi', "
+            f"not {memory!r}."
+        ) from None
     pods = raw.get("pods", 110)
     if not isinstance(pods, int) or pods < 1:
         raise TopologyError(f"Node {name!r}: 'pods' must be a positive integer, not {pods!r}.")
@@ -356,8 +438,8 @@ def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
 
     return NodeSpec(
         name=name,
-        cpu=str(raw.get("cpu", "16")),
-        memory=str(raw.get("memory", "64Gi")),
+        cpu=cpu,
+        memory=memory,
         pods=pods,
         driver=driver,
         mig_strategy=strategy,

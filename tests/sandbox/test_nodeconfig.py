@@ -326,3 +326,33 @@ def test_kube_proxy_is_synced_once_its_ipv4_rules_were_written():
     assert nodeconfig.kube_proxy_synced(
         f'# HELP {name} The last time\n{name}{{ip_family="IPv4"}} 1.7648e+09\n'
     )
+
+
+def test_a_node_offers_at_most_the_topologys_cpu_and_memory():
+    from gpuspawner_sandbox.topology import parse_topology
+
+    small = parse_topology({"nodes": [{"name": "s", "cpu": "1500m", "memory": "4Gi"}]}).node("s")
+    reserved, short = nodeconfig.capacity_reservation(small, 2000, 24 * 2**30)
+    assert reserved == {"cpu": "500m", "memory": str(20 * 2**30)}
+    assert short == []
+    big = parse_topology({"nodes": [{"name": "b", "cpu": "16", "memory": "64Gi"}]}).node("b")
+    reserved, short = nodeconfig.capacity_reservation(big, 2000, 24 * 2**30)
+    assert reserved == {}
+    assert [line.split(":")[0] for line in short] == ["b", "b"]
+    assert "cpu 16 is more than this machine has (2)" in short[0]
+    assert "memory 64Gi is more than this machine has (24.0Gi)" in short[1]
+    config = nodeconfig.kubelet_configuration(
+        PATHS,
+        NET,
+        node="s",
+        client_ca=Path("/ca.crt"),
+        healthz_port=1,
+        max_pods=12,
+        system_reserved={"cpu": "500m"},
+    )
+    assert config["maxPods"] == 12 and config["systemReserved"] == {"cpu": "500m"}
+    machine = parse_topology({"nodes": [{"name": "m"}]}).node("m")
+    assert nodeconfig.capacity_reservation(machine, 2000, 24 * 2**30) == ({}, [])
+    assert "systemReserved" not in nodeconfig.kubelet_configuration(
+        PATHS, NET, node="s", client_ca=Path("/ca.crt"), healthz_port=1
+    )

@@ -23,6 +23,7 @@ from cryptography.x509.oid import NameOID
 
 from gpuspawner_sandbox import hoststate, machineclaim, nodebuild, nodeconfig, nodes, testing
 from gpuspawner_sandbox.kubeapi import ApiError
+from gpuspawner_sandbox.topology import memory_bytes, parse_topology
 
 NODES = ("real-0", "real-1")
 #: The nodes share the session's control plane with other tests (test_controlplane's
@@ -30,6 +31,14 @@ NODES = ("real-0", "real-1")
 TAINT_KEY = "gpuspawner.test/real-node"
 TOLERATION = [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
 FAILED_CHECK = "GPU 0: fallen off the bus (nvidia-smi exit 15)"
+#: real-1's topology entry: less than the machine has, a few pods, a label of ours.
+SMALL_NODE = {
+    "name": "real-1",
+    "cpu": "1",
+    "memory": "3Gi",
+    "pods": 20,
+    "labels": {"example.org/pool": "small"},
+}
 
 
 @dataclass
@@ -50,8 +59,9 @@ def real_nodes(pytestconfig, control_plane, tmp_path_factory):
     roots = [nodeconfig.cgroup_root(n) for n in NODES]
     before = hoststate.snapshot(state_dir / "nodes", roots)
     taints = (f"{TAINT_KEY}=true:NoSchedule",)
+    specs = {"real-1": parse_topology({"nodes": [SMALL_NODE]}).node("real-1")}
     with testing.running_real_nodes(
-        state_dir, control_plane, list(NODES), pytestconfig, taints=taints
+        state_dir, control_plane, list(NODES), pytestconfig, taints=taints, specs=specs
     ) as running:
         yield Running(running, before, roots)
 
@@ -283,6 +293,21 @@ def test_a_second_set_of_real_nodes_is_refused_while_one_runs(
     assert all(all(alive.values()) for alive in nodes.status(real_nodes.nodes.state_dir).values())
 
 
+def test_a_node_offers_the_topologys_cpu_memory_and_pods_and_carries_its_labels(
+    real_nodes, control_plane
+):
+    status = control_plane.admin_api().get("/api/v1/nodes/real-1")
+    allocatable = status["status"]["allocatable"]
+    assert allocatable["cpu"] == "1"
+    # The topology's 3Gi less the kubelet's 100Mi eviction threshold.
+    assert memory_bytes(allocatable["memory"]) == 3 * 2**30 - 100 * 2**20
+    assert allocatable["pods"] == "20"
+    assert status["metadata"]["labels"]["example.org/pool"] == "small"
+    # real-0 has no topology entry: the machine's own figures.
+    other = control_plane.admin_api().get("/api/v1/nodes/real-0")["status"]["allocatable"]
+    assert other["pods"] == "110" and other["cpu"] != "1"
+
+
 def test_down_restores_the_host(real_nodes, control_plane):
     """Runs last in this module: it stops the nodes."""
     state_dir = real_nodes.nodes.state_dir
@@ -325,3 +350,14 @@ def test_an_unknown_device_list_strategy_is_refused_before_anything_starts(tmp_p
             tmp_path, None, binaries, ["g"], specs={"g": spec}, device_list_strategy="volume"
         )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_cluster_network_leaves_the_host_as_it_was(pytestconfig, control_plane, tmp_path):
+    """A cluster DNS that dies at once, after our link with its addresses and route, the
+    bridge's forwarding, the node and kube-proxy (whose chains may be written) were made."""
+    binaries = testing.node_binaries(pytestconfig)
+    broken = dataclasses.replace(binaries, coredns=Path("/bin/false"))
+    running = nodes.RealNodes(tmp_path, control_plane, broken, ["net-0"], cluster_network=True)
+    testing.failed_start(
+        running, r"^coredns of the cluster network exited with code 1 while waiting for ", 90
+    )

@@ -7,9 +7,12 @@ import pytest
 from gpuspawner_sandbox.topology import (
     GPU_RESOURCE,
     TopologyError,
+    cpu_millicores,
     extended_resources,
     gpu_uuid,
+    kubelet_may_set,
     load_topology,
+    memory_bytes,
     node_labels,
     node_taints,
     parse_topology,
@@ -177,6 +180,13 @@ def test_single_mig_strategy_overloads_the_gpu_resource():
             },
             "must be true or false, not 'no'",
         ),
+        ({"nodes": [{"name": "a", "cpu": "lots"}]}, "'cpu' must be a positive CPU quantity"),
+        ({"nodes": [{"name": "a", "cpu": "0"}]}, "not '0'"),
+        ({"nodes": [{"name": "a", "memory": "64GB"}]}, "'memory' must be a positive memory"),
+        (
+            {"nodes": [{"name": "a", "labels": {"node-role.kubernetes.io/gpu": ""}}]},
+            "a kubelet may not give its node the label 'node-role.kubernetes.io/gpu'",
+        ),
     ],
 )
 def test_invalid_topologies_get_one_readable_sentence(raw, message):
@@ -236,3 +246,32 @@ def test_a_gpu_node_may_refuse_the_variable_to_unprivileged_containers():
     assert topo.node("open").accept_envvar_unprivileged is True
     assert topo.node("closed").accept_envvar_unprivileged is False
     assert topo.node("cpu").accept_envvar_unprivileged is True
+
+
+@pytest.mark.parametrize(
+    ("key", "allowed"),
+    [
+        ("pool", True),
+        ("example.org/pool", True),
+        ("topology.kubernetes.io/zone", True),
+        ("node.kubernetes.io/pool", True),
+        ("team.node.kubernetes.io/x", True),
+        ("kubernetes.io/role", False),
+        ("node-role.kubernetes.io/gpu", False),
+        ("x.k8s.io/pool", False),
+    ],
+)
+def test_a_kubelet_sets_only_its_own_labels_in_the_kubernetes_namespaces(key, allowed):
+    assert kubelet_may_set(key) is allowed
+
+
+def test_cpu_and_memory_quantities_read_as_kubernetes_reads_them():
+    assert cpu_millicores("16") == 16000
+    assert cpu_millicores("1.5") == 1500
+    assert cpu_millicores("500m") == 500
+    assert memory_bytes("64Gi") == 64 * 2**30
+    assert memory_bytes("8G") == 8 * 10**9
+    assert memory_bytes("1000") == 1000
+    for bad in ("", "-1", "1 Gi", "2x"):
+        with pytest.raises(ValueError):
+            memory_bytes(bad)
