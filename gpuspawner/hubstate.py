@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from .admission import WaitQueue
 from .catalog import CatalogFile
 from .limits import Holding
+from .startgate import StartGate
 
 if TYPE_CHECKING:
     from .inventory.reflectors import InventoryReflector
@@ -61,6 +62,8 @@ class HubState:
         self._inventory_loop: asyncio.AbstractEventLoop | None = None
         #: The spawners whose servers' GPUs the metrics count at scrape time (weakly held).
         self.spawners: weakref.WeakSet = weakref.WeakSet()
+        #: Turns to start (GPUSpawner.concurrent_starts).
+        self.start_gate = StartGate()
 
     # -- admission ---------------------------------------------------------
 

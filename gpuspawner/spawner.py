@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from kubespawner import KubeSpawner
-from traitlets import Bool, Dict, List, Unicode, observe
+from traitlets import Bool, Dict, Integer, List, Unicode, observe
 
 from . import (
     admission,
@@ -142,6 +142,23 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         count, the Kubernetes resource name and the image's CUDA version (empty
         when unknown). The command must exit non-zero on failure and should
         write a one-line reason to ``/dev/termination-log``.
+        """,
+    ).tag(config=True)
+
+    concurrent_starts = Integer(
+        0,
+        min=0,
+        help="""
+        At most this many of the hub's servers starting at once; the others wait
+        their turn, in the order they were admitted, and see how many starts are
+        ahead of them. 0 (the default) starts every server at once.
+
+        A start holds its turn from its admission (limits and the GPU queue come
+        first, so refusals stay instant) until its server answers HTTP. Set it
+        where many users start together on nodes that share few CPUs: each start
+        then gets the CPU it needs and the first users are served early, instead
+        of every user waiting for the last one. Unlike JupyterHub's
+        ``concurrent_spawn_limit``, nobody is refused.
         """,
     ).tag(config=True)
 
@@ -455,6 +472,29 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         )
 
     async def load_user_options(self) -> None:
+        """Read, validate and admit the request; then wait for this start's turn."""
+        await self._load_and_admit()
+        await self._take_start_turn()
+
+    def _start_key(self) -> str:
+        return f"{self.user.name}/{self.name}"
+
+    async def _take_start_turn(self) -> None:
+        await self.hub_state.start_gate.enter(self._start_key(), self.concurrent_starts)
+
+    def _start_turn_message(self) -> str | None:
+        ahead = self.hub_state.start_gate.ahead_of(self._start_key())
+        if ahead is None:
+            return None
+        starts = "start" if ahead == 1 else "starts"
+        return (
+            f"Waiting for its turn to start: {ahead} {starts} ahead of it, "
+            f"at most {self.concurrent_starts} at once."
+            if ahead
+            else f"Next to start (at most {self.concurrent_starts} at once)."
+        )
+
+    async def _load_and_admit(self) -> None:
         try:
             self.user_options = request_options(self.user_options)
         except Refusal as refusal:
@@ -636,6 +676,9 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
     def _gpu_check_progress(self) -> str | None:
         if self.capacity.queue_message:
             return self.capacity.queue_message
+        turn = self._start_turn_message()
+        if turn:
+            return turn
         reflector = self.pod_reflector
         if reflector is None or self._selection is None or not self._selection.is_gpu:
             return None
@@ -831,6 +874,11 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         started = time.monotonic()
         try:
             result = await super()._start()
+            if self.concurrent_starts and not self.internal_ssl:
+                # The turn lasts until Jupyter itself is up: its start is the costly part.
+                # (With internal SSL only the hub holds the client certificate to ask,
+                # so the turn ends with the pod running.)
+                await self._wait_until_serving(result)
             pod = self._reflected_pod() or {}
             self._running = {
                 "held": self._held(),
@@ -877,6 +925,13 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             raise
         finally:
             self._release_reservation()
+            self.hub_state.start_gate.leave(self._start_key())
+
+    async def _wait_until_serving(self, url: str) -> None:
+        """Wait until the server answers HTTP at ``url``, as the hub does after a start."""
+        from jupyterhub.utils import wait_for_http_server
+
+        await wait_for_http_server(url, timeout=self.http_timeout)
 
     async def _delete_pod_by_name(self) -> None:
         """Delete this server's pod by name, asking the API server, not the reflector's cache.

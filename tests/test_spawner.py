@@ -6,6 +6,7 @@ that returns a PodList); pods are built by KubeSpawner's own code.
 
 import asyncio
 import json
+import socket
 
 import pytest
 from kubespawner import KubeSpawner
@@ -808,3 +809,62 @@ async def test_a_failed_start_deletes_its_pod_by_name_even_if_the_hub_never_saw_
     deletes = [r for r in kubeapi.requests if r[0] == "DELETE"]
     assert [r[1] for r in deletes] == [f"/api/v1/namespaces/jupyterhub/pods/{spawner.pod_name}"]
     assert not [p for p in kubeapi.objects["pods"] if p["metadata"]["name"] == spawner.pod_name]
+
+
+async def test_with_concurrent_starts_the_next_start_waits_until_the_first_server_answers(
+    monkeypatch,
+):
+    """A turn lasts from admission until the server answers HTTP; the next one then goes."""
+    from tornado.httpserver import HTTPServer
+    from tornado.web import Application, RequestHandler
+
+    config = Config()
+    config.GPUSpawner.concurrent_starts = 1
+    config.KubeSpawner.http_timeout = 30
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    created: list[str] = []
+
+    async def kubespawner_start(self):
+        await self.load_user_options()  # admission, then the turn
+        created.append(self.user.name)
+        return f"http://127.0.0.1:{port}"
+
+    monkeypatch.setattr(KubeSpawner, "_start", kubespawner_start)
+    first = make_spawner(config, user=User("ann"))
+    second = make_spawner(config, user=User("bob"))
+    for spawner in (first, second):
+        spawner.user_options = {"profile": "pytorch", "gpus": "0"}
+    starting = [asyncio.ensure_future(first._start()), asyncio.ensure_future(second._start())]
+    await asyncio.sleep(1)
+    # The first pod is made; its server does not answer yet, so the second waits.
+    assert created == ["ann"]
+    assert second._start_turn_message() == "Next to start (at most 1 at once)."
+    assert first._start_turn_message() is None
+
+    class Hello(RequestHandler):
+        def get(self):
+            self.write("up")
+
+    server = HTTPServer(Application([(r"/.*", Hello)]))
+    server.listen(port, "127.0.0.1")
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*starting), 30)
+    finally:
+        server.stop()
+    assert created == ["ann", "bob"]
+    assert results == [f"http://127.0.0.1:{port}"] * 2
+    assert hubstate.current().start_gate.starting == 0
+
+
+async def test_a_refused_start_never_waits_for_a_turn():
+    config = Config()
+    config.GPUSpawner.concurrent_starts = 1
+    gate = hubstate.current().start_gate
+    await gate.enter("someone/else", 1)  # every turn is taken
+    spawner = make_spawner(config, user=User("cal"))
+    spawner.user_options = {"profile": "pytorch", "gpus": "3"}  # not an allowed count
+    with pytest.raises(SpawnException):
+        await asyncio.wait_for(spawner._start(), 5)
+    assert gate.starting == 1 and gate.ahead_of("cal/") is None

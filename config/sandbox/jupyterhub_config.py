@@ -38,8 +38,11 @@ _prometheus_args = [f"--prometheus-url={_prometheus}"] if _prometheus else []
 c.KubeSpawner.storage_pvc_ensure = False
 c.KubeSpawner.start_timeout = 180
 c.KubeSpawner.http_timeout = 60
-# No Services: the sandbox runs no kube-proxy and its endpoint controllers are off
-# (docs/sandbox.md, "What remains for issue 10"); the hub reaches pod IPs directly.
+# Every node of the local cluster runs on this machine's few cores: four starts at a
+# time, the rest in turn, so the first users are served early when many start
+# together (a turn's wait counts toward start_timeout).
+c.GPUSpawner.concurrent_starts = 4
+# The hub reaches pod IPs directly (KubeSpawner's default), as it runs on the host.
 c.KubeSpawner.services_enabled = False
 
 # Notebook pods outlive hub restarts (as in zero-to-jupyterhub); the hub finds
