@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
-from real_nodes import node_pids, total_rss
+from real_nodes import cpu_ticks, node_pids, total_rss
 
 from gpuspawner_sandbox.demo import SANDBOX_CATALOG, SandboxStack
 
@@ -82,6 +82,102 @@ def stop(hub, user, name=""):
     hub.api("DELETE", path)
     while hub.api("GET", f"/users/{user}").json()["servers"].get(name):
         time.sleep(0.1)
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (everything but idle and iowait)."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / TICK
+
+
+def pods_cpu_s(names) -> float:
+    """CPU seconds of every pod of the nodes (their cgroup roots' cpuacct)."""
+    from gpuspawner_sandbox import hoststate, nodeconfig
+
+    total = 0
+    for mount in hoststate.cgroup_mounts():
+        if (mount / "cpuacct.usage").exists():
+            for name in names:
+                usage = mount / nodeconfig.cgroup_root(name).strip("/") / "cpuacct.usage"
+                total += int(usage.read_text())
+            return total / 1e9
+    return float("nan")
+
+
+def tree(pid: int) -> set[int]:
+    """A process and its live descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        current = todo.pop()
+        found.add(current)
+        todo.extend(children.get(current, []))
+    return found
+
+
+def ticks(pids) -> dict[int, int]:
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = cpu_ticks(pid)
+        except OSError:
+            pass
+    return out
+
+
+def cpu_snapshot(stack, hub) -> dict:
+    """What the CPU breakdown of a burst compares: per part, CPU ticks by pid (or seconds)."""
+    return {
+        "machine": machine_busy_s(),
+        "pods": pods_cpu_s(stack.nodes.names),
+        "hub": ticks(tree(hub.process.pid)),
+        "control plane": ticks(p.pid for p in stack.control_plane.processes.values()),
+        "node daemons": ticks(p for name in stack.nodes.names for p in nodes_of(stack, name)),
+    }
+
+
+def nodes_of(stack, name: str) -> set[int]:
+    """The node's own processes (containerd, kubelet, shims, plugin, exporter), not its pods."""
+    from gpuspawner_sandbox import nodes
+
+    rec = stack.nodes.state["nodes"][name]
+    pods = nodes._cgroup_pids(rec["cgroups"])
+    return {p for p in nodes._namespace_pids(rec["mntns"]) if p not in pods}
+
+
+def cpu_breakdown(before: dict, after: dict) -> dict[str, float]:
+    """CPU seconds per part between two snapshots; 'the rest' is the machine's remainder."""
+
+    def delta(a: dict[int, int], b: dict[int, int]) -> float:
+        return sum(t - a.get(pid, 0) for pid, t in b.items()) / TICK
+
+    parts = {
+        "notebook pods (Jupyter, GPU checks, pause)": after["pods"] - before["pods"],
+        "JupyterHub, its proxy and services": delta(before["hub"], after["hub"]),
+        "control plane (etcd, API server, scheduler, controllers)": delta(
+            before["control plane"], after["control plane"]
+        ),
+        "nodes' containerd, kubelet, shims, plugins": delta(
+            before["node daemons"], after["node daemons"]
+        ),
+    }
+    total = after["machine"] - before["machine"]
+    parts["the rest (runc, CNI, NVIDIA hook, kube-proxy, Prometheus, this client, kernel)"] = (
+        total - sum(parts.values())
+    )
+    parts["the whole machine"] = total
+    return parts
 
 
 def pct(values, q):
@@ -153,12 +249,18 @@ def main() -> None:
                 requests.append((f"u{i:02d}", "extra", body_i))
         for user, _, _ in requests:
             gpu_hub.api("POST", f"/users/{user}")
+        cpu_before = cpu_snapshot(stack, gpu_hub)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(len(requests)) as pool:
+            # Each user's page asks once a second (a browser follows one event
+            # stream): 66 clients polling 10 times a second would load the hub.
             results = list(
-                pool.map(lambda r: spawn(gpu_hub, r[0], r[2], r[1], timeout=600), requests)
+                pool.map(
+                    lambda r: spawn(gpu_hub, r[0], r[2], r[1], timeout=600, poll=1.0), requests
+                )
             )
         burst_s = time.perf_counter() - t0
+        cpu = cpu_breakdown(cpu_before, cpu_snapshot(stack, gpu_hub))
         ready = [s for s, _ in results if s is not None]
         refused = [st for s, st in results if s is None and st == 403]
         other = [st for s, st in results if s is None and st != 403]
@@ -208,6 +310,11 @@ def main() -> None:
     print(
         f"- request -> ready: p50 {pct(ready, 0.5):.1f} s, p95 {pct(ready, 0.95):.1f} s, all done in {burst_s:.1f} s"
     )
+    print(f"- CPU seconds during the burst, per started server ({len(ready)}):")
+    for part, seconds in cpu.items():
+        print(
+            f"  - {part}: {seconds:.0f} s in all, {seconds / max(len(ready), 1):.2f} s per server"
+        )
     if per_notebook_kib is not None:
         print(
             f"- memory per running notebook on {CPU_NODE} (its node's processes, RSS): "
