@@ -129,8 +129,9 @@ def start_real_nodes(real: nodes.RealNodes, cp: ControlPlane, args: argparse.Nam
 
 def cmd_down(args: argparse.Namespace) -> int:
     state_dir = args.state_dir.resolve()
-    real = nodes.teardown(state_dir)
+    # The control plane first: with real nodes its API server listens on their link.
     stopped = stop_recorded(state_dir)
+    real = nodes.teardown(state_dir)
     if not stopped and not real:
         print(f"Nothing was running in {state_dir}.")
         return 0

@@ -50,6 +50,9 @@ MAX_NODES = 255
 
 #: Our own iptables chain in the filter table, jumped to from FORWARD.
 FORWARD_CHAIN = "GPUSPAWNER-PODS"
+#: Our chain in the filter table jumped to from OUTPUT, with the cluster network: the
+#: host's own packets to the pod range leave by our links only (host_output_rules).
+HOST_CHAIN = "GPUSPAWNER-HOST"
 
 #: Images that exist only on this machine: ``.invalid`` can never resolve, and
 #: containerd's registry configuration sends every pull to a dead loopback
@@ -718,6 +721,20 @@ def kube_proxy_synced(metrics: str) -> bool:
         if line.startswith('kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}'):
             return float(line.rsplit(" ", 1)[1]) > 0
     return False
+
+
+def host_output_rules(chain: str = HOST_CHAIN) -> list[list[str]]:
+    """iptables rules (filter table) of our OUTPUT chain: the host's packets to the pod
+    range go out of our links (or stay local), never out of another interface.
+
+    An address of the range that no link of ours holds (a node's, or the API
+    server's once its link is gone) would otherwise take the default route; the
+    counter shows whether anything tried.
+    """
+    return [
+        ["-A", chain, "-o", "lo", "-j", "RETURN"],
+        ["-A", chain, "-d", str(POD_RANGE), "!", "-o", f"{LINK_PREFIX}+", "-j", "DROP"],
+    ]
 
 
 def cgroup_root(node: str) -> str:

@@ -58,7 +58,7 @@ from typing import Any
 import yaml
 
 from . import cdi, clusterdns, gpudriver, imageseed, machineclaim, nodeconfig, ociimage
-from .controlplane import ControlPlane, free_port, log_tail
+from .controlplane import ControlPlane, free_port, log_tail, stop_recorded
 from .hoststate import cgroup_mounts, read_sysctl, sysctl_path
 from .kubeapi import ApiError, KubeApi
 from .nodebuild import NodeBinaries, go_arch
@@ -292,9 +292,16 @@ class RealNodes:
             raise
 
     def stop(self) -> None:
-        """Stop every node, delete its Node object, restore the host (see :func:`teardown`)."""
+        """Stop every node, delete its Node object, restore the host (see :func:`teardown`).
+
+        With the cluster network the control plane stops first: its API server
+        listens on our link, and once the link is gone a client still asking that
+        address would send its packets out of the host's default route.
+        """
+        if self.cluster_network:
+            self.cp.stop()
         teardown(self.state_dir)
-        for name in self.names:
+        for name in [] if self.cluster_network else self.names:
             # The control plane outlives the nodes (tests, `down` of nodes
             # only): a stopped node's object would only hold pods bound to it.
             with contextlib.suppress(Exception):
@@ -321,12 +328,14 @@ class RealNodes:
             "iptables": {tool: _chains(tool) for tool in ("iptables", "ip6tables")},
             "created_dirs": [],
             "chain": False,
+            "host_chain": False,
             "hub_link": None,
             "nodes": {},
             CLUSTER: {"root": str(self.paths(CLUSTER).root), "pids": {}},
         }
         self._save()
         if self.cluster_network:
+            self._add_host_chain()
             self._add_hub_link()
         for host_dir in nodeconfig.PRIVATE_HOST_DIRS:
             if not os.path.lexists(host_dir):
@@ -378,6 +387,20 @@ class RealNodes:
             )
         except (imageseed.SeedError, OSError) as e:
             raise NodeError(f"The nodes' images could not be prepared: {e}") from None
+
+    def _add_host_chain(self) -> None:
+        chain = nodeconfig.HOST_CHAIN
+        if _run(["iptables", "-n", "-L", chain], check=False).returncode == 0:
+            raise NodeError(
+                f"The iptables chain {chain} exists already: real nodes of another sandbox "
+                "run, or were not stopped (gpuspawner-sandbox down)."
+            )
+        self.state["host_chain"] = True
+        self._save()
+        _run(["iptables", "-N", chain])
+        for rule in nodeconfig.host_output_rules(chain):
+            _run(["iptables", *rule])
+        _run(["iptables", "-I", "OUTPUT", "1", "-j", chain])
 
     def _add_forward_chain(self) -> None:
         chain = nodeconfig.FORWARD_CHAIN
@@ -841,14 +864,18 @@ class RealNodes:
         """Packets our forward rule dropped (pods reaching outside the pod ranges)."""
         return forward_drops()
 
+    def host_drops(self) -> int:
+        """The host's own packets to the pod range our OUTPUT rule dropped (cluster network)."""
+        return forward_drops(nodeconfig.HOST_CHAIN, target="DROP")
 
-def forward_drops(chain: str = nodeconfig.FORWARD_CHAIN) -> int:
-    """The sum of the packet counters of our forward-drop chain's rules."""
+
+def forward_drops(chain: str = nodeconfig.FORWARD_CHAIN, target: str | None = None) -> int:
+    """The sum of the packet counters of a chain of ours (of its ``target`` rules only)."""
     out = _run(["iptables", "-n", "-v", "-x", "-L", chain]).stdout
     total = 0
     for line in out.splitlines()[2:]:
         fields = line.split()
-        if fields and fields[0].isdigit():
+        if fields and fields[0].isdigit() and (target is None or fields[2] == target):
             total += int(fields[0])
     return total
 
@@ -1062,8 +1089,19 @@ def teardown(state_dir: Path) -> list[str]:
         _run(["iptables", "-X", chain], check=False)
     _restore_iptables(state.get("iptables", {}))
     link = state.get("hub_link")
+    if link:
+        # The control plane of this state directory listens on the link: stopped
+        # before it goes, so that nothing asks its address once it has no route.
+        stop_recorded(state_dir)
     if link and _run(["ip", "link", "show", link], check=False).returncode == 0:
         _run(["ip", "link", "del", link], check=False)
+    if state.get("host_chain"):
+        # Last of the network: it guards the host's packets until the link is gone.
+        chain = nodeconfig.HOST_CHAIN
+        while _run(["iptables", "-D", "OUTPUT", "-j", chain], check=False).returncode == 0:
+            pass
+        _run(["iptables", "-F", chain], check=False)
+        _run(["iptables", "-X", chain], check=False)
     for name, value in state.get("sysctls", {}).items():
         # Only what the kubelet changes: the networking ones are recorded to
         # prove we leave them alone, and others on the machine may change them.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.request
 
 import pytest
 
@@ -174,3 +175,16 @@ def test_a_service_on_one_node_answers_a_pod_on_another_by_name(stack, kube, nam
     jumps = [rule for rule in forward if rule.startswith("-A FORWARD")]
     assert jumps[0] == f"-A FORWARD -j {nodeconfig.FORWARD_CHAIN}", jumps
     assert stack.nodes.forward_drops() == 0
+
+
+def test_the_host_reaches_a_service_and_sent_nothing_to_the_pod_range_elsewhere(
+    stack, kube, namespace
+):
+    """The host's own connection to a ClusterIP (kube-proxy rewrites it in OUTPUT), and
+    our OUTPUT guard's counter: no packet of the host's to the pod range left by
+    another interface during the suite so far."""
+    service = kube.get(f"/api/v1/namespaces/{namespace}/services/echo")
+    url = f"http://{service['spec']['clusterIP']}/"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    assert opener.open(url, timeout=20).read().decode() == "echo-0"
+    assert stack.nodes.host_drops() == 0

@@ -512,6 +512,8 @@ def test_a_gpu_fault_fails_the_spawn_through_the_real_kubelet_and_removes_the_po
 def test_nothing_was_forwarded_out_of_the_pod_ranges(real):
     stack = real.stack
     assert stack.nodes.forward_drops() == 0
+    # ...and the host itself sent nothing to the pod range out of another interface.
+    assert stack.nodes.host_drops() == 0
 
 
 def test_down_restores_the_host(real):

@@ -356,3 +356,9 @@ def test_a_node_offers_at_most_the_topologys_cpu_and_memory():
     assert "systemReserved" not in nodeconfig.kubelet_configuration(
         PATHS, NET, node="s", client_ca=Path("/ca.crt"), healthz_port=1
     )
+
+
+def test_the_hosts_packets_to_the_pod_range_leave_by_our_links_only():
+    local, guard = nodeconfig.host_output_rules("CHAIN")
+    assert local == ["-A", "CHAIN", "-o", "lo", "-j", "RETURN"]
+    assert guard == ["-A", "CHAIN", "-d", "10.244.0.0/16", "!", "-o", "gs+", "-j", "DROP"]
