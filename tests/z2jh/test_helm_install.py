@@ -88,6 +88,21 @@ def hub_pods(api) -> list[dict]:
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
+def hub_log(api, tail: int = 60) -> str:
+    """The hub container's last lines (the API server asks the node's kubelet), for failures."""
+    pods = hub_pods(api)
+    if not pods:
+        return "(no hub pod)"
+    name = pods[0]["metadata"]["name"]
+    r = api.request(
+        "GET",
+        f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/log",
+        query={"container": "hub", "tailLines": str(tail)},
+        raw=True,
+    )
+    return r.body
+
+
 def ready(pod: dict) -> bool:
     conditions = (pod.get("status") or {}).get("conditions") or []
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
@@ -231,9 +246,11 @@ def test_a_one_gpu_a100_server_starts_checked_on_the_gpu_node(cluster, admin):
     r = admin.api("POST", "/users/admin/server", json=ONE_A100)
     assert r.status_code in (201, 202), r.text
 
+    api = cluster.control_plane.admin_api()
+
     def started():
         server = admin.api("GET", "/users/admin").json()["servers"].get("")
-        assert server is not None, "the server stopped while starting"
+        assert server is not None, f"the server stopped while starting:\n{hub_log(api)}"
         return server["ready"]
 
     wait_for(started, 600, "admin's server to be ready")
