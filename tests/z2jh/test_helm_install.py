@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -24,7 +25,6 @@ import yaml
 
 from gpuspawner_sandbox import build, controlplane
 
-from ..conftest import FIXTURES
 from .conftest import HUB_DB_DIR
 
 REPO = build.REPO_ROOT
@@ -42,8 +42,9 @@ MANIFESTS = [
     REPO / "config" / "sandbox" / "z2jh-user-scheduler-rbac.yaml",
     REPO / "config" / "sandbox" / "z2jh-hub-db-pv.yaml",
 ]
-#: The catalog names the notebook images' Jupyter stage, which the nodes hold.
-CATALOG = FIXTURES / "catalogs" / "e2e.yaml"
+#: The catalog names the notebook images' Jupyter stage, which the nodes hold (its comment says
+#: why it is not the e2e catalog).
+CATALOG = Path(__file__).parent / "catalog.yaml"
 CULLER_CONFIG = REPO / "config" / "gpuspawner_culler_config.py"
 PASSWORD = yaml.safe_load(VALUES[2].read_text())["hub"]["config"]["DummyAuthenticator"]["password"]
 ONE_A100 = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
