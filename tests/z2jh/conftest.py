@@ -14,6 +14,7 @@ the nodes started when they stop.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 from dataclasses import dataclass
@@ -99,4 +100,6 @@ def cluster(tmp_path_factory, pytestconfig):
         nodes.stop()
         cp.stop()
         shutil.rmtree(HUB_DB_DIR, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            HUB_DB_DIR.parent.rmdir()  # only if nothing else is there
     assert hoststate.differences(before, hoststate.snapshot(state_dir / "nodes", roots)) == []
