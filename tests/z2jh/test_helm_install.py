@@ -14,6 +14,7 @@ change the catalog. The tests share one release and run in this file's order.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import time
@@ -102,6 +103,24 @@ def hub_log(api, tail: int = 60) -> str:
         raw=True,
     )
     return r.body
+
+
+def proxy_routes(api) -> str:
+    """The proxy's routing table (its API, with the token in the hub Secret), for failures."""
+    secret = api.get(f"/api/v1/namespaces/{NAMESPACE}/secrets/hub")["data"]
+    token = base64.b64decode(secret["hub.config.ConfigurableHTTPProxy.auth_token"]).decode()
+    service = api.get(f"/api/v1/namespaces/{NAMESPACE}/services/proxy-api")["spec"]
+    r = requests.get(
+        f"http://{service['clusterIP']}:{service['ports'][0]['port']}/api/routes",
+        headers={"Authorization": f"token {token}"},
+        proxies={"http": "", "https": ""},
+        timeout=30,
+    )
+    return r.text
+
+
+def diagnosis(api) -> str:
+    return f"proxy routes: {proxy_routes(api)}\nhub log:\n{hub_log(api)}"
 
 
 def ready(pod: dict) -> bool:
@@ -273,13 +292,14 @@ def test_a_one_gpu_a100_server_starts_checked_on_the_gpu_node(cluster, admin):
     assert "started" in r.json()
 
 
-def test_the_culler_and_the_gpu_page_run_as_the_charts_hub_services(admin):
+def test_the_culler_and_the_gpu_page_run_as_the_charts_hub_services(cluster, admin):
+    api = cluster.control_plane.admin_api()
     # The culler answers a user about their own servers (JupyterLab's cull warning).
     r = admin.with_token("GET", "/services/gpuspawner-culler/api/warning")
-    assert r.status_code == 200, r.text[:500]
+    assert r.status_code == 200, f"{r.status_code} {r.url}\n{diagnosis(api)}"
     # The GPU page, through the hub's OAuth as a browser follows it.
     r = admin.session.get(f"{admin.base}/services/gpuspawner-admin/", timeout=60)
-    assert r.status_code == 200, (r.url, r.text[:500])
+    assert r.status_code == 200, f"{r.status_code} {r.url}\n{diagnosis(api)}"
     assert "<h1>GPU pool</h1>" in r.text
     assert "gpu-a100-0" in r.text
 
