@@ -348,7 +348,8 @@ def test_helm_upgrade_with_a_changed_catalog_needs_no_hub_restart(cluster, admin
     cluster.helm.run(*helm_args("upgrade", cluster.chart), timeout=1000)
 
     def offered():
-        r = admin.session.get(f"{admin.base}/hub/spawn", timeout=60)
+        # a named server's form: the default server runs (its /hub/spawn goes to it)
+        r = admin.session.get(f"{admin.base}/hub/spawn/admin/form", timeout=60)
         return r.status_code == 200 and "TensorFlow (from the upgrade)" in r.text
 
     # The kubelet updates the ConfigMap's files within its sync period; the hub re-reads.
