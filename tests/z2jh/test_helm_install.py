@@ -15,6 +15,7 @@ change the catalog. The tests share one release and run in this file's order.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import time
@@ -137,6 +138,19 @@ def user_pod(api, user: str, server: str = "") -> dict | None:
         if pod["metadata"]["labels"].get("hub.jupyter.org/servername", "") == server:
             return pod
     return None
+
+
+def spawn_failure(admin: Browser, server: str) -> str:
+    """The failure message of a named server's spawn, from its progress event stream."""
+    r = admin.with_token("GET", f"/hub/api/users/admin/servers/{server}/progress", stream=True)
+    assert r.status_code == 200, r.text
+    for line in r.iter_lines(decode_unicode=True):
+        if line and line.startswith("data:"):
+            event = json.loads(line[len("data:") :])
+            if event.get("failed"):
+                return event["message"]
+            assert not event.get("ready"), f"the server started: {event}"
+    raise AssertionError("the progress stream ended without the spawn's outcome")
 
 
 class Browser:
@@ -324,12 +338,16 @@ def test_a_new_hub_pod_knows_the_running_server_and_the_limits_hold(cluster, adm
     server = r.json()["servers"][""]
     assert server["ready"], server
     assert user_pod(api, "admin") is not None
-    # Default limit 2 GPUs, one in use: two more are refused.
+    # Default limit 2 GPUs, one in use: two more are refused. z2jh sets the hub's
+    # slow_spawn_timeout to 0, so the request is accepted (202) and the refusal is the
+    # spawn's failure, as its progress page shows it.
     r = admin.with_token(
         "POST", "/hub/api/users/admin/servers/more", json={**ONE_A100, "gpus": "2"}
     )
-    assert r.status_code == 403, r.text
-    assert r.json()["message"].startswith("You are using 1 of your 2 GPUs (servers: "), r.text
+    assert r.status_code == 202, r.text
+    failure = spawn_failure(admin, "more")
+    assert "You are using 1 of your 2 GPUs (servers: " in failure, failure
+    assert user_pod(api, "admin", "more") is None
     r = admin.with_token("GET", "/user/admin/api/status")
     assert r.status_code == 200, r.text[:500]
 
@@ -337,6 +355,8 @@ def test_a_new_hub_pod_knows_the_running_server_and_the_limits_hold(cluster, adm
 def test_helm_upgrade_with_a_changed_catalog_needs_no_hub_restart(cluster, admin):
     api = cluster.control_plane.admin_api()
     (before,) = hub_pods(api)
+    hub_deployment = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/hub"
+    template_before = api.get(hub_deployment)["spec"]["template"]["metadata"]
     catalog = yaml.safe_load(CATALOG.read_text())
     catalog["images"]["tensorflow"] = {
         "display_name": "TensorFlow (from the upgrade)",
@@ -355,6 +375,9 @@ def test_helm_upgrade_with_a_changed_catalog_needs_no_hub_restart(cluster, admin
     # The kubelet updates the ConfigMap's files within its sync period; the hub re-reads.
     wait_for(offered, 240, "the spawn form to offer the new image")
     (after,) = hub_pods(api)
+    template_after = api.get(hub_deployment)["spec"]["template"]["metadata"]
+    # the hub's pod template (its config checksums) is unchanged, so the pod is the same
+    assert template_after == template_before
     assert after["metadata"]["uid"] == before["metadata"]["uid"]
     assert not any(s.get("restartCount") for s in after["status"].get("containerStatuses") or [])
     revision = re.search(
