@@ -186,7 +186,7 @@ class Browser:
         )
 
     def with_token(self, method: str, path: str, **kwargs) -> requests.Response:
-        """The same API with the token alone (what outlives the session: a hub restart)."""
+        """Any path behind proxy-public with the token alone (it outlives the session)."""
         return requests.request(
             method,
             f"{self.base}{path}",
