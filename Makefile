@@ -9,10 +9,11 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # JupyterHub 5.5 + KubeSpawner 7.0, zero-to-jupyterhub 4.4.0's hub (README, "Compatibility"):
 # `make test` also runs the unit and hub-level tests in this second virtualenv. The e2e,
-# image and sandbox tests run once, on the newest line in $(VENV): what they test (the
-# cluster, Docker, the images) does not depend on the hub's JupyterHub line.
+# image, sandbox and z2jh tests run once, on the newest line in $(VENV): what they test (the
+# cluster, Docker, the images) does not depend on the hub's JupyterHub line (the z2jh
+# test's hub runs in the hub image, with z2jh's JupyterHub 5.5).
 VENV_JH55 ?= .venv-jh55
-PYTEST_ARGS_JH55 ?= tests --ignore=tests/e2e --ignore=tests/images --ignore=tests/sandbox
+PYTEST_ARGS_JH55 ?= tests --ignore=tests/e2e --ignore=tests/images --ignore=tests/sandbox --ignore=tests/z2jh
 
 .PHONY: setup system-packages test lint demo bench clean full-images
 

@@ -18,13 +18,21 @@ the same private Docker engine (:class:`gpuspawner_sandbox.dockerd.PrivateEngine
    the chart's name, loaded with ``docker load``, skipped when the engine has it.
 
 ``python -m gpuspawner_sandbox.chartimages`` does it all on its own engine.
+
+For real nodes, :func:`ensure_deploy_images` builds these and the hub image
+(``gpuspawner-images build hub``) on the notebook images' engine and saves them
+all to one archive, ``<cache>/z2jh-<key>.tar``, keyed by the images' IDs: passed
+as ``RealNodes(images=[...])`` beside the notebook archive, the image store
+imports it once (:mod:`.imageseed`). A warm run rebuilds nothing and saves nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +44,7 @@ from typing import Any, TextIO
 import yaml
 
 from . import build, helm, nodebuild, nodes, ociimage
-from .dockerd import HarnessError, PrivateEngine
+from .dockerd import HarnessError, PrivateEngine, need
 from .notebookimage import NotebookImageError, run_image_tool
 
 Emit = Callable[[str], None]
@@ -52,6 +60,13 @@ IMAGE_AWAITER = nodebuild.LocalProgram(
     module_dir=helm.Z2JH_SOURCE / "images" / "image-awaiter",
     describe="Building z2jh's image-awaiter (its own Go module; seconds)…",
     sources=("go.mod", "go.sum", "main.go", "daemonset.go"),
+)
+
+
+#: The values files that name the hub image: the admin's (its name), the local one (its tag).
+HUB_VALUES = (
+    build.REPO_ROOT / "config" / "z2jh-values.yaml",
+    build.REPO_ROOT / "config" / "sandbox" / "z2jh-local-values.yaml",
 )
 
 
@@ -102,6 +117,30 @@ def tool_build_args(images: list[ChartImage], binaries: Mapping[str, Path]) -> l
         *(i.name for i in built),
         *(f"--binary={name}={binaries[name]}" for name in wanted),
     ]
+
+
+def hub_ref(values: list[Mapping[str, Any]]) -> str:
+    """The hub image the chart runs with these values files (later files win, as Helm's ``-f``)."""
+    image: dict[str, Any] = {}
+    for doc in values:
+        image.update(((doc.get("hub") or {}).get("image")) or {})
+    if not image.get("name") or not image.get("tag"):
+        raise ChartImageError("The values files name no hub image (hub.image.name and .tag).")
+    return f"{image['name']}:{image['tag']}"
+
+
+def deploy_archive_name(ids: Mapping[str, str]) -> str:
+    """The archive's name, keyed by every reference and the image ID behind it."""
+    digest = hashlib.sha256("".join(f"{r}={i}\n" for r, i in sorted(ids.items())).encode())
+    return f"z2jh-{digest.hexdigest()[:16]}.tar"
+
+
+@dataclass(frozen=True)
+class DeployImages:
+    """The hub and chart images saved for real nodes: one archive, and the references it holds."""
+
+    archive: Path
+    refs: tuple[str, ...]
 
 
 # -- I/O -----------------------------------------------------------------------------
@@ -176,6 +215,84 @@ def build_chart_images(
     _load_pause(engine, pause.ref, binaries[PAUSE], emit)
     emit(f"Chart images ready in {time.monotonic() - started:.0f}s")
     return images
+
+
+def _image_ids(engine: PrivateEngine, refs: list[str]) -> dict[str, str]:
+    client = engine.client()
+    try:
+        have = {
+            t: image["Id"] for image in client.api.images() for t in image.get("RepoTags") or []
+        }
+    finally:
+        client.close()
+    missing = [r for r in refs if r not in have]
+    if missing:
+        raise ChartImageError(f"The build made no {', '.join(missing)}; see the build log.")
+    return {r: have[r] for r in refs}
+
+
+def ensure_deploy_images(
+    cache_dir: Path,
+    repo: Path = build.REPO_ROOT,
+    emit: Emit = print,
+    *,
+    build_out: TextIO | None = None,
+) -> DeployImages:
+    """Build (or find cached) the hub image and the chart's images; save them to one archive.
+
+    The engine is the notebook images' (``<repo>/.cache/images/engine``): the Debian
+    base and its layers serve both. Raises :class:`ChartImageError` (or
+    :class:`.build.BuildError` for the host's programs).
+    """
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    try:
+        hub = hub_ref([yaml.safe_load(p.read_text()) or {} for p in HUB_VALUES])
+    except (OSError, yaml.YAMLError) as e:
+        raise ChartImageError(f"The values files cannot be read: {e}") from None
+    state = Path(tempfile.mkdtemp(prefix="gs-dockerd-"))  # a short socket path
+    engine = PrivateEngine(state=state, data_root=repo / ".cache" / "images" / "engine")
+    log_path = cache_dir / "z2jh-build.log"
+    try:
+        emit("Hub and chart images: starting a private Docker engine (dockerd)")
+        engine.start()
+        with log_path.open("w") as log:
+            run_image_tool(repo, engine, ["base"], log, emit)
+            emit(f"Hub image: {hub} (images/hub/Dockerfile; the first build takes minutes)")
+            run_image_tool(repo, engine, ["build", "--network", "host", "hub"], log, emit)
+        images = build_chart_images(
+            engine, repo, emit, log_path=cache_dir / "chart-images-build.log", build_out=build_out
+        )
+        refs = [hub, *(i.ref for i in images)]
+        archive = cache_dir / deploy_archive_name(_image_ids(engine, refs))
+        if archive.is_file():
+            emit(f"Hub and chart images: {archive.name} holds them already (cached)")
+        else:
+            emit(f"Hub and chart images: saving {len(refs)} images to {archive}")
+            partial = archive.with_suffix(".partial")
+            subprocess.run(
+                [need("docker"), "-H", engine.host, "save", "-o", str(partial), *refs],
+                check=True,
+                capture_output=True,
+                timeout=900,
+            )
+            partial.replace(archive)
+            for old in cache_dir.glob("z2jh-*.tar"):
+                if old != archive:
+                    old.unlink()  # an older build's archive: never imported again
+    except HarnessError as e:
+        raise ChartImageError(f"The hub and chart images cannot be built: {e}.") from None
+    except NotebookImageError as e:
+        raise ChartImageError(str(e)) from None
+    except subprocess.CalledProcessError as e:
+        raise ChartImageError(
+            f"`docker save` of the hub and chart images failed: {e.stderr.decode(errors='replace')}"
+        ) from None
+    finally:
+        engine.stop()
+        shutil.rmtree(state, ignore_errors=True)
+    emit(f"Hub and chart images ready in {time.monotonic() - started:.0f}s ({archive.name})")
+    return DeployImages(archive=archive, refs=tuple(refs))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -419,7 +419,11 @@ def cni_conflist(net: NodeNetwork, data_dir: Path) -> dict[str, Any]:
                 "isGateway": False,
                 "isDefaultGateway": False,
                 "ipMasq": False,
-                "hairpinMode": False,
+                # A pod reaches itself through a Service (kube-proxy DNATs to its own
+                # address; with br_netfilter the frame goes back out the port it came
+                # in on), as on any real cluster: the chart's hub checks its managed
+                # services at http://hub:<port>, its own Service.
+                "hairpinMode": True,
                 "ipam": {
                     "type": "host-local",
                     "dataDir": str(data_dir),

@@ -10,6 +10,7 @@ import time
 import pytest
 import yaml
 
+import gpuspawner
 from gpuspawner.images.matrix import MatrixError, parse_matrix
 from gpuspawner.images.plan import base_images, plan_builds
 from gpuspawner_sandbox import build, chartimages, helm, nodebuild, nodes, ociimage, testing
@@ -84,6 +85,31 @@ def test_chart_image_names_must_not_clash(raw):
     raw["z2jh"]["images"]["hub"] = {"dockerfile": "x/Dockerfile", "tag": "1"}
     with pytest.raises(MatrixError, match=r"z2jh\.images hub clash"):
         parse_matrix(raw)
+
+
+def test_the_hub_image_is_the_one_the_values_files_name_later_files_winning():
+    admin = {"hub": {"image": {"name": "registry.example.org/gpuspawner/hub", "tag": "0.1.0"}}}
+    local = {"hub": {"image": {"tag": "0.1.0.dev0", "pullPolicy": "Never"}}}
+    assert chartimages.hub_ref([admin, local]) == "registry.example.org/gpuspawner/hub:0.1.0.dev0"
+    assert chartimages.hub_ref([local, admin]) == "registry.example.org/gpuspawner/hub:0.1.0"
+    with pytest.raises(chartimages.ChartImageError, match="no hub image"):
+        chartimages.hub_ref([local])
+
+
+def test_the_repositorys_values_files_name_the_hub_image_the_tool_builds(matrix):
+    docs = [yaml.safe_load(p.read_text()) for p in chartimages.HUB_VALUES]
+    assert chartimages.hub_ref(docs) == (
+        f"{matrix.registry}/{matrix.hub.name}:{gpuspawner.__version__}"
+    )
+
+
+def test_the_deploy_archive_changes_name_when_any_image_changes():
+    ids = {"a:1": "sha256:aa", "b:1": "sha256:bb"}
+    name = chartimages.deploy_archive_name(ids)
+    assert name.startswith("z2jh-") and name.endswith(".tar")
+    assert chartimages.deploy_archive_name(dict(reversed(ids.items()))) == name
+    assert chartimages.deploy_archive_name({**ids, "b:1": "sha256:cc"}) != name
+    assert chartimages.deploy_archive_name({**ids, "c:1": "sha256:bb"}) != name
 
 
 def test_the_tool_builds_every_chart_image_but_pause():

@@ -21,6 +21,9 @@ from gpuspawner_sandbox import build, chartimages, helm, testing
 VALUES = build.REPO_ROOT / "config" / "z2jh-values.yaml"
 #: The overrides for a cluster that reaches no registry: only images built on this machine.
 LOCAL_VALUES = build.REPO_ROOT / "config" / "sandbox" / "z2jh-local-values.yaml"
+#: What the local cluster lacks (load balancer, provisioner, identity provider): tests/z2jh.
+CLUSTER_VALUES = build.REPO_ROOT / "config" / "sandbox" / "z2jh-cluster-values.yaml"
+HUB_DB_PV = build.REPO_ROOT / "config" / "sandbox" / "z2jh-hub-db-pv.yaml"
 NAMESPACE = "jupyterhub"
 WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job")
 #: What the chart's user-scheduler ClusterRole lacks for kube-scheduler v1.37.
@@ -202,6 +205,30 @@ def test_the_local_overrides_pass_helm_lint(real_helm, chart):
         "lint", "--strict", str(chart), f"--values={VALUES}", f"--values={LOCAL_VALUES}"
     )
     assert "1 chart(s) linted, 0 chart(s) failed" in out
+
+
+def test_the_local_clusters_overrides_pass_helm_lint_and_bind_the_hub_db_to_its_pv(
+    real_helm, chart
+):
+    files = [VALUES, LOCAL_VALUES, CLUSTER_VALUES]
+    out = real_helm.run("lint", "--strict", str(chart), *(f"--values={f}" for f in files))
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+    rendered = real_helm.template("jhub", chart, namespace=NAMESPACE, values_files=files)
+    assert find(rendered, "Service", "proxy-public")["spec"]["type"] == "ClusterIP"
+    # The hub's database claim can bind only to the static PV (no provisioner makes one).
+    claim = find(rendered, "PersistentVolumeClaim", "hub-db-dir")
+    (pv,) = [d for d in yaml.safe_load_all(HUB_DB_PV.read_text()) if d]
+    assert claim["spec"]["storageClassName"] == pv["spec"]["storageClassName"]
+    assert claim["spec"]["accessModes"] == pv["spec"]["accessModes"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == pv["spec"]["capacity"]["storage"]
+    hub = find(rendered, "Deployment", "hub")["spec"]["template"]["spec"]
+    assert hub["securityContext"]["fsGroup"] == 1000  # ignored by hostPath: the PV's comment
+    assert hub["containers"][0]["securityContext"]["runAsUser"] == 1000
+    # User servers get no volume claim (z2jh-values asks for dynamic ones).
+    config = yaml.safe_load(
+        base64.b64decode(find(rendered, "Secret", "hub")["data"]["values.yaml"])
+    )
+    assert config["singleuser"]["storage"]["type"] == "none"
 
 
 # --- the user-scheduler's RBAC against the kube-scheduler we run ---------------------------

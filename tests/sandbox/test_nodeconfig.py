@@ -97,6 +97,8 @@ def test_cni_gives_no_default_route_no_gateway_no_nat_only_the_pod_range():
     assert bridge["isGateway"] is False
     assert bridge["isDefaultGateway"] is False
     assert bridge["ipMasq"] is False
+    # a pod reaches itself through its own Service (tests/z2jh: the chart's hub)
+    assert bridge["hairpinMode"] is True
     ipam = bridge["ipam"]
     assert ipam["type"] == "host-local"
     # the pod range through the node's bridge address (the hub's address is in
