@@ -389,32 +389,26 @@ class RealNodes:
             raise NodeError(f"The nodes' images could not be prepared: {e}") from None
 
     def _add_host_chain(self) -> None:
-        chain = nodeconfig.HOST_CHAIN
-        if _run(["iptables", "-n", "-L", chain], check=False).returncode == 0:
-            raise NodeError(
-                f"The iptables chain {chain} exists already: real nodes of another sandbox "
-                "run, or were not stopped (gpuspawner-sandbox down)."
-            )
-        self.state["host_chain"] = True
-        self._save()
-        _run(["iptables", "-N", chain])
-        for rule in nodeconfig.host_output_rules(chain):
-            _run(["iptables", *rule])
-        _run(["iptables", "-I", "OUTPUT", "1", "-j", chain])
+        self._add_chain("host_chain", nodeconfig.HOST_CHAIN, "OUTPUT", nodeconfig.host_output_rules)
 
     def _add_forward_chain(self) -> None:
-        chain = nodeconfig.FORWARD_CHAIN
+        self._add_chain("chain", nodeconfig.FORWARD_CHAIN, "FORWARD", nodeconfig.forward_rules)
+
+    def _add_chain(
+        self, key: str, chain: str, hook: str, rules: Callable[[str], list[list[str]]]
+    ) -> None:
+        """A chain of ours in the filter table, jumped to first from ``hook``; recorded first."""
         if _run(["iptables", "-n", "-L", chain], check=False).returncode == 0:
             raise NodeError(
                 f"The iptables chain {chain} exists already: real nodes of another sandbox "
                 "run, or were not stopped (gpuspawner-sandbox down)."
             )
-        self.state["chain"] = True
+        self.state[key] = True
         self._save()
         _run(["iptables", "-N", chain])
-        for rule in nodeconfig.forward_rules(chain):
+        for rule in rules(chain):
             _run(["iptables", *rule])
-        _run(["iptables", "-I", "FORWARD", "1", "-j", chain])
+        _run(["iptables", "-I", hook, "1", "-j", chain])
 
     def _write_images(self) -> list[Path]:
         images = self.root / "images"
@@ -1030,6 +1024,14 @@ def _teardown_node(name: str, rec: dict[str, Any]) -> None:
         _run(["ip", "link", "del", bridge])
 
 
+def _remove_chain(chain: str, hook: str) -> None:
+    """Remove a chain of ours and every jump to it from ``hook``."""
+    while _run(["iptables", "-D", hook, "-j", chain], check=False).returncode == 0:
+        pass
+    _run(["iptables", "-F", chain], check=False)
+    _run(["iptables", "-X", chain], check=False)
+
+
 def _restore_iptables(before: dict[str, dict[str, list[str]]]) -> None:
     """Remove the kubelet's chains (and the rules jumping to them) that were not there before."""
     for tool, tables in before.items():
@@ -1082,11 +1084,7 @@ def teardown(state_dir: Path) -> list[str]:
             # Undo everything else anyway; the record stays for another try.
             problems.append(f"node {name}: {e}")
     if state.get("chain"):
-        chain = nodeconfig.FORWARD_CHAIN
-        while _run(["iptables", "-D", "FORWARD", "-j", chain], check=False).returncode == 0:
-            pass
-        _run(["iptables", "-F", chain], check=False)
-        _run(["iptables", "-X", chain], check=False)
+        _remove_chain(nodeconfig.FORWARD_CHAIN, "FORWARD")
     _restore_iptables(state.get("iptables", {}))
     link = state.get("hub_link")
     if link:
@@ -1097,11 +1095,7 @@ def teardown(state_dir: Path) -> list[str]:
         _run(["ip", "link", "del", link], check=False)
     if state.get("host_chain"):
         # Last of the network: it guards the host's packets until the link is gone.
-        chain = nodeconfig.HOST_CHAIN
-        while _run(["iptables", "-D", "OUTPUT", "-j", chain], check=False).returncode == 0:
-            pass
-        _run(["iptables", "-F", chain], check=False)
-        _run(["iptables", "-X", chain], check=False)
+        _remove_chain(nodeconfig.HOST_CHAIN, "OUTPUT")
     for name, value in state.get("sysctls", {}).items():
         # Only what the kubelet changes: the networking ones are recorded to
         # prove we leave them alone, and others on the machine may change them.

@@ -367,24 +367,8 @@ def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
                 f"Node {name!r}: a kubelet may not give its node the label {key!r}; "
                 "use one outside the kubernetes.io and k8s.io namespaces."
             )
-    cpu = None if raw.get("cpu") is None else str(raw["cpu"])
-    memory = None if raw.get("memory") is None else str(raw["memory"])
-    try:
-        if cpu is not None and cpu_millicores(cpu) <= 0:
-            raise ValueError(cpu)
-    except ValueError:
-        raise TopologyError(
-            f"Node {name!r}: 'cpu' must be a positive CPU quantity like '16' or '500m', "
-            f"not {cpu!r}."
-        ) from None
-    try:
-        if memory is not None and memory_bytes(memory) <= 0:
-            raise ValueError(memory)
-    except ValueError:
-        raise TopologyError(
-            f"Node {name!r}: 'memory' must be a positive memory quantity like '64Gi', "
-            f"not {memory!r}."
-        ) from None
+    cpu = _quantity(name, raw, "cpu", cpu_millicores, "a positive CPU quantity like '16' or '500m'")
+    memory = _quantity(name, raw, "memory", memory_bytes, "a positive memory quantity like '64Gi'")
     pods = raw.get("pods", 110)
     if not isinstance(pods, int) or pods < 1:
         raise TopologyError(f"Node {name!r}: 'pods' must be a positive integer, not {pods!r}.")
@@ -447,6 +431,19 @@ def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
         labels={str(k): str(v) for k, v in labels.items()},
         accept_envvar_unprivileged=accept_envvar,
     )
+
+
+def _quantity(node: str, raw: dict, key: str, parse, what: str) -> str | None:
+    """A node's optional quantity, checked with ``parse``; None when not given."""
+    if raw.get(key) is None:
+        return None
+    value = str(raw[key])
+    try:
+        if parse(value) <= 0:
+            raise ValueError(value)
+    except ValueError:
+        raise TopologyError(f"Node {node!r}: {key!r} must be {what}, not {value!r}.") from None
+    return value
 
 
 def _parse_runtime(node: str, raw: Any, *, has_gpus: bool) -> bool:
