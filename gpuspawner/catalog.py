@@ -551,6 +551,26 @@ def _parse_images(r: _Reader, value: Any, gpu_types: Mapping[str, GPUType]) -> d
                 "no group or user is named, so nobody could use this image: name who may use "
                 "it, or remove groups and users to open it to everyone",
             )
+        cpu_guarantee = _optional(r.number, spec, "cpu_guarantee", path)
+        cpu_limit = _optional(r.number, spec, "cpu_limit", path)
+        mem_guarantee = _optional(r.quantity, spec, "mem_guarantee", path)
+        mem_limit = _optional(r.quantity, spec, "mem_limit", path)
+        if cpu_guarantee is not None and cpu_limit is not None and cpu_guarantee > cpu_limit:
+            raise r.fail(
+                _join(path, "cpu_guarantee"),
+                f"{_show(spec['cpu_guarantee'])} is above cpu_limit {_show(spec['cpu_limit'])}; "
+                "Kubernetes refuses a pod that requests more than its limit",
+            )
+        if (
+            mem_guarantee is not None
+            and mem_limit is not None
+            and quantity_bytes(mem_guarantee) > quantity_bytes(mem_limit)
+        ):
+            raise r.fail(
+                _join(path, "mem_guarantee"),
+                f"{_show(mem_guarantee)} is above mem_limit {_show(mem_limit)}; Kubernetes "
+                "refuses a pod that requests more than its limit",
+            )
         images[key] = ImageSpec(
             key=key,
             display_name=r.string(spec.get("display_name", key), _join(path, "display_name")),
@@ -562,10 +582,10 @@ def _parse_images(r: _Reader, value: Any, gpu_types: Mapping[str, GPUType]) -> d
             default=r.boolean(spec.get("default", False), _join(path, "default")),
             gpu_types=allowed_types,
             allow_cpu=r.boolean(spec.get("allow_cpu", True), _join(path, "allow_cpu")),
-            cpu_guarantee=_optional(r.number, spec, "cpu_guarantee", path),
-            cpu_limit=_optional(r.number, spec, "cpu_limit", path),
-            mem_guarantee=_optional(r.quantity, spec, "mem_guarantee", path),
-            mem_limit=_optional(r.quantity, spec, "mem_limit", path),
+            cpu_guarantee=cpu_guarantee,
+            cpu_limit=cpu_limit,
+            mem_guarantee=mem_guarantee,
+            mem_limit=mem_limit,
             env=env,
             groups=groups,
             users=users,

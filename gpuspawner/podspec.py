@@ -155,6 +155,15 @@ def trait_values(
         if image.mem_limit is not None
         else admin["mem_limit"],
     }
+    # An image's limit below the admin's default guarantee (z2jh's
+    # singleuser.memory.guarantee, say) would make a pod the API server refuses,
+    # asking more than its limit: the guarantee follows the limit down. (The
+    # catalog refuses an image whose own guarantee is above its own limit.)
+    # KubeSpawner holds them as numbers (bytes, CPUs); anything else is left to it.
+    for guarantee, limit in (("cpu_guarantee", "cpu_limit"), ("mem_guarantee", "mem_limit")):
+        low, high = values[guarantee], values[limit]
+        if _number(low) and _number(high) and high > 0 and low > high:
+            values[guarantee] = high
     limits = _without_gpu_resources(admin["extra_resource_limits"], gpu_resources)
     requests = _without_gpu_resources(admin["extra_resource_guarantees"], gpu_resources)
     node_selector = dict(admin["node_selector"] or {})
@@ -192,6 +201,10 @@ def trait_values(
         init_containers=init_containers,
     )
     return values
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def pod_labels(selection: Selection) -> dict[str, str]:

@@ -190,6 +190,16 @@ def test_bad_files_name_file_key_and_problem_in_one_line(name, expected):
             "images.a.mem_guarantee",
             "Kubernetes quantity",
         ),
+        (
+            {"images": {"a": {"image": "x", "mem_guarantee": "2Gi", "mem_limit": "1Gi"}}},
+            "images.a.mem_guarantee",
+            "'2Gi' is above mem_limit '1Gi'; Kubernetes refuses a pod that requests more",
+        ),
+        (
+            {"images": {"a": {"image": "x", "cpu_guarantee": 4, "cpu_limit": 2}}},
+            "images.a.cpu_guarantee",
+            "4 is above cpu_limit 2",
+        ),
         ("not a mapping", "", "expected a mapping"),
         (
             {"images": {"a": {"image": "x"}, "b": {"image": "y", "groups": "licensed"}}},

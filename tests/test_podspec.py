@@ -244,3 +244,20 @@ def test_catalog_memory_reaches_kubespawner_as_bytes_it_accepts():
     with pytest.raises(TraitError):
         trait.validate(None, "768Mi")
     assert trait.validate(None, quantity_bytes("768Mi")) == 768 * 2**20
+
+
+def test_an_images_limit_below_the_admins_guarantee_brings_the_guarantee_down():
+    """z2jh's singleuser.memory.guarantee (2G) with a catalog image limited to 768Mi
+    would make a pod the API server refuses (a request above its limit)."""
+    catalog = parse_catalog(
+        {"images": {"small": {"image": "x", "mem_limit": "768Mi", "cpu_limit": 1}}}
+    )
+    admin = {**ADMIN, "mem_guarantee": 2 * 10**9, "mem_limit": None, "cpu_guarantee": 2.0}
+    selection = resolve_selection({"profile": "small", "gpus": "0"}, catalog)
+    values = trait_values(admin, selection, catalog, check_container=None)
+    assert values["mem_limit"] == values["mem_guarantee"] == 768 * 2**20
+    assert values["cpu_limit"] == values["cpu_guarantee"] == 1
+    # A guarantee at or below the limit is left as it is.
+    roomy = {**admin, "mem_guarantee": 512 * 2**20, "cpu_guarantee": 0.5}
+    values = trait_values(roomy, selection, catalog, check_container=None)
+    assert values["mem_guarantee"] == 512 * 2**20 and values["cpu_guarantee"] == 0.5
