@@ -44,8 +44,8 @@ from typing import Any, TextIO
 import yaml
 
 from . import build, helm, nodebuild, nodes, ociimage
-from .dockerd import HarnessError, PrivateEngine, need
-from .notebookimage import NotebookImageError, run_image_tool
+from .dockerd import HarnessError, PrivateEngine
+from .notebookimage import NotebookImageError, run_image_tool, save_archive
 
 Emit = Callable[[str], None]
 
@@ -269,17 +269,7 @@ def ensure_deploy_images(
             emit(f"Hub and chart images: {archive.name} holds them already (cached)")
         else:
             emit(f"Hub and chart images: saving {len(refs)} images to {archive}")
-            partial = archive.with_suffix(".partial")
-            subprocess.run(
-                [need("docker"), "-H", engine.host, "save", "-o", str(partial), *refs],
-                check=True,
-                capture_output=True,
-                timeout=900,
-            )
-            partial.replace(archive)
-            for old in cache_dir.glob("z2jh-*.tar"):
-                if old != archive:
-                    old.unlink()  # an older build's archive: never imported again
+            save_archive(engine, refs, archive, stale="z2jh-*.tar")
     except HarnessError as e:
         raise ChartImageError(f"The hub and chart images cannot be built: {e}.") from None
     except NotebookImageError as e:

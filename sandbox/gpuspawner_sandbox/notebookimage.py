@@ -157,6 +157,25 @@ def run_image_tool(repo: Path, engine: PrivateEngine, args: list[str], log, emit
         )
 
 
+def save_archive(engine: PrivateEngine, refs: Sequence[str], archive: Path, stale: str) -> None:
+    """``docker save`` the images into ``archive`` whole or not at all, and remove the
+    older archives beside it that match ``stale`` (never imported again).
+
+    Raises :class:`subprocess.CalledProcessError` when the engine cannot save them.
+    """
+    partial = archive.with_suffix(".partial")
+    subprocess.run(
+        [need("docker"), "-H", engine.host, "save", "-o", str(partial), *refs],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
+    partial.replace(archive)
+    for old in archive.parent.glob(stale):
+        if old != archive:
+            old.unlink()
+
+
 def _engine_images(engine: PrivateEngine) -> list[dict]:
     client = engine.client()
     try:
@@ -211,17 +230,7 @@ def ensure_notebook_images(
             )
         else:
             emit(f"Notebook image [{total}/{total}]: saving {', '.join(refs)} to {archive}")
-            partial = archive.with_suffix(".partial")
-            subprocess.run(
-                [need("docker"), "-H", engine.host, "save", "-o", str(partial), *refs],
-                check=True,
-                capture_output=True,
-                timeout=900,
-            )
-            partial.replace(archive)
-            for old in cache_dir.glob("notebook-*.tar"):
-                if old != archive:
-                    old.unlink()  # an older build's archive: never imported again
+            save_archive(engine, refs, archive, stale="notebook-*.tar")
     except subprocess.CalledProcessError as e:
         raise NotebookImageError(
             f"`docker save` of the notebook image failed: {e.stderr.decode(errors='replace')}"

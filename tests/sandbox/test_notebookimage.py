@@ -95,3 +95,38 @@ def test_an_unreadable_catalog_is_one_sentence(tmp_path):
     with pytest.raises(notebookimage.NotebookImageError, match=r"^The catalog .* cannot be read: "):
         notebookimage.catalog_images(bad)
     assert yaml.safe_load("images: {}") == {"images": {}}
+
+
+def test_an_archive_is_saved_whole_and_older_ones_go(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from gpuspawner_sandbox import notebookimage
+
+    calls = []
+
+    def docker_save(cmd, **kwargs):
+        calls.append(cmd)
+        Path(cmd[cmd.index("-o") + 1]).write_bytes(b"tar")
+        return SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(notebookimage.subprocess, "run", docker_save)
+    monkeypatch.setattr(notebookimage, "need", lambda name: f"/usr/bin/{name}")
+    (tmp_path / "z2jh-old.tar").write_bytes(b"old")
+    (tmp_path / "notebook-keep.tar").write_bytes(b"other kind")
+    archive = tmp_path / "z2jh-new.tar"
+    engine = SimpleNamespace(host="unix:///tmp/d.sock")
+    notebookimage.save_archive(engine, ["a:1", "b:2"], archive, stale="z2jh-*.tar")
+    assert calls == [
+        [
+            "/usr/bin/docker",
+            "-H",
+            "unix:///tmp/d.sock",
+            "save",
+            "-o",
+            str(tmp_path / "z2jh-new.partial"),
+            "a:1",
+            "b:2",
+        ]
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notebook-keep.tar", "z2jh-new.tar"]
+    assert archive.read_bytes() == b"tar"
