@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import ipaddress
 import json
 import os
 import shlex
@@ -50,6 +51,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -59,6 +61,7 @@ import yaml
 
 from . import cdi, clusterdns, gpudriver, imageseed, machineclaim, nodeconfig, ociimage
 from .controlplane import ControlPlane, free_port, log_tail, stop_recorded
+from .controlplane import read_state as read_control_plane
 from .hoststate import cgroup_mounts, read_sysctl, sysctl_path
 from .kubeapi import ApiError, KubeApi
 from .nodebuild import NodeBinaries, go_arch
@@ -294,14 +297,15 @@ class RealNodes:
     def stop(self) -> None:
         """Stop every node, delete its Node object, restore the host (see :func:`teardown`).
 
-        With the cluster network the control plane stops first: its API server
-        listens on our link, and once the link is gone a client still asking that
-        address would send its packets out of the host's default route.
+        When the control plane's API server listens on our link (the cluster
+        network's API address) it stops first: once the link is gone a client still
+        asking that address would send its packets out of the host's default route.
+        (A loopback control plane outlives the nodes, and their Node objects go.)
         """
-        if self.cluster_network:
+        if self.cluster_network and _on_our_link(self.cp.api_address):
             self.cp.stop()
         teardown(self.state_dir)
-        for name in [] if self.cluster_network else self.names:
+        for name in [] if _on_our_link(self.cp.api_address) else self.names:
             # The control plane outlives the nodes (tests, `down` of nodes
             # only): a stopped node's object would only hold pods bound to it.
             with contextlib.suppress(Exception):
@@ -1024,6 +1028,11 @@ def _teardown_node(name: str, rec: dict[str, Any]) -> None:
         _run(["ip", "link", "del", bridge])
 
 
+def _on_our_link(address: str) -> bool:
+    """Whether an address is one of the host's on our link (it goes with the nodes)."""
+    return ipaddress.ip_address(address) in nodeconfig.HOST_SERVICES_SUBNET
+
+
 def _remove_chain(chain: str, hook: str) -> None:
     """Remove a chain of ours and every jump to it from ``hook``."""
     while _run(["iptables", "-D", hook, "-j", chain], check=False).returncode == 0:
@@ -1087,7 +1096,8 @@ def teardown(state_dir: Path) -> list[str]:
         _remove_chain(nodeconfig.FORWARD_CHAIN, "FORWARD")
     _restore_iptables(state.get("iptables", {}))
     link = state.get("hub_link")
-    if link:
+    recorded = read_control_plane(state_dir)
+    if link and recorded and _on_our_link(urllib.parse.urlsplit(recorded["api_url"]).hostname):
         # The control plane of this state directory listens on the link: stopped
         # before it goes, so that nothing asks its address once it has no route.
         stop_recorded(state_dir)

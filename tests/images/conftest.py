@@ -41,7 +41,7 @@ def package_jupyterhub_requirement() -> str:
     raise AssertionError("pyproject.toml has no jupyterhub requirement")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def matrix() -> Matrix:
     return load_matrix(REPO / "images" / "matrix.yaml")
 
@@ -76,7 +76,7 @@ def tool_on_engine(
     return subprocess.CompletedProcess(proc.args, rc, "".join(lines), "")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def engine(tmp_path_factory):
     eng = PrivateEngine(state=tmp_path_factory.mktemp("engine"), data_root=CACHE / "engine")
     try:
@@ -91,14 +91,14 @@ def engine(tmp_path_factory):
         assert not leaked, f"mounts left behind by the private dockerd: {leaked}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def docker_client(engine):
     client = engine.client()
     yield client
     client.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def registry(tmp_path_factory):
     reg = LocalRegistry(state=tmp_path_factory.mktemp("registry"))
     try:
@@ -109,7 +109,7 @@ def registry(tmp_path_factory):
     reg.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def built(engine, matrix):
     """The base made with debootstrap, then the jupyter stage of every notebook image and
     the hub image, built by `gpuspawner-images` (layers cached in .cache/images)."""

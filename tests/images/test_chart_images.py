@@ -133,7 +133,7 @@ def _emit(line: str) -> None:
     sys.__stderr__.write(line + "\n")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def chart_built(engine):
     """Every chart image, built on the private engine on the Debian base (cached)."""
     if not (chartimages.IMAGE_AWAITER.module_dir / "go.mod").is_file():
