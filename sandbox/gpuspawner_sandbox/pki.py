@@ -204,15 +204,13 @@ def _write_pair(directory: Path, stem: str, key, cert: x509.Certificate) -> Cert
     return pair
 
 
-# service_ip is the first address of the API server's service CIDR, which Kubernetes
-# requires in the serving certificate; it is configuration only and never dialled.
-def generate(directory: Path, host: str = "127.0.0.1", service_ip: str = "10.0.0.1") -> Pki:
+def generate(directory: Path, host: str, service_ip: str) -> Pki:
     """Create a fresh CA, serving and client certificates and the SA key pair.
 
-    ``service_ip`` is the first address of the service CIDR: the API server
-    puts it in its own ``kubernetes`` Service, so in-cluster clients would
-    verify it. Nothing in the sandbox dials it; it is in the certificate only
-    so the certificate matches what the API server advertises.
+    ``host`` is the API server's address; ``service_ip`` is the first address of
+    the service CIDR (ControlPlane.service_ip): the API server puts it in its own
+    ``kubernetes`` Service, which pods dial through kube-proxy and verify against
+    this certificate.
     """
     directory.mkdir(parents=True, exist_ok=True)
     directory.chmod(0o700)

@@ -16,7 +16,7 @@ def subject(cert: x509.Certificate, oid) -> list[str]:
 
 
 def test_apiserver_certificate_names_every_address_clients_use(tmp_path):
-    p = pki.generate(tmp_path, host="127.0.0.1", service_ip="10.0.0.1")
+    p = pki.generate(tmp_path, host="127.0.0.1", service_ip="10.244.255.129")
     cert = pki.load_certificate(p.apiserver.cert)
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert set(sans.get_values_for_type(x509.DNSName)) == {
@@ -28,14 +28,14 @@ def test_apiserver_certificate_names_every_address_clients_use(tmp_path):
     }
     assert set(sans.get_values_for_type(x509.IPAddress)) == {
         ipaddress.ip_address("127.0.0.1"),
-        ipaddress.ip_address("10.0.0.1"),
+        ipaddress.ip_address("10.244.255.129"),
     }
     usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert ExtendedKeyUsageOID.SERVER_AUTH in usage
 
 
 def test_client_identities_carry_kubernetes_users_and_groups(tmp_path):
-    p = pki.generate(tmp_path)
+    p = pki.generate(tmp_path, host="127.0.0.1", service_ip="10.244.255.129")
     admin = pki.load_certificate(p.clients["admin"].cert)
     assert subject(admin, NameOID.ORGANIZATION_NAME) == ["system:masters"]
     scheduler = pki.load_certificate(p.clients["kube-scheduler"].cert)
@@ -47,7 +47,7 @@ def test_client_identities_carry_kubernetes_users_and_groups(tmp_path):
 
 
 def test_everything_chains_to_the_ca_and_keys_are_private(tmp_path):
-    p = pki.generate(tmp_path)
+    p = pki.generate(tmp_path, host="127.0.0.1", service_ip="10.244.255.129")
     ca = pki.load_certificate(p.ca.cert)
     for pair in [p.apiserver, *p.clients.values()]:
         cert = pki.load_certificate(pair.cert)

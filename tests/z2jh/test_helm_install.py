@@ -18,14 +18,13 @@ import base64
 import json
 import os
 import re
-import time
 from pathlib import Path
 
 import pytest
 import requests
 import yaml
 
-from gpuspawner_sandbox import build, controlplane
+from gpuspawner_sandbox import build, controlplane, testing
 
 from .conftest import HUB_DB_DIR
 
@@ -52,13 +51,9 @@ PASSWORD = yaml.safe_load(VALUES[2].read_text())["hub"]["config"]["DummyAuthenti
 ONE_A100 = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
 
 
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+def wait_for(check, timeout: float, what: str):
+    """The sandbox's poller, once a second (each check asks the hub or the API server)."""
+    return testing.wait_for(what, check, timeout=timeout, interval=1)
 
 
 def helm_args(verb: str, chart) -> list[str]:
