@@ -305,11 +305,12 @@ class RealNodes:
         if self.cluster_network and _on_our_link(self.cp.api_address):
             self.cp.stop()
         teardown(self.state_dir)
-        for name in [] if _on_our_link(self.cp.api_address) else self.names:
+        if not _on_our_link(self.cp.api_address):
             # The control plane outlives the nodes (tests, `down` of nodes
             # only): a stopped node's object would only hold pods bound to it.
-            with contextlib.suppress(Exception):
-                self.api().delete(f"/api/v1/nodes/{name}")
+            for name in self.names:
+                with contextlib.suppress(Exception):
+                    self.api().delete(f"/api/v1/nodes/{name}")
         for proc in self.processes.values():
             with contextlib.suppress(Exception):
                 proc.wait(timeout=1)
