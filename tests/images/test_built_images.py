@@ -177,6 +177,25 @@ def test_docker_run_alone_serves_jupyterlab_and_turns_healthy(docker_client, not
         container.remove(force=True)
 
 
+def test_a_server_start_compiles_no_iri_parsers_and_other_formats_are_still_checked(
+    docker_client, notebook
+):
+    """rfc3987-syntax is uninstalled in the jupyter stage (docs/images.md: half of every
+    server's start went to its Lark parsers): what the server imports loads no Lark,
+    jsonschema still checks the other formats, and pip finds nothing broken."""
+    _, image = notebook
+    probe = (
+        "import sys, jupyter_server.serverapp, jupyterhub.singleuser, jsonschema; "
+        "checkers = jsonschema.Draft7Validator.FORMAT_CHECKER.checkers; "
+        "print(sorted({'rfc3987_syntax', 'lark'} & set(sys.modules)), "
+        "'iri' in checkers, 'date-time' in checkers, 'uri' in checkers)"
+    )
+    rc, out = run(docker_client, image, ["python3", "-c", probe], stdout_only=True)
+    assert (rc, out.strip()) == (0, "[] False True True")
+    rc, out = run(docker_client, image, ["pip", "check"], stdout_only=True)
+    assert (rc, out.strip()) == (0, "No broken requirements found.")
+
+
 @pytest.fixture(scope="module")
 def real_hub(tmp_path_factory):
     """A real JupyterHub + proxy on 127.0.0.1 for jupyterhub-singleuser to check in with."""
