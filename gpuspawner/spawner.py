@@ -36,6 +36,7 @@ from . import (
     podspec,
     profiles,
     serverpod,
+    serverprobe,
     stopnotice,
 )
 from .capacity import Capacity, CapacityConfig, GPUUnschedulable
@@ -874,11 +875,12 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         started = time.monotonic()
         try:
             result = await super()._start()
-            if self.concurrent_starts and not self.internal_ssl:
-                # The turn lasts until Jupyter itself is up: its start is the costly part.
-                # (With internal SSL only the hub holds the client certificate to ask,
-                # so the turn ends with the pod running.)
-                await self._wait_until_serving(result)
+            if not self.internal_ssl:
+                # A turn lasts until Jupyter itself is up (its start is the costly part),
+                # and the hub's own backoff would see the server up to a second late
+                # (serverprobe). With internal SSL only the hub holds the client
+                # certificate to ask, so then the hub alone waits.
+                await serverprobe.wait_until_answering(result, timeout=self.http_timeout)
             pod = self._reflected_pod() or {}
             self._running = {
                 "held": self._held(),
@@ -926,12 +928,6 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         finally:
             self._release_reservation()
             self.hub_state.start_gate.leave(self._start_key())
-
-    async def _wait_until_serving(self, url: str) -> None:
-        """Wait until the server answers HTTP at ``url``, as the hub does after a start."""
-        from jupyterhub.utils import wait_for_http_server
-
-        await wait_for_http_server(url, timeout=self.http_timeout)
 
     async def _delete_pod_by_name(self) -> None:
         """Delete this server's pod by name, asking the API server, not the reflector's cache.
