@@ -204,10 +204,12 @@ async def test_gpu_signal_busy_idle_and_missing(hub, culler_token, exporter, pro
         app = make_culler(hub, culler_token, prometheus_url=prometheus.url, timeouts=rules)
         d = by_name(await app.cull_pass())
 
+    # Idle since the start would be over the 6 s slept above; a loaded machine
+    # delays a scrape or an activity report by a few seconds, so no tighter bound.
     assert (d["trainer"].action, d["trainer"].reason) == (P.KEEP, P.REASON_ACTIVE), d["trainer"]
-    assert d["trainer"].idle_seconds < 3  # no Jupyter activity, but the GPU is busy
+    assert d["trainer"].idle_seconds < 6  # no Jupyter activity, but the GPU is busy
     assert (d["tab"].action, d["tab"].reason) == (P.CULL, P.REASON_GPU_IDLE), d["tab"]
-    assert d["tab"].idle_seconds < 3  # Jupyter saw the tab, yet its GPU sat idle
+    assert d["tab"].idle_seconds < 6  # Jupyter saw the tab, yet its GPU sat idle
     assert (d["nometrics"].action, d["nometrics"].reason) == (P.KEEP, P.REASON_GPU_MISSING)
     assert d["idlecpu"].action == P.CULL and d["idlecpu"].reason == P.REASON_IDLE
     assert metric(app, "gpuspawner_culler_gpu_metrics_missing_servers") == 1
