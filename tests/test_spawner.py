@@ -811,6 +811,42 @@ async def test_a_failed_start_deletes_its_pod_by_name_even_if_the_hub_never_saw_
     assert not [p for p in kubeapi.objects["pods"] if p["metadata"]["name"] == spawner.pod_name]
 
 
+async def test_a_server_that_never_answers_fails_its_start_and_its_pod_is_deleted(
+    kubeapi, monkeypatch
+):
+    """GPUSpawner waits for the server itself (serverprobe), without turns too: a pod whose
+    Jupyter never answers fails the start after http_timeout, in JupyterHub's words, and
+    the pod goes."""
+    config = Config()
+    config.KubeSpawner.namespace = "jupyterhub"
+    config.KubeSpawner.http_timeout = 1
+    assert config.GPUSpawner.get("concurrent_starts") is None  # the default: no turns
+    spawner = make_spawner(config, name="mute")
+    spawner.api = await core_api_for(kubeapi)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+    async def pod_running(self):
+        await self.load_user_options()
+        await self.get_pod_manifest()  # as KubeSpawner does right before its create request
+        kubeapi.objects["pods"].append(
+            {"metadata": {"name": self.pod_name, "namespace": "jupyterhub", "labels": {}}}
+        )
+        return url
+
+    monkeypatch.setattr(KubeSpawner, "_start", pod_running)
+    spawner.user_options = {"profile": "pytorch", "gpus": "0"}
+    try:
+        with pytest.raises(TimeoutError, match=rf"^Server at {url} didn't respond in 1 seconds$"):
+            await asyncio.wait_for(spawner._start(), 20)
+    finally:
+        await spawner.api.api_client.close()
+    deletes = [r[1] for r in kubeapi.requests if r[0] == "DELETE"]
+    assert deletes == [f"/api/v1/namespaces/jupyterhub/pods/{spawner.pod_name}"]
+    assert hubstate.current().start_gate.starting == 0
+
+
 async def test_with_concurrent_starts_the_next_start_waits_until_the_first_server_answers(
     monkeypatch,
 ):
