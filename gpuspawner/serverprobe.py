@@ -12,8 +12,12 @@ a connection its pod refuses at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable, Iterator
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from tornado.iostream import StreamClosedError
 
 #: Seconds before the second ask; each next wait is this many times longer ...
 FIRST_WAIT = 0.05
@@ -22,6 +26,8 @@ GROWTH = 1.3
 LONGEST_WAIT = 0.25
 #: Seconds one ask may take before it counts as "not answering yet".
 ASK_TIMEOUT = 5.0
+#: What tornado reports for "no HTTP answer".
+NO_ANSWER = 599
 
 
 def waits(
@@ -42,16 +48,10 @@ def is_answer(status: int) -> bool:
     return 0 < status < 500
 
 
-#: What tornado reports for "no HTTP answer".
-NO_ANSWER = 599
-
-
-async def _status(url: str) -> int:
-    from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-    from tornado.iostream import StreamClosedError
-
+async def ask(client: AsyncHTTPClient, url: str) -> int:
+    """One ask: the server's HTTP status, or :data:`NO_ANSWER`."""
     try:
-        response = await AsyncHTTPClient().fetch(
+        response = await client.fetch(
             url,
             raise_error=False,
             follow_redirects=False,
@@ -65,17 +65,27 @@ async def _status(url: str) -> int:
 
 
 async def wait_until_answering(
-    url: str, timeout: float, status: Callable[[str], Awaitable[int]] = _status
+    url: str, timeout: float, status: Callable[[str], Awaitable[int]] | None = None
 ) -> None:
     """Return once the server at ``url`` answers; :class:`TimeoutError` after ``timeout`` seconds.
 
     The error's message is JupyterHub's own for a server that never answers.
+    ``status`` replaces the HTTP ask (tests). The asks use a client of their own:
+    the hub's shared one has few connections, which its proxy calls need.
     """
-    deadline = time.monotonic() + timeout
-    for wait in waits():
-        if is_answer(await status(url)):
-            return
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"Server at {url} didn't respond in {timeout} seconds")
-        await asyncio.sleep(min(wait, left))
+    client = None
+    if status is None:
+        client = AsyncHTTPClient(force_instance=True)
+        status = functools.partial(ask, client)
+    try:
+        deadline = time.monotonic() + timeout
+        for wait in waits():
+            if is_answer(await status(url)):
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"Server at {url} didn't respond in {timeout} seconds")
+            await asyncio.sleep(min(wait, left))
+    finally:
+        if client is not None:
+            client.close()

@@ -7,6 +7,7 @@ import itertools
 import socket
 
 import pytest
+from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.web import Application, RequestHandler
 
@@ -58,7 +59,8 @@ async def test_a_real_server_is_found_once_it_listens():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    assert await serverprobe._status(url) == serverprobe.NO_ANSWER
+    client = AsyncHTTPClient(force_instance=True)
+    assert await serverprobe.ask(client, url) == serverprobe.NO_ANSWER
 
     class Missing(RequestHandler):
         def get(self):
@@ -74,7 +76,8 @@ async def test_a_real_server_is_found_once_it_listens():
     try:
         await serverprobe.wait_until_answering(url, timeout=20)
         assert later.done()
-        assert await serverprobe._status(url) == 404
+        assert await serverprobe.ask(client, url) == 404
     finally:
         await later
         server.stop()
+        client.close()
