@@ -880,7 +880,19 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
                 # and the hub's own backoff would see the server up to a second late
                 # (serverprobe). With internal SSL only the hub holds the client
                 # certificate to ask, so then the hub alone waits.
-                await serverprobe.wait_until_answering(result, timeout=self.http_timeout)
+                try:
+                    await serverprobe.wait_until_answering(result, timeout=self.http_timeout)
+                except TimeoutError:
+                    # Raised as JupyterHub's own TimeoutError, the hub would log it as a
+                    # start_timeout and show the pod's address to the user.
+                    seconds = "second" if self.http_timeout == 1 else "seconds"
+                    raise spawn_error(
+                        f"Jupyter did not answer within {self.http_timeout:g} {seconds} of its "
+                        f"pod starting, so the server was stopped: try again, and if it "
+                        f"happens again ask an admin to read the log of pod {self.pod_name}.",
+                        reason="timeout",
+                        status=503,
+                    ) from None
             pod = self._reflected_pod() or {}
             self._running = {
                 "held": self._held(),
