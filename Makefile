@@ -65,11 +65,12 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 
 # Both JupyterHub lines, each run to its end; pytest exits 5 when it collected no
-# test: that is a failure here, never a pass.
+# test: that is a failure here, never a pass. The whole suite ends with its 30
+# slowest steps (fixtures included), to see where its time goes.
 test: lint system-packages $(VENV_JH55)/.installed $(VENV_JH55)/.labext-installed
 	@failed=0; \
 	echo "== the whole suite: JupyterHub 6.1 + KubeSpawner 7.1 ($(VENV)) =="; \
-	$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
+	$(VENV)/bin/pytest --durations=30 $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; rc=1; fi; \
 	[ $$rc -eq 0 ] || failed=1; \
 	echo "== unit and hub-level tests: JupyterHub 5.5 + KubeSpawner 7.0 ($(VENV_JH55)) =="; \
