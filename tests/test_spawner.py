@@ -844,7 +844,7 @@ async def test_a_server_that_never_answers_fails_its_start_and_its_pod_is_delete
     assert (info.value.status_code, info.value.reason) == (503, "timeout")
     assert info.value.jupyterhub_message == (
         "Jupyter did not answer within 1 second of its pod starting, so the server was "
-        f"stopped: try again, and if it happens again ask an admin to read the log of pod "
+        "stopped: try again, and if it happens again ask an admin to read the log of pod "
         f"{spawner.pod_name}."
     )
     deletes = [r[1] for r in kubeapi.requests if r[0] == "DELETE"]
