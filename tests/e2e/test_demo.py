@@ -55,16 +55,6 @@ class Visitor:
             return e.code, e.read().decode()
 
 
-def wait_until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def test_demo_starts_the_hub_and_ctrl_c_leaves_nothing_running(tmp_path, pytestconfig):
     testing.node_binaries(pytestconfig)  # built (or skipped/failed loudly) like the other e2e tests
     state = tmp_path / "demo-state"
@@ -105,10 +95,11 @@ def test_demo_starts_the_hub_and_ctrl_c_leaves_nothing_running(tmp_path, pytestc
 
         # The story: ada and bob hold every A100 with idle servers. Carol asks for
         # two and waits in line; the culler frees one holder's node for her.
-        wait_until(
-            lambda: "The story:" in (tmp_path / "demo.log").read_text(),
-            300,
+        testing.wait_for(
             "the story's servers",
+            lambda: "The story:" in (tmp_path / "demo.log").read_text(),
+            timeout=300,
+            interval=1,
         )
         base = f"http://127.0.0.1:{port}"
         carol = Visitor(base, "carol")
@@ -124,7 +115,9 @@ def test_demo_starts_the_hub_and_ctrl_c_leaves_nothing_running(tmp_path, pytestc
             server = (model.get("servers") or {}).get("") if status == 200 else None
             return server and server.get("ready")
 
-        wait_until(carol_ready, 300, "carol's queued A100 server to start")
+        testing.wait_for(
+            "carol's queued A100 server to start", carol_ready, timeout=300, interval=1
+        )
         # she waited in the hub's queue: the A100s were all held when she asked
         hub_log = (state / "hub" / "hub.log").read_text()
         assert "carol leaves the GPU queue for NVIDIA A100" in hub_log
@@ -146,7 +139,9 @@ def test_demo_starts_the_hub_and_ctrl_c_leaves_nothing_running(tmp_path, pytestc
         assert len(stopped) == 1, f"exactly one holder's server was stopped for carol: {servers}"
         (holder,) = stopped
         visitor = visitors[holder]
-        wait_until(lambda: not server_of(visitor, holder), 120, f"{holder}'s stop to finish")
+        testing.wait_for(
+            f"{holder}'s stop to finish", lambda: not server_of(visitor, holder), timeout=120
+        )
         assert "because" in visitor.page("/hub/home")  # the line saying why it stopped
     finally:
         if demo.poll() is None:
