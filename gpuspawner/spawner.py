@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from kubespawner import KubeSpawner
-from traitlets import Bool, Dict, Integer, List, Unicode, observe
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, observe
 
 from . import (
     admission,
@@ -163,6 +163,21 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         """,
     ).tag(config=True)
 
+    form_usage_timeout = Float(
+        5.0,
+        min=0,
+        help="""
+        How long, in seconds, the spawn form waits for the user's current GPU
+        usage when the Kubernetes API does not answer, before showing every
+        choice instead of only what the user's limits still allow.
+
+        The form is a page someone is waiting for, so it does not wait the
+        whole ``k8s_api_request_retry_timeout`` (30 s by default) that starting
+        a server may. Nothing is lost by showing more: the request is checked
+        against the limits again on the server when the form is sent.
+        """,
+    ).tag(config=True)
+
     _selection: Selection | None = None
     # True while the last start was refused before any pod was requested, so
     # poll() can answer "not running" without asking the cluster.
@@ -250,20 +265,25 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         """The catalog with only the images this user may use (their groups from the hub)."""
         return self.load_catalog().visible_to(self.user.name, self._group_names())
 
-    async def _list_gpu_pods(self, every_user: bool) -> list[dict]:
+    async def _list_gpu_pods(
+        self, every_user: bool, retry_timeout: float | None = None
+    ) -> list[dict]:
         """GPUSpawner pods read from the API server (not the hub's memory).
 
         Only this user's pods (by KubeSpawner's username label; the exact name
         is checked on the annotation) unless ``every_user``: group pools need
         all of them. Timeouts, connection errors and 5xx/429 answers are retried
-        with back-off for up to ``k8s_api_request_retry_timeout``, as KubeSpawner
-        does for its own calls; a refusal (403 and other 4xx) is not.
+        with back-off for up to ``retry_timeout`` (by default
+        ``k8s_api_request_retry_timeout``, as KubeSpawner does for its own
+        calls); a refusal (403 and other 4xx) is not.
         """
+        if retry_timeout is None:
+            retry_timeout = self.k8s_api_request_retry_timeout
         user_label = None
         if not every_user:
             user_label = self._build_common_labels({})[labels.KUBESPAWNER_LABEL_USER]
         reader = kube.Reader(
-            retry=kube.RetryPolicy(timeout=self.k8s_api_request_retry_timeout),
+            retry=kube.RetryPolicy(timeout=retry_timeout),
             timeout=self.k8s_api_request_timeout,
             logger=self.log,
         )
@@ -273,9 +293,11 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             selector=serverpod.selector(user_label),
         )
 
-    async def current_holdings(self, catalog: Catalog, every_user: bool) -> list[limits.Holding]:
+    async def current_holdings(
+        self, catalog: Catalog, every_user: bool, retry_timeout: float | None = None
+    ) -> list[limits.Holding]:
         """GPU holdings from pods in the cluster plus admitted, not yet visible spawns."""
-        pods = await self._list_gpu_pods(every_user)
+        pods = await self._list_gpu_pods(every_user, retry_timeout)
         reservations = self.hub_state.reservations(None if every_user else self.user.name)
         return limits.merge_reservations(limits.holdings_from_pods(pods, catalog), reservations)
 
@@ -364,7 +386,9 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         # Figures another form (fancy-profiles) cannot refresh say when they were counted.
         as_of = "" if self._own_form() else time.strftime("%H:%M UTC", time.gmtime())
         try:
-            holdings = await self.current_holdings(catalog, every_user=bool(pools))
+            holdings = await self.current_holdings(
+                catalog, every_user=bool(pools), retry_timeout=self.form_usage_timeout
+            )
         except Exception as e:
             self.log.warning("Showing all GPU choices: could not read current GPU usage: %s", e)
             return profiles.build_profile_list(

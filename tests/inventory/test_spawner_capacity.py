@@ -15,7 +15,7 @@ import pytest
 from kubespawner import KubeSpawner
 from traitlets.config import Config
 
-from gpuspawner import hubstate
+from gpuspawner import hubstate, kube
 from gpuspawner.compat import SpawnException
 from gpuspawner.inventory.model import inventory_from
 from gpuspawner.spawner import GPUUnschedulable
@@ -440,3 +440,24 @@ async def test_figures_and_the_endpoint_payload_are_per_user(reflector, tmp_path
     assert "ROCm PyTorch" in seen["rosa"][2]
     # the form's script disables the counts marked with the one "never" mark
     assert 'var never = "no node has that many";' in seen["carol"][2]
+
+
+async def test_the_form_gives_up_on_an_unanswering_api_sooner_than_a_start(reflector):
+    """The form waits ``form_usage_timeout`` for the usage, then shows every choice."""
+    spawner = capacity_spawner(reflector, form_usage_timeout=0.0, k8s_api_request_retry_timeout=1)
+    attempts = []
+
+    async def no_answer(namespace, **kwargs):
+        attempts.append(namespace)
+        raise asyncio.TimeoutError()
+
+    spawner.api.list_namespaced_pod = no_answer
+    profiles = await spawner._catalog_profile_list(spawner)
+    assert len(attempts) == 1  # no retry within a deadline of 0 s
+    pytorch = next(p for p in profiles if p["slug"] == "pytorch")
+    assert "8" in pytorch["profile_options"]["gpus"]["choices"]  # every count the nodes allow
+    # a start's own reading of the usage still retries for k8s_api_request_retry_timeout
+    with pytest.raises(kube.Retryable):
+        await spawner.current_holdings(spawner.load_catalog(), every_user=False)
+    # at 0 s, 0.2 s and 0.6 s; waiting 0.8 s more would pass the 1 s deadline
+    assert len(attempts) == 4
