@@ -189,13 +189,17 @@ def test_test_verb_fails_on_an_image_that_never_turns_healthy(engine, built, doc
     """The same verb on an image whose server cannot start: the test fails."""
     spec = matrix.images["cuda-pytorch"]
     ref = image_ref(matrix, spec, registry="127.0.0.1:1/broken", stage="jupyter")
-    container = docker_client.containers.create(
-        image_ref(matrix, spec, stage="jupyter"), entrypoint=["true"]
-    )
+    source = image_ref(matrix, spec, stage="jupyter")
+    healthcheck = dict(docker_client.images.get(source).attrs["Config"]["Healthcheck"])
+    # The image's own check, without its 60 s start period (the verdict would
+    # otherwise wait for it): every second, unhealthy after two failures.
+    healthcheck.update(StartPeriod=0, Interval=1_000_000_000, Retries=2)
+    container = docker_client.containers.create(source, entrypoint=["true"])
     try:
-        # The healthcheck stays; the server never starts (the entry point exits at once).
+        # The healthcheck stays; the server never starts (the entry point only sleeps).
         repo, tag = ref.rsplit(":", 1)
-        container.commit(repository=repo, tag=tag, conf={"Entrypoint": ["sleep", "600"]})
+        conf = {"Entrypoint": ["sleep", "600"], "Healthcheck": healthcheck}
+        container.commit(repository=repo, tag=tag, conf=conf)
     finally:
         container.remove(force=True)
     proc = tool_on_engine(
