@@ -192,8 +192,9 @@ def test_test_verb_fails_on_an_image_that_never_turns_healthy(engine, built, doc
     source = image_ref(matrix, spec, stage="jupyter")
     healthcheck = dict(docker_client.images.get(source).attrs["Config"]["Healthcheck"])
     # The image's own check, without its 60 s start period (the verdict would
-    # otherwise wait for it): every second, unhealthy after two failures.
-    healthcheck.update(StartPeriod=0, Interval=1_000_000_000, Retries=2)
+    # otherwise wait for it): every second, unhealthy after two failures. (A
+    # StartPeriod of 0 would mean "the image's" to docker commit: 1 ms is its least.)
+    healthcheck.update(StartPeriod=1_000_000, Interval=1_000_000_000, Retries=2)
     container = docker_client.containers.create(source, entrypoint=["true"])
     try:
         # The healthcheck stays; the server never starts (the entry point only sleeps).
