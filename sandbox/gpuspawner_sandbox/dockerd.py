@@ -7,8 +7,9 @@ root under a state directory, its data root wherever its layers should be kept
 share it, so one build's layers serve the other), ``--iptables=false
 --ip-masq=false --ip-forward=false --bridge=none`` (it touches no host network
 setting; builds use ``--network host``, containers ``--network none``) and its
-own containerd namespace. :meth:`PrivateEngine.stop` leaves no process or
-mount behind. Used by the sandbox (:mod:`gpuspawner_sandbox.notebookimage`)
+own containerd namespace. :meth:`PrivateEngine.stop` leaves no process,
+mount or directory behind (containerd's shims put their sockets in
+``/run/containerd/s`` whatever they are told; the engine removes what it created). Used by the sandbox (:mod:`gpuspawner_sandbox.notebookimage`)
 and by ``tests/images``.
 """
 
@@ -26,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+from . import machineclaim
 
 
 class HarnessError(Exception):
@@ -93,6 +96,29 @@ def ping(socket_path: Path, timeout: float = 5) -> bool:
         conn.close()
 
 
+#: Where containerd's runc shims put their sockets, hard-coded in containerd:
+#: the engine's builds and containers create it on the host if it is missing.
+SHIM_SOCKET_DIRS = (Path("/run/containerd"), Path("/run/containerd/s"))
+
+
+def missing_dirs(paths: tuple[Path, ...]) -> list[Path]:
+    """Those of ``paths`` that do not exist now (to remove again once done with them)."""
+    return [p for p in paths if not os.path.lexists(p)]
+
+
+def remove_empty_dirs(paths: list[Path]) -> list[Path]:
+    """Remove each of ``paths`` that is an empty directory, deepest first; return those kept."""
+    kept = []
+    for path in sorted(paths, key=lambda p: len(p.parts), reverse=True):
+        try:
+            path.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            kept.append(path)
+    return kept
+
+
 @dataclass
 class PrivateEngine:
     """One private ``dockerd``; :meth:`start` and :meth:`stop` it (or use it as a context)."""
@@ -101,6 +127,8 @@ class PrivateEngine:
     data_root: Path
     proc: subprocess.Popen | None = None
     lock: IO[str] | None = None
+    #: Host directories this engine's start found missing: :meth:`stop` removes them.
+    created_dirs: list[Path] | None = None
 
     @property
     def socket(self) -> Path:
@@ -145,6 +173,7 @@ class PrivateEngine:
                 f"another private Docker engine (the image tests, or another sandbox build) is "
                 f"using {self.data_root}; wait for it to finish"
             ) from None
+        self.created_dirs = missing_dirs(SHIM_SOCKET_DIRS)
         # A containerd namespace of its own: another engine on this machine keeps its containers.
         ns = f"gpuspawner-test-{os.getpid()}"
         cmd = [
@@ -202,6 +231,11 @@ class PrivateEngine:
         for point in sorted(mounts_under(self.data_root, self.exec_root), reverse=True):
             subprocess.run(["umount", "-l", point], check=False)
         shutil.rmtree(self.exec_root, ignore_errors=True)
+        # Real nodes started since use /run/containerd as a mount point in their own
+        # mount namespaces (nodes.py): removing it under them would detach their mounts.
+        if self.created_dirs and not machineclaim.CLAIM_PATH.exists():
+            remove_empty_dirs(self.created_dirs)
+        self.created_dirs = None
         if self.lock is not None:
             self.lock.close()
             self.lock = None

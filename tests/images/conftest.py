@@ -15,7 +15,14 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from gpuspawner.images.matrix import Matrix, load_matrix
-from gpuspawner_sandbox.dockerd import HarnessError, PrivateEngine, mounts_under
+from gpuspawner_sandbox import machineclaim
+from gpuspawner_sandbox.dockerd import (
+    SHIM_SOCKET_DIRS,
+    HarnessError,
+    PrivateEngine,
+    missing_dirs,
+    mounts_under,
+)
 
 from .dockerd import LocalRegistry
 
@@ -79,6 +86,7 @@ def tool_on_engine(
 @pytest.fixture(scope="package")
 def engine(tmp_path_factory):
     eng = PrivateEngine(state=tmp_path_factory.mktemp("engine"), data_root=CACHE / "engine")
+    missing = missing_dirs(SHIM_SOCKET_DIRS)
     try:
         eng.start()
     except HarnessError as e:
@@ -89,6 +97,11 @@ def engine(tmp_path_factory):
         eng.stop()
         leaked = mounts_under(eng.data_root, eng.exec_root)
         assert not leaked, f"mounts left behind by the private dockerd: {leaked}"
+        # the shims' socket directory, where the host had none (and no real nodes use it)
+        left = [str(d) for d in missing if os.path.lexists(d)]
+        if machineclaim.CLAIM_PATH.exists():
+            left = []  # real nodes started meanwhile may use them: the engine keeps them
+        assert not left, f"directories left behind by the private dockerd: {left}"
 
 
 @pytest.fixture(scope="package")
