@@ -54,7 +54,13 @@ class DNSAddress:
 
 
 def corefile(address: DNSAddress, kubeconfig: Path, domain: str = CLUSTER_DOMAIN) -> str:
-    """The Corefile: the cluster's zone and the reverse zones, bound to one address only."""
+    """The Corefile: the cluster's zone and the reverse zones, bound to one address only.
+
+    As kubeadm 1.37 writes it, less ``forward`` (nothing is asked outside): the
+    cluster's own names are not cached, since the kubernetes plugin answers them
+    from its watch; a name asked for just before its Service appeared is not
+    then denied for the cache's 30 s.
+    """
     zones = " ".join(f"{zone}:{address.port}" for zone in (domain, *REVERSE_ZONES))
     return f"""{zones} {{
     bind {address.ip}
@@ -66,7 +72,10 @@ def corefile(address: DNSAddress, kubeconfig: Path, domain: str = CLUSTER_DOMAIN
         pods insecure
         ttl 30
     }}
-    cache 30
+    cache 30 {{
+        disable success {domain}
+        disable denial {domain}
+    }}
 }}
 """
 

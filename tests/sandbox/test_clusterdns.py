@@ -21,6 +21,9 @@ def test_corefile_serves_only_the_clusters_zones_on_one_address(tmp_path):
     assert "    bind 10.244.0.1\n" in text
     assert "health 10.244.0.1:8080" in text and "ready 10.244.0.1:8181" in text
     assert f"kubeconfig {tmp_path / 'kc'}" in text
+    # as kubeadm's: the cluster's names come from the watch, never from the cache
+    assert "    cache 30 {\n        disable success cluster.local\n" in text
+    assert "        disable denial cluster.local\n" in text
     # nothing is ever sent elsewhere
     assert "forward" not in text and "0.0.0.0" not in text
 
