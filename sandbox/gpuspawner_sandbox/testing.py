@@ -359,11 +359,15 @@ def container_memory_cgroup(node: str, container_id: str) -> tuple[Path, str]:
 DNS_NOERROR, DNS_SERVFAIL, DNS_NXDOMAIN, DNS_REFUSED = 0, 2, 3, 5
 
 
-def dns_query(server: str, port: int, name: str, timeout: float = 5) -> tuple[int, list[str]]:
+def dns_query(
+    server: str, port: int, name: str, timeout: float = 2, attempts: int = 3
+) -> tuple[int, list[str]]:
     """Ask a DNS server for ``name``'s A records over UDP: (response code, addresses).
 
     A small RFC 1035 client, so that tests need no resolver library and never
-    consult the machine's own resolver.
+    consult the machine's own resolver. Like a stub resolver, it sends the query
+    again when no answer comes within ``timeout`` s (UDP may lose it), up to
+    ``attempts`` times, then raises :class:`TimeoutError`.
     """
     import random
     import struct
@@ -374,13 +378,21 @@ def dns_query(server: str, port: int, name: str, timeout: float = 5) -> tuple[in
     )
     question += b"\0" + struct.pack("!HH", 1, 1)  # QTYPE A, QCLASS IN
     packet = struct.pack("!HHHHHH", query_id, 0x0100, 1, 0, 0, 0) + question
+    reply = None
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.settimeout(timeout)
-        sock.sendto(packet, (server, port))
-        while True:
-            reply, _ = sock.recvfrom(4096)
-            if struct.unpack("!H", reply[:2])[0] == query_id:
+        for _ in range(attempts):
+            sock.sendto(packet, (server, port))
+            try:
+                while True:
+                    reply, _ = sock.recvfrom(4096)
+                    if struct.unpack("!H", reply[:2])[0] == query_id:
+                        break
                 break
+            except TimeoutError:
+                reply = None
+    if reply is None:
+        raise TimeoutError(f"no answer from {server}:{port} for {name} ({attempts} attempts)")
     flags, qdcount, ancount = struct.unpack("!HHH", reply[2:8])
     offset = 12
     for _ in range(qdcount):

@@ -70,3 +70,53 @@ def test_sockets_reads_this_process_connections():
             assert any(s["remote"] == server.getsockname() for s in mine)
             assert any(s["local"] == client.getsockname() for s in mine)
             assert testing.non_loopback_sockets(os.getpid()) == []
+
+
+def _dns_server(answer_from: int):
+    """A UDP DNS server on loopback that ignores the first ``answer_from - 1`` queries it gets.
+
+    It answers NXDOMAIN, echoing the question; returns (port, queries seen, thread).
+    """
+    import socket
+    import struct
+    import threading
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(10)
+    seen = []
+
+    def serve():
+        with sock:
+            while len(seen) < answer_from:
+                try:
+                    query, peer = sock.recvfrom(512)
+                except TimeoutError:
+                    return
+                seen.append(query)
+                if len(seen) == answer_from:
+                    header = struct.pack(
+                        "!HHHHHH", struct.unpack("!H", query[:2])[0], 0x8183, 1, 0, 0, 0
+                    )
+                    sock.sendto(header + query[12:], peer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return sock.getsockname()[1], seen, thread
+
+
+def test_dns_query_sends_again_when_an_answer_is_lost():
+    port, seen, thread = _dns_server(answer_from=2)
+    rcode, addresses = testing.dns_query("127.0.0.1", port, "gone.example", timeout=0.5)
+    assert (rcode, addresses) == (testing.DNS_NXDOMAIN, [])
+    assert len(seen) == 2 and seen[0] == seen[1]  # the same query, sent again
+    thread.join(5)
+
+
+def test_dns_query_gives_up_after_its_attempts():
+    port, seen, _thread = _dns_server(answer_from=10)
+    with pytest.raises(
+        TimeoutError, match=r"no answer from 127.0.0.1:\d+ for x.example \(2 attempts\)"
+    ):
+        testing.dns_query("127.0.0.1", port, "x.example", timeout=0.3, attempts=2)
+    assert len(seen) == 2
