@@ -462,14 +462,17 @@ def kubelet_configuration(
     cluster_dns: str | None = None,
     max_pods: int = 110,
     system_reserved: Mapping[str, str] | None = None,
+    sync_frequency: str | None = None,
 ) -> dict[str, Any]:
     """The KubeletConfiguration for one node; ``cluster_dns`` is the pods' nameserver, if any.
 
     ``max_pods`` and ``system_reserved`` (:func:`capacity_reservation`) give it the
-    topology's pods, CPU and memory.
+    topology's pods, CPU and memory; ``sync_frequency`` its sync period (None: the
+    kubelet's default, 1m).
     """
     dns = {"clusterDNS": [cluster_dns]} if cluster_dns else {}
     reserved = {"systemReserved": dict(system_reserved)} if system_reserved else {}
+    sync = {"syncFrequency": sync_frequency} if sync_frequency else {}
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -521,6 +524,7 @@ def kubelet_configuration(
         # Set aside so that allocatable is the topology's CPU and memory, where the
         # machine has more (enforced on the node's pods' cgroup, "pods" only).
         **reserved,
+        **sync,
     }
 
 

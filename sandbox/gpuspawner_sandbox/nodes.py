@@ -629,6 +629,7 @@ class RealNodes:
             cluster_dns=nodeconfig.DNS_ADDRESS if self.cluster_network else None,
             max_pods=topology.pods if topology is not None else 110,
             system_reserved=reserved,
+            sync_frequency=topology.sync_frequency if topology is not None else None,
         )
         paths.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
         kubeconfig = self.cp.client_kubeconfig(

@@ -169,6 +169,8 @@ GPU_MODELS: dict[str, GPUModel] = {
 _BUS_NUMBERS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DRIVER = re.compile(r"^\d{3}\.\d{2,3}(\.\d{2,3})?$")
+#: 1s..59s or 1m..59m: a Go duration the kubelet reads, within reason for a sync period.
+_SYNC_FREQUENCY = re.compile(r"^([1-9]|[1-5][0-9])[sm]$")
 _CPU = re.compile(r"^(\d+(?:\.\d+)?)(m?)$")
 _MEMORY = re.compile(r"^(\d+(?:\.\d+)?)((?:[KMGTPE]i)|[kMGTPE])?$")
 _MEMORY_FACTORS = {
@@ -291,6 +293,9 @@ class NodeSpec:
     #: NVIDIA's runtime setting: whether an unprivileged container's
     #: NVIDIA_VISIBLE_DEVICES is honoured (NVIDIA's default: yes).
     accept_envvar_unprivileged: bool = True
+    #: The kubelet's syncFrequency, e.g. "10s" (None: the kubelet's 1m): how often
+    #: it syncs each pod, and so how soon a changed ConfigMap reaches a pod's files.
+    sync_frequency: str | None = None
 
     @property
     def model(self) -> GPUModel | None:
@@ -344,6 +349,7 @@ def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
         "gpu",
         "labels",
         "mig",
+        "sync_frequency",
         RUNTIME_KEY,
     }
     name = raw.get("name")
@@ -372,6 +378,14 @@ def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
     pods = raw.get("pods", 110)
     if not isinstance(pods, int) or pods < 1:
         raise TopologyError(f"Node {name!r}: 'pods' must be a positive integer, not {pods!r}.")
+    sync_frequency = raw.get("sync_frequency")
+    if sync_frequency is not None and not (
+        isinstance(sync_frequency, str) and _SYNC_FREQUENCY.match(sync_frequency)
+    ):
+        raise TopologyError(
+            f"Node {name!r}: 'sync_frequency' must be a duration from 1s to 59m like '10s' or "
+            f"'1m', not {sync_frequency!r}."
+        )
 
     gpus: tuple[GPUSpec, ...] = ()
     strategy = "none"
@@ -425,6 +439,7 @@ def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
         cpu=cpu,
         memory=memory,
         pods=pods,
+        sync_frequency=sync_frequency,
         driver=driver,
         mig_strategy=strategy,
         gpus=gpus,

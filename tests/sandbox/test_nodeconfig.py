@@ -195,6 +195,16 @@ def test_kubelet_gives_pods_the_cluster_dns_only_when_there_is_one():
     assert with_dns["clusterDomain"] == "cluster.local"
 
 
+def test_kubelet_sync_frequency_is_set_only_where_the_topology_gives_one():
+    def config(**kwargs):
+        return nodeconfig.kubelet_configuration(
+            PATHS, NET, node="cpu-0", client_ca=Path("/ca.crt"), healthz_port=1, **kwargs
+        )
+
+    assert "syncFrequency" not in config()
+    assert config(sync_frequency="10s")["syncFrequency"] == "10s"
+
+
 def test_kube_proxy_leaves_the_host_settings_and_the_external_interface_alone():
     config = nodeconfig.kube_proxy_configuration(
         Path("/kp.kubeconfig"), node="cpu-0", healthz_port=1, metrics_port=2

@@ -187,6 +187,12 @@ def test_single_mig_strategy_overloads_the_gpu_resource():
             {"nodes": [{"name": "a", "labels": {"node-role.kubernetes.io/gpu": ""}}]},
             "a kubelet may not give its node the label 'node-role.kubernetes.io/gpu'",
         ),
+        (
+            {"nodes": [{"name": "a", "sync_frequency": 10}]},
+            "'sync_frequency' must be a duration from 1s to 59m like '10s' or '1m', not 10.",
+        ),
+        ({"nodes": [{"name": "a", "sync_frequency": "0s"}]}, "not '0s'"),
+        ({"nodes": [{"name": "a", "sync_frequency": "1h"}]}, "not '1h'"),
     ],
 )
 def test_invalid_topologies_get_one_readable_sentence(raw, message):
@@ -275,3 +281,9 @@ def test_cpu_and_memory_quantities_read_as_kubernetes_reads_them():
     for bad in ("", "-1", "1 Gi", "2x"):
         with pytest.raises(ValueError):
             memory_bytes(bad)
+
+
+def test_a_node_may_sync_its_pods_more_often_than_the_kubelets_minute():
+    topo = parse_topology({"nodes": [{"name": "a", "sync_frequency": "10s"}, {"name": "b"}]})
+    assert topo.node("a").sync_frequency == "10s"
+    assert topo.node("b").sync_frequency is None  # the kubelet's own default

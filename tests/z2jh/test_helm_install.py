@@ -372,7 +372,8 @@ def test_helm_upgrade_with_a_changed_catalog_needs_no_hub_restart(cluster, admin
         r = admin.session.get(f"{admin.base}/hub/spawn/admin/form", timeout=60)
         return r.status_code == 200 and "TensorFlow (from the upgrade)" in r.text
 
-    # The kubelet updates the ConfigMap's files within its sync period; the hub re-reads.
+    # The kubelet updates the ConfigMap's files within its sync period (10 s on this
+    # test's nodes, tests/z2jh/topology.yaml); the hub re-reads.
     wait_for(offered, 240, "the spawn form to offer the new image")
     (after,) = hub_pods(api)
     template_after = api.get(hub_deployment)["spec"]["template"]["metadata"]
