@@ -6,6 +6,7 @@ its proxy and everything they start listen on 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -85,11 +86,17 @@ class Hub:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        """Stop the hub; it stops the proxy it started. Anything left in its session is killed."""
+        """Stop the hub; it stops the proxy and the servers it started.
+
+        Anything left in its session is killed, and so is every process it
+        started in a session of its own (a local spawner's server) that its
+        shutdown did not stop in time.
+        """
+        started = descendants(self.process.pid)
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=20)
+                self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
@@ -97,6 +104,42 @@ class Hub:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        for pid, start_time in started.items():
+            if _start_time(pid) == start_time:  # the same process, not a reused pid
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _start_time(pid: int) -> str | None:
+    """A process's start time (field 22 of /proc/PID/stat), to tell it from a later reuse of its pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every living process below ``pid`` (children, theirs, …) with its start time, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found: dict[int, str] = {}
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        start = _start_time(child)
+        if start is not None:
+            found[child] = start
+        todo.extend(children.get(child, []))
+    return found
 
 
 def _ports(workdir: Path, public_port: int | None) -> tuple[int, int, int]:

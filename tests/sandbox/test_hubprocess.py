@@ -1,0 +1,64 @@
+"""Stopping a hub leaves none of the processes it started (the real hub runs in tests/hub)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from gpuspawner_sandbox import hubprocess
+
+# A stand-in for a hub whose local spawner started a server in a session of its own
+# (LocalProcessSpawner does, with start_new_session) and that exits at SIGTERM
+# without stopping it, as a hub killed in its shutdown would.
+HUB = """
+import signal, subprocess, sys, time
+server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                          start_new_session=True)
+print(server.pid, flush=True)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+time.sleep(120)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_stop_kills_a_server_the_hub_started_in_its_own_session(tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, "-c", HUB], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    server = int(process.stdout.readline())
+    assert server in hubprocess.descendants(process.pid)
+    assert os.getsid(server) != os.getsid(process.pid)  # out of reach of the hub's killpg
+    hub = hubprocess.Hub(process, "http://127.0.0.1:9", "token", tmp_path / "log")
+    hub.stop()
+    deadline = time.monotonic() + 10
+    while alive(server) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(server)
+
+
+def test_descendants_are_found_at_every_depth():
+    # sh (ours) -> sh -> sleep: the sleep is a grandchild
+    process = subprocess.Popen(
+        ["sh", "-c", "sh -c 'sleep 60; true' & wait"], start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 10
+        names: list[str] = []
+        while "sleep" not in names and time.monotonic() < deadline:
+            found = hubprocess.descendants(process.pid)
+            names = [open(f"/proc/{pid}/comm").read().strip() for pid in found]
+            time.sleep(0.05)
+        assert sorted(names) == ["sh", "sleep"]
+        assert process.pid not in found and os.getpid() not in found
+    finally:
+        os.killpg(process.pid, 9)
+        process.wait()
