@@ -64,12 +64,20 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# Both JupyterHub lines, each run to its end (scripts/test-suite.sh): the tests on real
-# nodes, Docker and Helm in the foreground, the unit and hub-level tests on both lines
-# beside them; a run that collects no test fails. PYTEST_ARGS=... runs that subset alone.
+# Both JupyterHub lines, each run to its end; pytest exits 5 when it collected no
+# test: that is a failure here, never a pass. The whole suite ends with its 30
+# slowest steps (fixtures included), to see where its time goes.
 test: lint system-packages $(VENV_JH55)/.installed $(VENV_JH55)/.labext-installed
-	@VENV=$(VENV) VENV_JH55=$(VENV_JH55) PYTEST_ARGS="$(PYTEST_ARGS)" \
-		PYTEST_ARGS_JH55="$(PYTEST_ARGS_JH55)" sh scripts/test-suite.sh
+	@failed=0; \
+	echo "== the whole suite: JupyterHub 6.1 + KubeSpawner 7.1 ($(VENV)) =="; \
+	$(VENV)/bin/pytest --durations=30 $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; rc=1; fi; \
+	[ $$rc -eq 0 ] || failed=1; \
+	echo "== unit and hub-level tests: JupyterHub 5.5 + KubeSpawner 7.0 ($(VENV_JH55)) =="; \
+	$(VENV_JH55)/bin/pytest -rs $(PYTEST_ARGS_JH55); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; rc=1; fi; \
+	[ $$rc -eq 0 ] || failed=1; \
+	exit $$failed
 
 # The local GPU cluster (real control plane built from Go, real nodes over emulated GPUs; root)
 # and JupyterHub with GPUSpawner at http://127.0.0.1:8000/. Ctrl-C stops it all.
