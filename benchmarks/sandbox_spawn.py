@@ -37,6 +37,7 @@ import yaml
 from real_nodes import cpu_ticks, node_pids, total_rss
 
 from gpuspawner_sandbox.demo import SANDBOX_CATALOG, SandboxStack
+from gpuspawner_sandbox.hubprocess import descendants
 
 #: The CPU-only node of the default topology, where the 34 CPU-only servers run.
 CPU_NODE = "cpu-0"
@@ -147,20 +148,7 @@ def pods_cpu_s(names) -> float:
 
 def tree(pid: int) -> set[int]:
     """A process and its live descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        current = todo.pop()
-        found.add(current)
-        todo.extend(children.get(current, []))
-    return found
+    return {pid, *descendants(pid)}
 
 
 def ticks(pids) -> dict[int, int]:

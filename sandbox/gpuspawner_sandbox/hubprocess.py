@@ -110,34 +110,36 @@ class Hub:
                     os.kill(pid, signal.SIGKILL)
 
 
+def _stat_fields(text: str) -> list[str]:
+    """The fields of a /proc/PID/stat line after the command name (field 3 onwards)."""
+    return text.rsplit(")", 1)[1].split()
+
+
 def _start_time(pid: int) -> str | None:
     """A process's start time (field 22 of /proc/PID/stat), to tell it from a later reuse of its pid."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return _stat_fields(Path(f"/proc/{pid}/stat").read_text())[19]
+    except (OSError, IndexError):
         return None
-    return stat.rsplit(")", 1)[1].split()[19]
 
 
 def descendants(pid: int) -> dict[int, str]:
     """Every living process below ``pid`` (children, theirs, …) with its start time, from /proc."""
-    children: dict[int, list[int]] = {}
+    children: dict[int, list[tuple[int, str]]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            fields = _stat_fields((entry / "stat").read_text())
+            parent, start = int(fields[1]), fields[19]
+        except (OSError, IndexError, ValueError):
             continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(parent, []).append(int(entry.name))
+        children.setdefault(parent, []).append((int(entry.name), start))
     found: dict[int, str] = {}
     todo = list(children.get(pid, []))
     while todo:
-        child = todo.pop()
-        start = _start_time(child)
-        if start is not None:
-            found[child] = start
+        child, start = todo.pop()
+        found[child] = start
         todo.extend(children.get(child, []))
     return found
 
