@@ -32,10 +32,13 @@ from .matrix import MATRIX_RELPATH, Matrix, MatrixError, find_repo_root, load_ma
 from .plan import (
     FULL_STAGE,
     STAGES,
+    Provenance,
     base_images,
     catalog_document,
     check_names,
+    dockerfile_of,
     image_ref,
+    image_sources,
     notebook_names,
     plan_builds,
     plan_test,
@@ -106,29 +109,44 @@ def matrix_table(matrix: Matrix, registry: str | None) -> str:
     )
 
 
-def build_date(environ: dict[str, str]) -> str:
-    """The images' ``created`` label: ``SOURCE_DATE_EPOCH`` when set (reproducible builds), else now.
+def build_date(environ: dict[str, str], commit_time: int | None = None) -> str:
+    """An image's ``created`` label: ``SOURCE_DATE_EPOCH`` when set (reproducible builds),
+    else ``commit_time`` (the image's revision's, with ``build --reproducible``), else now.
 
     With a fixed date, building the same sources again gives the same image ID,
     so whoever caches by image ID (the sandbox's notebook image) can skip work.
     """
     epoch = environ.get("SOURCE_DATE_EPOCH", "").strip()
-    when = datetime.fromtimestamp(int(epoch), timezone.utc) if epoch.isdigit() else None
-    return (when or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    when = epoch if epoch.isdigit() else commit_time
+    moment = datetime.fromtimestamp(int(when), timezone.utc) if when is not None else None
+    return (moment or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _revision(root: Path) -> str:
+def _git(root: Path, *args: str) -> str | None:
     try:
         out = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+            ["git", "-C", str(root), *args],
             capture_output=True,
             text=True,
             timeout=10,
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def image_provenance(
+    root: Path, sources: tuple[str, ...], environ: dict[str, str], reproducible: bool
+) -> Provenance:
+    """An image's revision: the last commit that changed one of its ``sources``, with
+    ``-dirty`` when they have changes not committed; and its build date (:func:`build_date`)."""
+    last = (_git(root, "log", "-1", "--format=%h %ct", "--abbrev=12", "--", *sources) or "").split()
+    if len(last) != 2 or not last[1].isdigit():
+        return Provenance("unknown", build_date(environ))
+    changed = _git(root, "status", "--porcelain", "--", *sources)
+    revision = f"{last[0]}-dirty" if changed else last[0]
+    return Provenance(revision, build_date(environ, int(last[1]) if reproducible else None))
 
 
 def _commented(text: str) -> str:
@@ -190,6 +208,12 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--no-cache", action="store_true", help="do not reuse cached layers")
     b.add_argument("--pull", action="store_true", help="pull a newer base image first")
     b.add_argument("--catalog-out", metavar="FILE", help="write catalog entries for what was built")
+    b.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="date each image by its revision's commit (not now), so that the same sources "
+        "give the same image ID (SOURCE_DATE_EPOCH, when set, dates them all)",
+    )
     b.add_argument(
         "--target",
         choices=STAGES,
@@ -323,8 +347,15 @@ def cmd_build(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -
         names,
         context=str(root),
         registry=args.registry,
-        created=build_date(dict(os.environ)),
-        revision=_revision(root),
+        provenance={
+            name: image_provenance(
+                root,
+                image_sources(matrix, name, (root / dockerfile_of(matrix, name)).read_text()),
+                dict(os.environ),
+                args.reproducible,
+            )
+            for name in names or list(matrix.images)
+        },
         package_version=__version__,
         stage=args.target,
         hub_requirements=_hub_requirements(args, matrix, root),

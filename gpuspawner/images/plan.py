@@ -6,13 +6,15 @@ the engine has the NVIDIA runtime), so the tool's behaviour is tested without Do
 
 from __future__ import annotations
 
+import json
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..catalog import DEFAULT_GPU_TOLERATIONS
 from ..labels import IMAGE_LABEL_CUDA, IMAGE_LABEL_DRIVER_FLOOR, IMAGE_LABEL_FRAMEWORK
-from .matrix import ChartImageSpec, ImageSpec, Matrix, MatrixError
+from .matrix import MATRIX_RELPATH, ChartImageSpec, ImageSpec, Matrix, MatrixError
 
 SMOKE_TEST_PATH = "/usr/local/bin/gpu-smoke-test"
 
@@ -23,6 +25,22 @@ FULL_STAGE = STAGES[-1]
 HUB_REQUIREMENTS_IN_CONTEXT = "images/hub/z2jh-requirements.txt"
 #: Which stage an image was built to (absent from full images' Dockerfile labels).
 STAGE_LABEL = "io.gpuspawner.image.stage"
+
+
+#: Build outputs the Dockerfiles copy (ignored by git), and the tracked sources they
+#: are made from (the Makefile's wheel of the JupyterLab extension).
+BUILT_FROM = {"images/common/wheels": ("extensions/gpuspawner-jupyterlab",)}
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """An image's build-time labels: ``org.opencontainers.image.revision`` and ``created``."""
+
+    revision: str = "unknown"
+    created: str = "unknown"
+
+
+UNKNOWN_PROVENANCE = Provenance()
 
 
 @dataclass(frozen=True)
@@ -80,12 +98,74 @@ def image_ref(
     return f"{repository(reg, spec.name)}:{stage_tag(spec, stage)}"
 
 
-def build_labels(created: str, revision: str) -> dict[str, str]:
+def build_labels(provenance: Provenance) -> dict[str, str]:
     """Labels only known at build time; the rest are in the Dockerfiles."""
     return {
-        "org.opencontainers.image.created": created,
-        "org.opencontainers.image.revision": revision,
+        "org.opencontainers.image.created": provenance.created,
+        "org.opencontainers.image.revision": provenance.revision,
     }
+
+
+def dockerfile_of(matrix: Matrix, name: str) -> str:
+    """The Dockerfile (relative to the repository root) of any image the matrix names."""
+    if name in matrix.images:
+        return matrix.images[name].dockerfile
+    if name == matrix.hub.name:
+        return matrix.hub.dockerfile
+    if name in matrix.z2jh.images:
+        return matrix.z2jh.images[name].dockerfile
+    raise MatrixError(f"{name} is not an image of {matrix.source}")
+
+
+def copied_paths(dockerfile_text: str) -> list[str]:
+    """The build-context paths a Dockerfile's COPY and ADD instructions read.
+
+    Copies from another stage or image (``--from``) read no context; flags such as
+    ``--chown`` are dropped; both the shell form and the JSON form are read.
+    """
+    logical: list[str] = []
+    pending = ""
+    for line in dockerfile_text.splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        logical.append(pending + stripped)
+        pending = ""
+    if pending:
+        logical.append(pending)
+    paths: list[str] = []
+    for instruction in logical:
+        keyword, _, rest = instruction.partition(" ")
+        if keyword.upper() not in ("COPY", "ADD"):
+            continue
+        flags: list[str] = []
+        rest = rest.strip()
+        while rest.startswith("--"):
+            flag, _, rest = rest.partition(" ")
+            flags.append(flag)
+            rest = rest.strip()
+        if any(f.startswith("--from") for f in flags):
+            continue
+        args = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
+        paths += args[:-1]
+    return paths
+
+
+def image_sources(matrix: Matrix, name: str, dockerfile_text: str) -> tuple[str, ...]:
+    """What an image is built from, as paths in the repository: its Dockerfile, the
+    matrix (its build arguments) and what the Dockerfile copies, built outputs replaced
+    by the sources they are made from (:data:`BUILT_FROM`).
+
+    The last commit that changed one of them is the image's revision, as chartpress
+    labels zero-to-jupyterhub's images: a commit elsewhere changes no image.
+    """
+    paths = {dockerfile_of(matrix, name), MATRIX_RELPATH.as_posix()}
+    for path in copied_paths(dockerfile_text):
+        paths.update(BUILT_FROM.get(path.rstrip("/"), (path,)))
+    return tuple(sorted(paths))
 
 
 def plan_builds(
@@ -94,8 +174,7 @@ def plan_builds(
     *,
     context: str,
     registry: str | None = None,
-    created: str = "unknown",
-    revision: str = "unknown",
+    provenance: Mapping[str, Provenance] | None = None,
     package_version: str = "0",
     stage: str = FULL_STAGE,
     hub_requirements: str | None = None,
@@ -104,11 +183,13 @@ def plan_builds(
     """The builds for `names` (notebook images, the hub and/or z2jh's other images; all
     notebook images if empty).
 
-    `stage` stops the notebook images at that Dockerfile stage; `hub_requirements`
+    `provenance` gives each image's revision and build date by name (unknown where
+    missing); `stage` stops the notebook images at that Dockerfile stage; `hub_requirements`
     is the local path of z2jh's pinned hub requirements, sent with the hub's context;
     `binaries` are the local paths of the host-built programs z2jh's images copy.
     """
     reg = matrix.registry if registry is None else registry
+    provenance = provenance or {}
     wanted = list(names or [])
     steps: list[BuildStep] = []
     chart = [n for n in wanted if n in matrix.z2jh.images]
@@ -118,9 +199,10 @@ def plan_builds(
         wanted.remove(matrix.hub.name)
     specs = matrix.select(wanted) if wanted or not (include_hub or chart) else []
     for spec in specs:
-        args = {**spec.build_args(), "BUILD_DATE": created, "VCS_REF": revision}
+        made = provenance.get(spec.name, UNKNOWN_PROVENANCE)
+        args = {**spec.build_args(), "BUILD_DATE": made.created, "VCS_REF": made.revision}
         full = stage == FULL_STAGE
-        labels = {**build_labels(created, revision), STAGE_LABEL: stage}
+        labels = {**build_labels(made), STAGE_LABEL: stage}
         if full:
             # Repeated from the Dockerfile's LABELs so that a Dockerfile edited by hand
             # cannot build an image whose labels disagree with the matrix. A smaller
@@ -148,6 +230,7 @@ def plan_builds(
         )
     if include_hub:
         hub = matrix.hub
+        made = provenance.get(hub.name, UNKNOWN_PROVENANCE)
         steps.append(
             BuildStep(
                 name=hub.name,
@@ -158,26 +241,29 @@ def plan_builds(
                 tags=(package_version,),
                 buildargs={
                     **hub.build_args(package_version),
-                    "BUILD_DATE": created,
-                    "VCS_REF": revision,
+                    "BUILD_DATE": made.created,
+                    "VCS_REF": made.revision,
                 },
-                labels=build_labels(created, revision),
+                labels=build_labels(made),
                 extra_files=(
                     {HUB_REQUIREMENTS_IN_CONTEXT: hub_requirements} if hub_requirements else {}
                 ),
             )
         )
     steps.extend(
-        chart_build_step(matrix, name, context, created, revision, binaries or {}) for name in chart
+        chart_build_step(
+            matrix, name, context, provenance.get(name, UNKNOWN_PROVENANCE), binaries or {}
+        )
+        for name in chart
     )
     return steps
 
 
-def chart_image_labels(spec: ChartImageSpec, created: str, revision: str) -> dict[str, str]:
+def chart_image_labels(spec: ChartImageSpec, provenance: Provenance) -> dict[str, str]:
     """The OCI labels of one of z2jh's other images, all given at build time: their
     Dockerfiles carry none, so that no build date or revision invalidates a cached layer."""
     return {
-        **build_labels(created, revision),
+        **build_labels(provenance),
         "org.opencontainers.image.title": f"{spec.name} for zero-to-jupyterhub",
         "org.opencontainers.image.description": (
             f"zero-to-jupyterhub's {spec.name} image, rebuilt by gpuspawner ({spec.dockerfile})"
@@ -193,8 +279,7 @@ def chart_build_step(
     matrix: Matrix,
     name: str,
     context: str,
-    created: str,
-    revision: str,
+    provenance: Provenance,
     binaries: Mapping[str, str],
 ) -> BuildStep:
     """The build of one of z2jh's other images; its host-built programs must be given."""
@@ -214,7 +299,7 @@ def chart_build_step(
         buildargs={
             **({"BASE_IMAGE": spec.base_image} if spec.base_image else {}),
         },
-        labels=chart_image_labels(spec, created, revision),
+        labels=chart_image_labels(spec, provenance),
         extra_files={spec.context_path(b): binaries[b] for b in spec.binaries},
     )
 

@@ -11,7 +11,7 @@ the same private Docker engine (:class:`gpuspawner_sandbox.dockerd.PrivateEngine
    from its own Go source at the chart's tag (static, go-retryablehttp from the Go
    module proxy), and the control plane's ``k8s`` binary (:mod:`.build`), whose
    ``k8s kube-scheduler`` the kube-scheduler image runs;
-2. ``gpuspawner-images build --binary NAME=PATH …`` of ``images/z2jh/*/Dockerfile``
+2. ``gpuspawner-images build --reproducible --binary NAME=PATH …`` of ``images/z2jh/*/Dockerfile``
    (the Debian base must exist: ``gpuspawner-images base``); Docker's layer cache
    makes a rebuild of unchanged sources a matter of seconds;
 3. the chart's pause image: the real nodes' own (:func:`.nodes.pause_spec`), under
@@ -112,6 +112,7 @@ def tool_build_args(images: list[ChartImage], binaries: Mapping[str, Path]) -> l
         raise ChartImageError(f"No host-built program for {', '.join(missing)}.")
     return [
         "build",
+        "--reproducible",
         "--network",
         "host",
         *(i.name for i in built),

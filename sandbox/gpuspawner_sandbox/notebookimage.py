@@ -8,11 +8,12 @@ built here and handed to each node's containerd as a file:
    shared with the image tests, so either one's layers serve the other;
 2. ``gpuspawner-images base``: ``debian:trixie-slim`` made from Debian's
    packages with debootstrap (its root filesystem cached in ``.cache/images``);
-3. ``gpuspawner-images build --target jupyter --network host`` of the notebook
-   images: the Jupyter stage of ``images/*/Dockerfile``, tagged ``…-jupyter``
-   (the catalogs the sandbox uses name those tags). ``SOURCE_DATE_EPOCH`` is
-   the checkout's commit time, so building the same sources again gives the
-   same image ID;
+3. ``gpuspawner-images build --reproducible --target jupyter --network host``
+   of the notebook images: the Jupyter stage of ``images/*/Dockerfile``, tagged
+   ``…-jupyter`` (the catalogs the sandbox uses name those tags). Each image is
+   labelled with the last commit that changed its sources and dated by it, so
+   building the same sources again, after any commit elsewhere, gives the same
+   image ID;
 4. ``docker save`` of every tag into ``<cache>/notebook-<image id>.tar``,
    skipped when that file exists (the cache is keyed by image ID);
 
@@ -68,7 +69,7 @@ def build_steps(repo: Path, names: Sequence[str] = NOTEBOOK_IMAGES) -> list[tupl
         ("the Debian base (debootstrap; cached)", ["base"]),
         (
             f"the {STAGE} stage of {', '.join(names)}",
-            ["build", "--target", STAGE, "--network", "host", *names],
+            ["build", "--reproducible", "--target", STAGE, "--network", "host", *names],
         ),
     ]
 
@@ -118,21 +119,8 @@ def archive_name(image_id: str) -> str:
 # -- I/O -----------------------------------------------------------------------------
 
 
-def _commit_time(repo: Path) -> str | None:
-    out = subprocess.run(
-        ["git", "-C", str(repo), "log", "-1", "--format=%ct"],
-        capture_output=True,
-        text=True,
-        timeout=10,
-        check=False,
-    )
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip().isdigit() else None
-
-
 def run_image_tool(repo: Path, engine: PrivateEngine, args: list[str], log, emit: Emit) -> None:
     env = {**os.environ, "DOCKER_HOST": engine.host}
-    if (epoch := _commit_time(repo)) is not None:
-        env["SOURCE_DATE_EPOCH"] = epoch
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuspawner.images.cli", *args],
         cwd=repo,

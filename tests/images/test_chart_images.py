@@ -12,7 +12,7 @@ import yaml
 
 import gpuspawner
 from gpuspawner.images.matrix import MatrixError, parse_matrix
-from gpuspawner.images.plan import base_images, plan_builds
+from gpuspawner.images.plan import Provenance, base_images, plan_builds
 from gpuspawner_sandbox import build, chartimages, helm, nodebuild, nodes, ociimage, testing
 
 from .conftest import CACHE, REPO, tool_on_engine
@@ -52,7 +52,7 @@ def test_chart_builds_send_their_host_built_programs(matrix):
         ["kube-scheduler", "image-awaiter", "network-tools"],
         context="/repo",
         binaries={"k8s": "/bin/k8s", "image-awaiter": "/bin/ia"},
-        created="2026-12-01T00:00:00Z",
+        provenance={"network-tools": Provenance("abc", "2026-12-01T00:00:00Z")},
     )
     by_name = {s.name: s for s in steps}
     assert by_name["kube-scheduler"].refs == ["gpuspawner.invalid/z2jh/kube-scheduler:v1.37.2"]
@@ -118,7 +118,7 @@ def test_the_tool_builds_every_chart_image_but_pause():
         images, {"k8s": "/c/k8s", "image-awaiter": "/c/ia", "pause": "/c/programs"}
     )
     assert args == [
-        "build", "--network", "host",
+        "build", "--reproducible", "--network", "host",
         "configurable-http-proxy", "network-tools", "image-awaiter", "kube-scheduler",
         "--binary=image-awaiter=/c/ia", "--binary=k8s=/c/k8s",
     ]  # fmt: skip

@@ -279,3 +279,44 @@ def test_build_date_is_source_date_epoch_when_set_so_rebuilds_keep_the_image_id(
     assert now != "2025-12-01T06:40:00Z" and now.endswith("Z") and len(now) == 20
     # not a number: the current time, as without it
     assert build_date({"SOURCE_DATE_EPOCH": "yesterday"})[:4] == now[:4]
+    # --reproducible: the revision's commit time, unless SOURCE_DATE_EPOCH says otherwise
+    assert build_date({}, 1764571200) == "2025-12-01T06:40:00Z"
+    assert build_date({"SOURCE_DATE_EPOCH": "0"}, 1764571200) == "1970-01-01T00:00:00Z"
+
+
+def test_an_images_revision_is_the_last_commit_that_changed_its_sources(tmp_path):
+    from gpuspawner.images.cli import image_provenance
+
+    def git(*args, when="1764571200"):
+        env = {
+            **os.environ,
+            "GIT_AUTHOR_DATE": f"@{when} +0000",
+            "GIT_COMMITTER_DATE": f"@{when} +0000",
+        }
+        out = subprocess.run(
+            ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            check=True, capture_output=True, text=True, env=env,
+        )  # fmt: skip
+        return out.stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "image").mkdir()
+    (tmp_path / "image" / "Dockerfile").write_text("FROM scratch\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "image")
+    image_commit = git("rev-parse", "--short=12", "HEAD")
+    (tmp_path / "README").write_text("elsewhere\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "elsewhere", when="1764657600")
+
+    made = image_provenance(tmp_path, ("image",), {}, reproducible=True)
+    # a commit elsewhere changes neither the revision nor the date
+    assert made.revision == image_commit != git("rev-parse", "--short=12", "HEAD")
+    assert made.created == "2025-12-01T06:40:00Z"
+    assert image_provenance(tmp_path, ("image",), {}, reproducible=False).created != made.created
+
+    (tmp_path / "image" / "Dockerfile").write_text("FROM scratch\nLABEL x=y\n")
+    assert image_provenance(tmp_path, ("image",), {}, True).revision == f"{image_commit}-dirty"
+    # sources no commit has touched: said, not guessed
+    outside = image_provenance(tmp_path / "image", ("nothing",), {}, True)
+    assert outside.revision == "unknown"

@@ -9,9 +9,13 @@ from gpuspawner.catalog import parse_catalog
 from gpuspawner.images.matrix import MatrixError
 from gpuspawner.images.plan import (
     SMOKE_TEST_PATH,
+    Provenance,
     catalog_document,
     catalog_entries,
     check_names,
+    copied_paths,
+    dockerfile_of,
+    image_sources,
     plan_builds,
     plan_test,
 )
@@ -20,8 +24,9 @@ from .conftest import REPO
 
 
 def test_build_plan_for_every_notebook_image(matrix):
+    made = Provenance(revision="abc123", created="2026-11-29T00:00:00Z")
     steps = plan_builds(
-        matrix, None, context=str(REPO), created="2026-11-29T00:00:00Z", revision="abc123"
+        matrix, None, context=str(REPO), provenance={name: made for name in matrix.images}
     )
     assert [s.name for s in steps] == list(matrix.images)
     for step, spec in zip(steps, matrix.images.values(), strict=True):
@@ -59,6 +64,56 @@ def test_build_plan_for_the_hub(matrix):
     assert hub.buildargs["JUPYTERHUB_VERSION"] == matrix.hub.jupyterhub
     both = plan_builds(matrix, ["cuda-pytorch", matrix.hub.name], context="/ctx")
     assert [s.name for s in both] == ["cuda-pytorch", matrix.hub.name]
+
+
+def test_each_image_is_labelled_with_its_own_provenance(matrix):
+    steps = plan_builds(
+        matrix,
+        ["cuda-pytorch", matrix.hub.name],
+        context="/ctx",
+        provenance={matrix.hub.name: Provenance("1234abcd", "2026-12-01T00:00:00Z")},
+    )
+    pytorch, hub = steps
+    assert hub.labels["org.opencontainers.image.revision"] == "1234abcd"
+    assert hub.buildargs["VCS_REF"] == "1234abcd"
+    assert hub.buildargs["BUILD_DATE"] == "2026-12-01T00:00:00Z"
+    # an image the caller gave nothing for says so
+    assert pytorch.labels["org.opencontainers.image.revision"] == "unknown"
+
+
+def test_copied_paths_reads_copy_and_add_in_both_forms_and_skips_other_stages():
+    dockerfile = """
+FROM debian AS build
+COPY --chown=1000:100 a.txt \\
+     dir/b.sh /dest/
+# COPY commented.txt /nowhere
+ADD ["c d.tar", "/opt/"]
+COPY --from=build /tmp/wheels /tmp/wheels
+RUN echo COPY not-an-instruction
+copy lower.txt /x
+"""
+    assert copied_paths(dockerfile) == ["a.txt", "dir/b.sh", "c d.tar", "lower.txt"]
+
+
+def test_an_images_sources_are_what_its_dockerfile_copies_and_the_matrix(matrix):
+    for name in [*matrix.images, matrix.hub.name, *matrix.z2jh.images]:
+        dockerfile = dockerfile_of(matrix, name)
+        sources = image_sources(matrix, name, (REPO / dockerfile).read_text())
+        assert dockerfile in sources and "images/matrix.yaml" in sources
+    pytorch = image_sources(
+        matrix, "cuda-pytorch", (REPO / "images/cuda-pytorch/Dockerfile").read_text()
+    )
+    assert "gpuspawner/images/smoke.py" in pytorch and "images/common/start.sh" in pytorch
+    # the extension's wheel is a build output: its source stands for it
+    assert "extensions/gpuspawner-jupyterlab" in pytorch
+    assert "images/common/wheels" not in pytorch
+    # only the hub copies the package: a change to the spawner is no notebook image's
+    assert "gpuspawner" not in pytorch
+    assert "gpuspawner" in image_sources(
+        matrix, matrix.hub.name, (REPO / matrix.hub.dockerfile).read_text()
+    )
+    with pytest.raises(MatrixError, match="cuda-jax is not an image"):
+        dockerfile_of(matrix, "cuda-jax")
 
 
 def test_unknown_names_are_refused(matrix):
