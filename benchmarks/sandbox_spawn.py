@@ -1,6 +1,7 @@
 """Spawn latency on the local GPU cluster: GPUSpawner vs KubeSpawner, 50 users at once, start-up.
 
-    sudo .venv/bin/python benchmarks/sandbox_spawn.py [--rounds 8]
+    sudo .venv/bin/python benchmarks/sandbox_spawn.py [--rounds 8] [--ratio-only]
+                                                      [--without-evented-pleg]
 
 One sandbox (the real control plane and the default topology as real nodes:
 kubelet, containerd, NVIDIA's runtime, the notebook image built here; needs
@@ -16,6 +17,11 @@ It also measures the memory each running notebook costs: the
 RSS of every process of the CPU node (containerd, kubelet, shims, pause and
 the notebooks) with the servers running, less the same with none, divided by
 the number of notebooks there.
+`--ratio-only` stops after the alternating spawns. The default topology turns
+on the kubelet's EventedPLEG gate (alpha; docs/sandbox.md, "Topology"), so that
+the kubelet sees the GPU check's init container exit at once rather than at its
+next one-second relist; `--without-evented-pleg` runs the same topology without
+it, as kubelets run by default.
 Prints Markdown for docs/benchmarks.md.
 """
 
@@ -38,6 +44,7 @@ from real_nodes import cpu_ticks, node_pids, total_rss
 
 from gpuspawner_sandbox.demo import SANDBOX_CATALOG, SandboxStack
 from gpuspawner_sandbox.hubprocess import descendants
+from gpuspawner_sandbox.topology import DEFAULT_TOPOLOGY
 
 #: The CPU-only node of the default topology, where the 34 CPU-only servers run.
 CPU_NODE = "cpu-0"
@@ -216,19 +223,93 @@ def notebook_image() -> tuple[str, str]:
     return pytorch["image"], str(pytorch["cuda"])
 
 
+def burst(stack, gpu_hub, idle_node_kib: int) -> list[str]:
+    """50 users at once on the GPUSpawner hub; the report's Markdown lines."""
+    # 50 users at once: 8 x A100, 8 x H100, 34 CPU-only; each GPU user also asks
+    # for a second GPU server at the same moment, beyond the limit of 1
+    requests = []
+    for i in range(50):
+        if i < 8:
+            body_i = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
+        elif i < 16:
+            body_i = {"profile": "pytorch", "gpu_type": "h100", "gpus": "1"}
+        else:
+            body_i = {"profile": "pytorch", "gpus": "0"}
+        requests.append((f"u{i:02d}", "", body_i))
+        if i < 16:
+            requests.append((f"u{i:02d}", "extra", body_i))
+    for user, _, _ in requests:
+        gpu_hub.api("POST", f"/users/{user}")
+    cpu_before = cpu_snapshot(stack, gpu_hub)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(requests)) as pool:
+        results = list(
+            pool.map(lambda r: spawn(gpu_hub, r[0], r[2], r[1], timeout=600, follow=True), requests)
+        )
+    burst_s = time.perf_counter() - t0
+    cpu = cpu_breakdown(cpu_before, cpu_snapshot(stack, gpu_hub))
+    ready = [s for s, _ in results if s is not None]
+    refused = [st for s, st in results if s is None and st == 403]
+    other = [st for s, st in results if s is None and st != 403]
+    api = stack.control_plane.admin_api()
+    pods = api.get(
+        "/api/v1/namespaces/jupyterhub/pods",
+        query={"labelSelector": "gpuspawner.io/managed=true"},
+    )["items"]
+    per_user: dict[str, int] = {}
+    for p in pods:
+        user = p["metadata"]["annotations"]["hub.jupyter.org/username"]
+        per_user[user] = per_user.get(user, 0) + int(p["metadata"]["labels"]["gpuspawner.io/gpus"])
+    on_cpu_node = sum(1 for p in pods if p["spec"].get("nodeName") == CPU_NODE)
+    busy_node_kib = total_rss(node_pids(stack.nodes, CPU_NODE))
+    per_notebook_kib = (busy_node_kib - idle_node_kib) / max(on_cpu_node, 1)
+    gpu_pods = sum(1 for p in pods if p["metadata"]["labels"]["gpuspawner.io/gpus"] != "0")
+    lines = [
+        f"50 users at once ({len(requests)} requests, 16 of them a second GPU server beyond the limit):",
+        f"- ready: {len(ready)}, refused by limit: {len(refused)}, other outcomes: {len(other)} {other}",
+        f"- GPU pods: {gpu_pods}, most GPUs held by one user: {max(per_user.values())}",
+        f"- request -> ready: p50 {pct(ready, 0.5):.1f} s, p95 {pct(ready, 0.95):.1f} s, all done in {burst_s:.1f} s",
+        f"- CPU seconds during the burst, per started server ({len(ready)}):",
+    ]
+    for part, seconds in cpu.items():
+        lines.append(
+            f"  - {part}: {seconds:.0f} s in all, {seconds / max(len(ready), 1):.2f} s per server"
+        )
+    lines.append(
+        f"- memory per running notebook on {CPU_NODE} (its node's processes, RSS): "
+        f"{per_notebook_kib / 1024:.0f} MiB"
+    )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument(
+        "--ratio-only", action="store_true", help="only the alternating single spawns"
+    )
+    parser.add_argument(
+        "--without-evented-pleg",
+        action="store_true",
+        help="the default topology without its kubelet feature gates (EventedPLEG)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gpuspawner-bench-"))
     image, cuda = notebook_image()
     (work / "catalog.yaml").write_text(CATALOG.format(image=image, cuda=cuda))
+    topology = None
+    if args.without_evented_pleg:
+        raw = yaml.safe_load(DEFAULT_TOPOLOGY.read_text())
+        raw.pop("kubelet_feature_gates", None)
+        topology = work / "topology.yaml"
+        topology.write_text(yaml.safe_dump(raw))
 
     # 50 notebook servers starting at once on 2 cores take minutes to answer:
     # give them longer than the default 60 s before the hub gives up on one.
     stack = SandboxStack(
         work / "sandbox",
         catalog=work / "catalog.yaml",
+        topology=topology,
         extra_hub_config="c.KubeSpawner.http_timeout = 300\nc.KubeSpawner.start_timeout = 600",
     )
     t0 = time.perf_counter()
@@ -240,7 +321,7 @@ def main() -> None:
     # the sandbox hub's settings (the address notebooks reach it on) come with the stack
     kube_hub = stack.start_second_hub("kubespawner-hub", KUBESPAWNER_HUB.format(image=image))
     idle_node_kib = total_rss(node_pids(stack.nodes, CPU_NODE))
-    per_notebook_kib = None
+    burst_report: list[str] = []
     try:
         body = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
         for warm in range(2):  # warm caches of both hubs and the kubelet
@@ -259,48 +340,8 @@ def main() -> None:
             kube_times.append(seconds)
             stop(kube_hub, f"k{i}")
 
-        # 50 users at once: 8 x A100, 8 x H100, 34 CPU-only; each GPU user also asks
-        # for a second GPU server at the same moment, beyond the limit of 1
-        requests = []
-        for i in range(50):
-            if i < 8:
-                body_i = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
-            elif i < 16:
-                body_i = {"profile": "pytorch", "gpu_type": "h100", "gpus": "1"}
-            else:
-                body_i = {"profile": "pytorch", "gpus": "0"}
-            requests.append((f"u{i:02d}", "", body_i))
-            if i < 16:
-                requests.append((f"u{i:02d}", "extra", body_i))
-        for user, _, _ in requests:
-            gpu_hub.api("POST", f"/users/{user}")
-        cpu_before = cpu_snapshot(stack, gpu_hub)
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(len(requests)) as pool:
-            results = list(
-                pool.map(
-                    lambda r: spawn(gpu_hub, r[0], r[2], r[1], timeout=600, follow=True), requests
-                )
-            )
-        burst_s = time.perf_counter() - t0
-        cpu = cpu_breakdown(cpu_before, cpu_snapshot(stack, gpu_hub))
-        ready = [s for s, _ in results if s is not None]
-        refused = [st for s, st in results if s is None and st == 403]
-        other = [st for s, st in results if s is None and st != 403]
-        api = stack.control_plane.admin_api()
-        pods = api.get(
-            "/api/v1/namespaces/jupyterhub/pods",
-            query={"labelSelector": "gpuspawner.io/managed=true"},
-        )["items"]
-        per_user: dict[str, int] = {}
-        for p in pods:
-            user = p["metadata"]["annotations"]["hub.jupyter.org/username"]
-            per_user[user] = per_user.get(user, 0) + int(
-                p["metadata"]["labels"]["gpuspawner.io/gpus"]
-            )
-        on_cpu_node = sum(1 for p in pods if p["spec"].get("nodeName") == CPU_NODE)
-        busy_node_kib = total_rss(node_pids(stack.nodes, CPU_NODE))
-        per_notebook_kib = (busy_node_kib - idle_node_kib) / max(on_cpu_node, 1)
+        if not args.ratio_only:
+            burst_report = burst(stack, gpu_hub, idle_node_kib)
     finally:
         kube_hub.stop()
         stack.stop()
@@ -308,6 +349,10 @@ def main() -> None:
     ratio = statistics.median(gpu_times) / statistics.median(kube_times)
     print(
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
+    print(
+        "Kubelet feature gates: "
+        + ("none (--without-evented-pleg)" if args.without_evented_pleg else "EventedPLEG")
     )
     print(
         f"\nControl plane + real nodes + hub RBAC ready: {cluster_s:.1f} s; hub up: {hub_s:.1f} s\n"
@@ -321,28 +366,7 @@ def main() -> None:
         f"| KubeSpawner (hand-written GPU settings) | {statistics.median(kube_times):.2f} | {pct(kube_times, 0.95):.2f} | {len(kube_times)} |"
     )
     print(f"\nRatio of medians GPUSpawner / KubeSpawner: {ratio:.2f} (target <= 1.15)\n")
-    print(
-        f"50 users at once ({len(requests)} requests, 16 of them a second GPU server beyond the limit):"
-    )
-    print(
-        f"- ready: {len(ready)}, refused by limit: {len(refused)}, other outcomes: {len(other)} {other}"
-    )
-    print(
-        f"- GPU pods: {sum(1 for p in pods if p['metadata']['labels']['gpuspawner.io/gpus'] != '0')}, most GPUs held by one user: {max(per_user.values())}"
-    )
-    print(
-        f"- request -> ready: p50 {pct(ready, 0.5):.1f} s, p95 {pct(ready, 0.95):.1f} s, all done in {burst_s:.1f} s"
-    )
-    print(f"- CPU seconds during the burst, per started server ({len(ready)}):")
-    for part, seconds in cpu.items():
-        print(
-            f"  - {part}: {seconds:.0f} s in all, {seconds / max(len(ready), 1):.2f} s per server"
-        )
-    if per_notebook_kib is not None:
-        print(
-            f"- memory per running notebook on {CPU_NODE} (its node's processes, RSS): "
-            f"{per_notebook_kib / 1024:.0f} MiB"
-        )
+    print("\n".join(burst_report))
 
 
 if __name__ == "__main__":

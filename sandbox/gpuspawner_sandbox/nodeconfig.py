@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -463,16 +464,19 @@ def kubelet_configuration(
     max_pods: int = 110,
     system_reserved: Mapping[str, str] | None = None,
     sync_frequency: str | None = None,
+    feature_gates: Mapping[str, bool] | None = None,
 ) -> dict[str, Any]:
     """The KubeletConfiguration for one node; ``cluster_dns`` is the pods' nameserver, if any.
 
     ``max_pods`` and ``system_reserved`` (:func:`capacity_reservation`) give it the
     topology's pods, CPU and memory; ``sync_frequency`` its sync period (None: the
-    kubelet's default, 1m).
+    kubelet's default, 1m); ``feature_gates`` its featureGates (None or empty: the
+    kubelet's defaults).
     """
     dns = {"clusterDNS": [cluster_dns]} if cluster_dns else {}
     reserved = {"systemReserved": dict(system_reserved)} if system_reserved else {}
     sync = {"syncFrequency": sync_frequency} if sync_frequency else {}
+    gates = {"featureGates": dict(feature_gates)} if feature_gates else {}
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -525,7 +529,23 @@ def kubelet_configuration(
         # machine has more (enforced on the node's pods' cgroup, "pods" only).
         **reserved,
         **sync,
+        **gates,
     }
+
+
+#: One gate in ``kubelet --help``'s --feature-gates list: "  EventedPLEG=true|false (ALPHA - default=false)".
+_HELP_GATE = re.compile(
+    r"^\s+([A-Za-z0-9]+)=true\|false \(([A-Z]+) - default=(?:true|false)\)", re.M
+)
+
+
+def kubelet_feature_gates(help_text: str) -> dict[str, str]:
+    """The feature gates a kubelet's ``--help`` offers, with their stage (ALPHA, BETA, …).
+
+    The kubelet panics on a gate it does not know in its config file; asking its
+    help first lets the start refuse such a topology in one sentence.
+    """
+    return {m.group(1): m.group(2) for m in _HELP_GATE.finditer(help_text)}
 
 
 def capacity_reservation(

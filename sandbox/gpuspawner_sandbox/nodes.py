@@ -205,10 +205,42 @@ class RealNodes:
                     f"Node {name}: unknown device list strategy {self._strategy(name)!r}; "
                     f"expected one of {', '.join(nodeconfig.DEVICE_LIST_STRATEGIES)}."
                 )
+        self._check_feature_gates()
         self.kubelet_cmds: dict[str, list[str]] = {}
         self.state: dict[str, Any] = {}
         self.processes: dict[str, subprocess.Popen] = {}
         self.started_in: dict[str, float] = {}
+
+    def _check_feature_gates(self) -> None:
+        """Refuse, before anything starts, a feature gate the kubelet does not offer."""
+        wanted = {
+            name: spec.kubelet_feature_gates
+            for name, spec in self.specs.items()
+            if name in self.names and spec.kubelet_feature_gates
+        }
+        if not wanted:
+            return
+        try:
+            result = subprocess.run(
+                [str(self.binaries.k8s), "kubelet", "--help"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise NodeError(
+                f"Cannot ask the kubelet {self.binaries.k8s} for its feature gates: {e}."
+            ) from None
+        known = nodeconfig.kubelet_feature_gates(result.stdout + result.stderr)
+        for name, gates in wanted.items():
+            unknown = sorted(set(gates) - set(known))
+            if known and unknown:
+                raise NodeError(
+                    f"Node {name}: the kubelet has no feature gate "
+                    f"{', '.join(map(repr, unknown))}; `k8s kubelet --help` lists the "
+                    f"{len(known)} it has."
+                )
 
     def __enter__(self) -> RealNodes:
         self.start()
@@ -630,6 +662,7 @@ class RealNodes:
             max_pods=topology.pods if topology is not None else 110,
             system_reserved=reserved,
             sync_frequency=topology.sync_frequency if topology is not None else None,
+            feature_gates=topology.kubelet_feature_gates if topology is not None else None,
         )
         paths.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
         kubeconfig = self.cp.client_kubeconfig(

@@ -171,6 +171,8 @@ _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DRIVER = re.compile(r"^\d{3}\.\d{2,3}(\.\d{2,3})?$")
 #: 1s..59s or 1m..59m: a Go duration the kubelet reads, within reason for a sync period.
 _SYNC_FREQUENCY = re.compile(r"^([1-9]|[1-5][0-9])[sm]$")
+#: A Kubernetes feature gate's name, as the kubelet spells them (e.g. EventedPLEG).
+_FEATURE_GATE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 _CPU = re.compile(r"^(\d+(?:\.\d+)?)(m?)$")
 _MEMORY = re.compile(r"^(\d+(?:\.\d+)?)((?:[KMGTPE]i)|[kMGTPE])?$")
 _MEMORY_FACTORS = {
@@ -296,6 +298,8 @@ class NodeSpec:
     #: The kubelet's syncFrequency, e.g. "10s" (None: the kubelet's 1m): how often
     #: it syncs each pod, and so how soon a changed ConfigMap reaches a pod's files.
     sync_frequency: str | None = None
+    #: The kubelet's featureGates (the topology's top-level ones, then the node's own).
+    kubelet_feature_gates: dict[str, bool] = field(default_factory=dict)
 
     @property
     def model(self) -> GPUModel | None:
@@ -337,7 +341,36 @@ def _mig_devices(node: str, index: int, model: GPUModel, layout: list[str]) -> t
     return tuple(devices)
 
 
-def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
+def parse_feature_gates(raw: Any, where: str) -> dict[str, bool]:
+    """A ``kubelet_feature_gates`` mapping (gate name -> true/false), checked.
+
+    ``where`` names its place in the topology for the error ("The topology",
+    "Node 'gpu-0'"). Whether the kubelet offers a gate is the kubelet's to say:
+    :class:`.nodes.RealNodes` asks its ``--help`` before anything starts.
+    """
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise TopologyError(
+            f"{where}: 'kubelet_feature_gates' must be a mapping of gate names to true or "
+            f"false, like {{EventedPLEG: true}}, not {raw!r}."
+        )
+    for gate, enabled in raw.items():
+        if not isinstance(gate, str) or not _FEATURE_GATE.match(gate):
+            raise TopologyError(
+                f"{where}: {gate!r} is not a feature gate's name; gates are spelled like "
+                "'EventedPLEG'."
+            )
+        if not isinstance(enabled, bool):
+            raise TopologyError(
+                f"{where}: feature gate {gate!r} must be true or false, not {enabled!r}."
+            )
+    return dict(raw)
+
+
+def _parse_node(
+    raw: Any, position: int, default_driver: str, default_gates: dict[str, bool]
+) -> NodeSpec:
     if not isinstance(raw, dict):
         raise TopologyError(f"Node #{position + 1} must be a mapping, not {raw!r}.")
     unknown = set(raw) - {
@@ -350,6 +383,7 @@ def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
         "labels",
         "mig",
         "sync_frequency",
+        "kubelet_feature_gates",
         RUNTIME_KEY,
     }
     name = raw.get("name")
@@ -386,6 +420,10 @@ def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
             f"Node {name!r}: 'sync_frequency' must be a duration from 1s to 59m like '10s' or "
             f"'1m', not {sync_frequency!r}."
         )
+    gates = {
+        **default_gates,
+        **parse_feature_gates(raw.get("kubelet_feature_gates"), f"Node {name!r}"),
+    }
 
     gpus: tuple[GPUSpec, ...] = ()
     strategy = "none"
@@ -440,6 +478,7 @@ def _parse_node(raw: Any, position: int, default_driver: str) -> NodeSpec:
         memory=memory,
         pods=pods,
         sync_frequency=sync_frequency,
+        kubelet_feature_gates=gates,
         driver=driver,
         mig_strategy=strategy,
         gpus=gpus,
@@ -537,13 +576,14 @@ def parse_topology(raw: Any) -> Topology:
             "The topology's 'image_env' is no longer read: real nodes run each image with the "
             "environment its own ENV lines set; remove it."
         )
-    unknown = set(raw) - {"nodes", "driver"}
+    unknown = set(raw) - {"nodes", "driver", "kubelet_feature_gates"}
     if unknown:
         raise TopologyError(f"The topology has unknown top-level field(s): {', '.join(unknown)}.")
     driver = str(raw.get("driver", "580.95.05"))
     if not _DRIVER.match(driver):
         raise TopologyError(f"The default driver {driver!r} is not a version like '580.95.05'.")
-    nodes = tuple(_parse_node(n, i, driver) for i, n in enumerate(raw["nodes"]))
+    gates = parse_feature_gates(raw.get("kubelet_feature_gates"), "The topology")
+    nodes = tuple(_parse_node(n, i, driver, gates) for i, n in enumerate(raw["nodes"]))
     seen: set[str] = set()
     for node in nodes:
         if node.name in seen:

@@ -229,6 +229,14 @@ def _held(nodes, pod: dict, resource: str) -> list[str]:
     return held["device_ids"]
 
 
+def _kubelet_metric(kube, node: str, name: str) -> float:
+    """One unlabelled series of a node's kubelet /metrics, through the API server's node proxy."""
+    text = kube.request("GET", f"/api/v1/nodes/{node}/proxy/metrics", raw=True).body
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.split(" ")[0] == name]
+    assert values, f"{node}'s kubelet exports no {name}"
+    return values[0]
+
+
 def _notebook_init(pod: dict) -> int:
     """The host pid of the notebook container's pid 1."""
     container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
@@ -270,6 +278,10 @@ def test_a_gpu_server_gets_exactly_its_gpus_checked_before_it_started(real):
     assert node.startswith("gpu-a100"), node
     # The GPU check ran in its init container (nvidia-smi inside it) and passed.
     _assert_check_passed(pod)
+    # The default topology's EventedPLEG: the kubelet follows containerd's container
+    # events (the check's exit among them), not only its one-second relist.
+    assert _kubelet_metric(kube, node, "kubelet_evented_pleg_connection_success_count") >= 1
+    assert _kubelet_metric(kube, node, "kubelet_evented_pleg_connection_latency_seconds_count") > 0
 
     # What the kubelet allocated, through its PodResources API.
     allocated = sorted(_held(nodes, pod, "nvidia.com/gpu"))

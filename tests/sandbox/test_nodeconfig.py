@@ -19,6 +19,7 @@ else:
 
 PATHS = NodePaths(Path("/state/nodes/cpu-0"))
 NET = NodeNetwork(3)
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 def test_network_per_node_index():
@@ -203,6 +204,36 @@ def test_kubelet_sync_frequency_is_set_only_where_the_topology_gives_one():
 
     assert "syncFrequency" not in config()
     assert config(sync_frequency="10s")["syncFrequency"] == "10s"
+
+
+def test_the_kubelets_feature_gates_are_read_from_its_help():
+    # `k8s kubelet --help`'s --feature-gates list, recorded from the v1.37.2 build
+    help_text = (FIXTURES / "nodes" / "kubelet-v1.37.2-feature-gates-help.txt").read_text()
+    gates = nodeconfig.kubelet_feature_gates(help_text)
+    assert gates["EventedPLEG"] == "ALPHA"
+    assert gates["APIResponseCompression"] == "BETA"
+    # the last line carries a deprecation note after the stage
+    assert gates["WorkloadWithJob"] == "ALPHA"
+    # one gate per line after the flag's own
+    assert len(gates) == len(help_text.splitlines()) - 1 == 166
+    # every gate the default topology names is one this kubelet has
+    from gpuspawner_sandbox.topology import load_topology
+
+    named = {g for node in load_topology().nodes for g in node.kubelet_feature_gates}
+    assert named and named <= set(gates)
+    assert nodeconfig.kubelet_feature_gates("usage: kubelet [flags]") == {}
+
+
+def test_kubelet_feature_gates_are_written_only_where_the_topology_names_some():
+    def config(**kwargs):
+        return nodeconfig.kubelet_configuration(
+            PATHS, NET, node="cpu-0", client_ca=Path("/ca.crt"), healthz_port=1, **kwargs
+        )
+
+    assert "featureGates" not in config()
+    assert "featureGates" not in config(feature_gates={})
+    gates = {"EventedPLEG": True, "KubeletTracing": False}
+    assert config(feature_gates=gates)["featureGates"] == gates
 
 
 def test_kube_proxy_leaves_the_host_settings_and_the_external_interface_alone():

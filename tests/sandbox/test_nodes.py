@@ -352,6 +352,25 @@ def test_an_unknown_device_list_strategy_is_refused_before_anything_starts(tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_feature_gate_the_kubelet_lacks_is_refused_before_anything_starts(pytestconfig, tmp_path):
+    from gpuspawner_sandbox.topology import parse_topology
+
+    binaries = testing.node_binaries(pytestconfig)
+    topology = parse_topology(
+        {
+            "nodes": [
+                {"name": "c", "kubelet_feature_gates": {"EventedPLEG": True, "NoSuchGate": True}}
+            ]
+        }
+    )
+    with pytest.raises(
+        nodes.NodeError,
+        match=r"^Node c: the kubelet has no feature gate 'NoSuchGate'; `k8s kubelet --help` lists",
+    ):
+        nodes.RealNodes(tmp_path, None, binaries, ["c"], specs={"c": topology.node("c")})
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_failed_cluster_network_leaves_the_host_as_it_was(pytestconfig, control_plane, tmp_path):
     """A cluster DNS that dies at once, after our link with its addresses and route, the
     bridge's forwarding, the node and kube-proxy (whose chains may be written) were made."""

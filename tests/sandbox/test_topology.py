@@ -193,6 +193,19 @@ def test_single_mig_strategy_overloads_the_gpu_resource():
         ),
         ({"nodes": [{"name": "a", "sync_frequency": "0s"}]}, "not '0s'"),
         ({"nodes": [{"name": "a", "sync_frequency": "1h"}]}, "not '1h'"),
+        (
+            {"kubelet_feature_gates": ["EventedPLEG"], "nodes": [{"name": "a"}]},
+            "The topology: 'kubelet_feature_gates' must be a mapping of gate names to true or "
+            "false, like {EventedPLEG: true}, not ['EventedPLEG'].",
+        ),
+        (
+            {"nodes": [{"name": "a", "kubelet_feature_gates": {"evented-pleg": True}}]},
+            "Node 'a': 'evented-pleg' is not a feature gate's name",
+        ),
+        (
+            {"nodes": [{"name": "a", "kubelet_feature_gates": {"EventedPLEG": "yes"}}]},
+            "Node 'a': feature gate 'EventedPLEG' must be true or false, not 'yes'.",
+        ),
     ],
 )
 def test_invalid_topologies_get_one_readable_sentence(raw, message):
@@ -281,6 +294,29 @@ def test_cpu_and_memory_quantities_read_as_kubernetes_reads_them():
     for bad in ("", "-1", "1 Gi", "2x"):
         with pytest.raises(ValueError):
             memory_bytes(bad)
+
+
+def test_kubelet_feature_gates_apply_to_every_node_and_a_node_may_override_one():
+    topo = parse_topology(
+        {
+            "kubelet_feature_gates": {"EventedPLEG": True, "KubeletTracing": False},
+            "nodes": [
+                {"name": "a"},
+                {"name": "b", "kubelet_feature_gates": {"EventedPLEG": False}},
+            ],
+        }
+    )
+    assert topo.node("a").kubelet_feature_gates == {"EventedPLEG": True, "KubeletTracing": False}
+    assert topo.node("b").kubelet_feature_gates == {"EventedPLEG": False, "KubeletTracing": False}
+    assert parse_topology({"nodes": [{"name": "c"}]}).node("c").kubelet_feature_gates == {}
+
+
+def test_the_default_topology_turns_on_the_kubelets_evented_pleg():
+    # docs/sandbox.md, "Topology": the kubelet learns of an exited (init) container from
+    # containerd's event at once instead of at its next one-second relist
+    assert all(
+        node.kubelet_feature_gates == {"EventedPLEG": True} for node in load_topology().nodes
+    )
 
 
 def test_a_node_may_sync_its_pods_more_often_than_the_kubelets_minute():
