@@ -45,7 +45,7 @@ import yaml
 
 from . import build, helm, nodebuild, nodes, ociimage
 from .dockerd import HarnessError, PrivateEngine
-from .notebookimage import NotebookImageError, run_image_tool, save_archive
+from .notebookimage import NotebookImageError, run_image_tool, save_archive, tool_build
 
 Emit = Callable[[str], None]
 
@@ -110,14 +110,9 @@ def tool_build_args(images: list[ChartImage], binaries: Mapping[str, Path]) -> l
     missing = [b for b in wanted if b not in binaries]
     if missing:
         raise ChartImageError(f"No host-built program for {', '.join(missing)}.")
-    return [
-        "build",
-        "--reproducible",
-        "--network",
-        "host",
-        *(i.name for i in built),
-        *(f"--binary={name}={binaries[name]}" for name in wanted),
-    ]
+    return tool_build(
+        *(i.name for i in built), *(f"--binary={name}={binaries[name]}" for name in wanted)
+    )
 
 
 def hub_ref(values: list[Mapping[str, Any]]) -> str:
@@ -260,7 +255,7 @@ def ensure_deploy_images(
         with log_path.open("w") as log:
             run_image_tool(repo, engine, ["base"], log, emit)
             emit(f"Hub image: {hub} (images/hub/Dockerfile; the first build takes minutes)")
-            run_image_tool(repo, engine, ["build", "--network", "host", "hub"], log, emit)
+            run_image_tool(repo, engine, tool_build("hub"), log, emit)
         images = build_chart_images(
             engine, repo, emit, log_path=cache_dir / "chart-images-build.log", build_out=build_out
         )

@@ -63,14 +63,19 @@ class NotebookImages:
     refs: tuple[str, ...]
 
 
+def tool_build(*args: str) -> list[str]:
+    """The image tool's ``build`` as every image of the sandbox is built: dated by its
+    sources' last commit (the same sources, the same image ID: the archives and node
+    image stores keyed by it are reused), its ``RUN`` steps on the host's network (the
+    private engine has no bridge)."""
+    return ["build", "--reproducible", "--network", "host", *args]
+
+
 def build_steps(repo: Path, names: Sequence[str] = NOTEBOOK_IMAGES) -> list[tuple[str, list[str]]]:
     """What runs, in order: (what it makes, the image tool's arguments)."""
     return [
         ("the Debian base (debootstrap; cached)", ["base"]),
-        (
-            f"the {STAGE} stage of {', '.join(names)}",
-            ["build", "--reproducible", "--target", STAGE, "--network", "host", *names],
-        ),
+        (f"the {STAGE} stage of {', '.join(names)}", tool_build("--target", STAGE, *names)),
     ]
 
 

@@ -71,7 +71,7 @@ def test_build_steps_make_the_base_then_the_jupyter_stage_on_the_hosts_network()
     steps = notebookimage.build_steps(REPO, ["cuda-pytorch"])
     assert [args for _, args in steps] == [
         ["base"],
-        ["build", "--reproducible", "--target", "jupyter", "--network", "host", "cuda-pytorch"],
+        ["build", "--reproducible", "--network", "host", "--target", "jupyter", "cuda-pytorch"],
     ]
 
 
