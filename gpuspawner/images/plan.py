@@ -121,7 +121,8 @@ def copied_paths(dockerfile_text: str) -> list[str]:
     """The build-context paths a Dockerfile's COPY and ADD instructions read.
 
     Copies from another stage or image (``--from``) read no context; flags such as
-    ``--chown`` are dropped; both the shell form and the JSON form are read.
+    ``--chown`` are dropped; both the shell form and the JSON form are read. An
+    instruction whose paths cannot be read is a :class:`MatrixError`.
     """
     logical: list[str] = []
     pending = ""
@@ -149,8 +150,11 @@ def copied_paths(dockerfile_text: str) -> list[str]:
             rest = rest.strip()
         if any(f.startswith("--from") for f in flags):
             continue
-        args = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
-        paths += args[:-1]
+        try:
+            args = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
+        except ValueError as e:
+            raise MatrixError(f"cannot read the paths of `{instruction}`: {e}") from None
+        paths += [str(arg) for arg in args[:-1]]
     return paths
 
 
@@ -162,8 +166,13 @@ def image_sources(matrix: Matrix, name: str, dockerfile_text: str) -> tuple[str,
     The last commit that changed one of them is the image's revision, as chartpress
     labels zero-to-jupyterhub's images: a commit elsewhere changes no image.
     """
-    paths = {dockerfile_of(matrix, name), MATRIX_RELPATH.as_posix()}
-    for path in copied_paths(dockerfile_text):
+    dockerfile = dockerfile_of(matrix, name)
+    try:
+        copied = copied_paths(dockerfile_text)
+    except MatrixError as e:
+        raise MatrixError(f"{dockerfile}: {e}") from None
+    paths = {dockerfile, MATRIX_RELPATH.as_posix()}
+    for path in copied:
         paths.update(BUILT_FROM.get(path.rstrip("/"), (path,)))
     return tuple(sorted(paths))
 

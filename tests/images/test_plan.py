@@ -93,6 +93,10 @@ RUN echo COPY not-an-instruction
 copy lower.txt /x
 """
     assert copied_paths(dockerfile) == ["a.txt", "dir/b.sh", "c d.tar", "lower.txt"]
+    with pytest.raises(MatrixError, match=r"cannot read the paths of `COPY \["):
+        copied_paths('COPY ["a", /x\n')
+    with pytest.raises(MatrixError, match="No closing quotation"):
+        copied_paths("COPY 'a /x\n")
 
 
 def test_an_images_sources_are_what_its_dockerfile_copies_and_the_matrix(matrix):
@@ -114,6 +118,10 @@ def test_an_images_sources_are_what_its_dockerfile_copies_and_the_matrix(matrix)
     )
     with pytest.raises(MatrixError, match="cuda-jax is not an image"):
         dockerfile_of(matrix, "cuda-jax")
+    with pytest.raises(
+        MatrixError, match=r"^images/cuda-pytorch/Dockerfile: cannot read the paths of `COPY"
+    ):
+        image_sources(matrix, "cuda-pytorch", "FROM scratch\nCOPY 'a /x\n")
 
 
 def test_unknown_names_are_refused(matrix):
