@@ -464,18 +464,31 @@ def kubelet_configuration(
     max_pods: int = 110,
     system_reserved: Mapping[str, str] | None = None,
     sync_frequency: str | None = None,
+    node_status_update_frequency: str | None = None,
     feature_gates: Mapping[str, bool] | None = None,
 ) -> dict[str, Any]:
     """The KubeletConfiguration for one node; ``cluster_dns`` is the pods' nameserver, if any.
 
     ``max_pods`` and ``system_reserved`` (:func:`capacity_reservation`) give it the
     topology's pods, CPU and memory; ``sync_frequency`` its sync period (None: the
-    kubelet's default, 1m); ``feature_gates`` its featureGates (None or empty: the
-    kubelet's defaults).
+    kubelet's default, 1m); ``node_status_update_frequency`` how often it computes
+    its node's status (None: the kubelet's 10 s); ``feature_gates`` its featureGates
+    (None or empty: the kubelet's defaults).
     """
     dns = {"clusterDNS": [cluster_dns]} if cluster_dns else {}
     reserved = {"systemReserved": dict(system_reserved)} if system_reserved else {}
     sync = {"syncFrequency": sync_frequency} if sync_frequency else {}
+    status = (
+        {
+            "nodeStatusUpdateFrequency": node_status_update_frequency,
+            # Set explicitly, the update frequency would also become the report
+            # frequency: a PATCH of every node, watched by the scheduler and the
+            # hub, each time. The kubelet's own default sends only what changed.
+            "nodeStatusReportFrequency": "5m",
+        }
+        if node_status_update_frequency
+        else {}
+    )
     gates = {"featureGates": dict(feature_gates)} if feature_gates else {}
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -529,6 +542,7 @@ def kubelet_configuration(
         # machine has more (enforced on the node's pods' cgroup, "pods" only).
         **reserved,
         **sync,
+        **status,
         **gates,
     }
 

@@ -66,7 +66,7 @@ from .hoststate import cgroup_mounts, read_sysctl, sysctl_path
 from .kubeapi import ApiError, KubeApi
 from .nodebuild import NodeBinaries, go_arch
 from .nodeconfig import NodeNetwork, NodePaths
-from .topology import NodeSpec, extended_resources
+from .topology import NODE_STATUS_UPDATE_FREQUENCY, NodeSpec, extended_resources
 
 STATE_FILE = "nodes.json"
 
@@ -662,6 +662,11 @@ class RealNodes:
             max_pods=topology.pods if topology is not None else 110,
             system_reserved=reserved,
             sync_frequency=topology.sync_frequency if topology is not None else None,
+            node_status_update_frequency=(
+                topology.node_status_update_frequency
+                if topology is not None
+                else NODE_STATUS_UPDATE_FREQUENCY
+            ),
             feature_gates=topology.kubelet_feature_gates if topology is not None else None,
         )
         paths.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))

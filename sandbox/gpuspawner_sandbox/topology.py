@@ -171,6 +171,10 @@ _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DRIVER = re.compile(r"^\d{3}\.\d{2,3}(\.\d{2,3})?$")
 #: 1s..59s or 1m..59m: a Go duration the kubelet reads, within reason for a sync period.
 _SYNC_FREQUENCY = re.compile(r"^([1-9]|[1-5][0-9])[sm]$")
+#: A local cluster's nodes compute their status every second instead of the kubelet's
+#: 10 s, so that a GPU's health or a device plugin's registration reaches the
+#: scheduler and the hub at once; they still send it only when it changed.
+NODE_STATUS_UPDATE_FREQUENCY = "1s"
 #: A Kubernetes feature gate's name, as the kubelet spells them (e.g. EventedPLEG).
 _FEATURE_GATE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 _CPU = re.compile(r"^(\d+(?:\.\d+)?)(m?)$")
@@ -298,6 +302,10 @@ class NodeSpec:
     #: The kubelet's syncFrequency, e.g. "10s" (None: the kubelet's 1m): how often
     #: it syncs each pod, and so how soon a changed ConfigMap reaches a pod's files.
     sync_frequency: str | None = None
+    #: The kubelet's nodeStatusUpdateFrequency: how often it computes its node's
+    #: status, and so how soon a device plugin's change (a GPU that turns unhealthy,
+    #: a plugin that registers) shows in allocatable.
+    node_status_update_frequency: str = NODE_STATUS_UPDATE_FREQUENCY
     #: The kubelet's featureGates (the topology's top-level ones, then the node's own).
     kubelet_feature_gates: dict[str, bool] = field(default_factory=dict)
 
@@ -383,6 +391,7 @@ def _parse_node(
         "labels",
         "mig",
         "sync_frequency",
+        "node_status_update_frequency",
         "kubelet_feature_gates",
         RUNTIME_KEY,
     }
@@ -412,14 +421,10 @@ def _parse_node(
     pods = raw.get("pods", 110)
     if not isinstance(pods, int) or pods < 1:
         raise TopologyError(f"Node {name!r}: 'pods' must be a positive integer, not {pods!r}.")
-    sync_frequency = raw.get("sync_frequency")
-    if sync_frequency is not None and not (
-        isinstance(sync_frequency, str) and _SYNC_FREQUENCY.match(sync_frequency)
-    ):
-        raise TopologyError(
-            f"Node {name!r}: 'sync_frequency' must be a duration from 1s to 59m like '10s' or "
-            f"'1m', not {sync_frequency!r}."
-        )
+    sync_frequency = _kubelet_period(name, raw, "sync_frequency", None)
+    status_frequency = _kubelet_period(
+        name, raw, "node_status_update_frequency", NODE_STATUS_UPDATE_FREQUENCY
+    )
     gates = {
         **default_gates,
         **parse_feature_gates(raw.get("kubelet_feature_gates"), f"Node {name!r}"),
@@ -478,6 +483,7 @@ def _parse_node(
         memory=memory,
         pods=pods,
         sync_frequency=sync_frequency,
+        node_status_update_frequency=status_frequency,
         kubelet_feature_gates=gates,
         driver=driver,
         mig_strategy=strategy,
@@ -485,6 +491,17 @@ def _parse_node(
         labels={str(k): str(v) for k, v in labels.items()},
         accept_envvar_unprivileged=accept_envvar,
     )
+
+
+def _kubelet_period(node: str, raw: dict, key: str, default: str | None) -> str | None:
+    """One of the kubelet's periods a node entry may set, checked; ``default`` when absent."""
+    value = raw.get(key, default)
+    if value is not None and not (isinstance(value, str) and _SYNC_FREQUENCY.match(value)):
+        raise TopologyError(
+            f"Node {node!r}: {key!r} must be a duration from 1s to 59m like '10s' or "
+            f"'1m', not {value!r}."
+        )
+    return value
 
 
 def _quantity(node: str, raw: dict, key: str, parse, what: str) -> str | None:

@@ -206,6 +206,20 @@ def test_kubelet_sync_frequency_is_set_only_where_the_topology_gives_one():
     assert config(sync_frequency="10s")["syncFrequency"] == "10s"
 
 
+def test_a_faster_node_status_keeps_the_kubelets_report_only_changes_period():
+    def config(**kwargs):
+        return nodeconfig.kubelet_configuration(
+            PATHS, NET, node="cpu-0", client_ca=Path("/ca.crt"), healthz_port=1, **kwargs
+        )
+
+    assert "nodeStatusUpdateFrequency" not in config()
+    assert "nodeStatusReportFrequency" not in config()
+    fast = config(node_status_update_frequency="1s")
+    assert fast["nodeStatusUpdateFrequency"] == "1s"
+    # without it the kubelet would PATCH its Node every second, changed or not
+    assert fast["nodeStatusReportFrequency"] == "5m"
+
+
 def test_the_kubelets_feature_gates_are_read_from_its_help():
     # `k8s kubelet --help`'s --feature-gates list, recorded from the v1.37.2 build
     help_text = (FIXTURES / "nodes" / "kubelet-v1.37.2-feature-gates-help.txt").read_text()

@@ -129,6 +129,10 @@ def test_nodes_register_ready_with_node_identities(real_nodes, control_plane):
         assert addresses["InternalIP"] == nodeconfig.NodeNetwork(index).node_ip
         assert {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"} in node["spec"]["taints"]
         assert real_nodes.nodes.node_ready(name)
+        # the running kubelet's own configuration, through the API server's node proxy
+        running = api.get(f"/api/v1/nodes/{name}/proxy/configz")["kubeletconfig"]
+        assert running["nodeStatusUpdateFrequency"] == "1s"
+        assert running["nodeStatusReportFrequency"] == "5m0s"
 
         kubeconfig = yaml.safe_load(real_nodes.nodes.paths(name).kubeconfig.read_text())
         pem = base64.b64decode(kubeconfig["users"][0]["user"]["client-certificate-data"])

@@ -194,6 +194,11 @@ def test_single_mig_strategy_overloads_the_gpu_resource():
         ({"nodes": [{"name": "a", "sync_frequency": "0s"}]}, "not '0s'"),
         ({"nodes": [{"name": "a", "sync_frequency": "1h"}]}, "not '1h'"),
         (
+            {"nodes": [{"name": "a", "node_status_update_frequency": "500ms"}]},
+            "Node 'a': 'node_status_update_frequency' must be a duration from 1s to 59m "
+            "like '10s' or '1m', not '500ms'.",
+        ),
+        (
             {"kubelet_feature_gates": ["EventedPLEG"], "nodes": [{"name": "a"}]},
             "The topology: 'kubelet_feature_gates' must be a mapping of gate names to true or "
             "false, like {EventedPLEG: true}, not ['EventedPLEG'].",
@@ -323,3 +328,11 @@ def test_a_node_may_sync_its_pods_more_often_than_the_kubelets_minute():
     topo = parse_topology({"nodes": [{"name": "a", "sync_frequency": "10s"}, {"name": "b"}]})
     assert topo.node("a").sync_frequency == "10s"
     assert topo.node("b").sync_frequency is None  # the kubelet's own default
+
+
+def test_nodes_compute_their_status_every_second_unless_told_otherwise():
+    topo = parse_topology(
+        {"nodes": [{"name": "a"}, {"name": "b", "node_status_update_frequency": "10s"}]}
+    )
+    assert topo.node("a").node_status_update_frequency == "1s"
+    assert topo.node("b").node_status_update_frequency == "10s"
