@@ -451,6 +451,11 @@ class ControlPlane:
             "--enable-admission-plugins=NodeRestriction",
             "--allow-privileged=true",
             "--profiling=false",
+            # On SIGTERM, answer new requests 429 until those in flight are done,
+            # then close the connections within 2 s. Without it the HTTP server
+            # waits up to the 60 s request timeout for clients that keep their
+            # connections (kubelets, watches), and `down` waited for its grace.
+            "--shutdown-send-retry-after=true",
         ]
 
     def _common_component_args(self, component: str) -> list[str]:
@@ -485,6 +490,8 @@ class ControlPlane:
             "--use-service-account-credentials=true",
             f"--cluster-signing-cert-file={p.ca.cert}",
             f"--cluster-signing-key-file={p.ca.key}",
+            "--kube-api-qps=200",
+            "--kube-api-burst=400",
         ]
 
     def _spawn(self, component: str, args: list[str]) -> None:

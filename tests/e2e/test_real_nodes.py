@@ -532,7 +532,11 @@ def test_down_restores_the_host(real):
     """Runs after every test that uses the stack (tests/e2e/conftest.py): it stops it."""
     stack = real.stack
     state_dir = stack.state_dir
+    control_plane = dict(stack.control_plane.processes)
     stack.stop()
+    # The API server stops first (it listens on our link), while every kubelet still
+    # holds its connections: SIGTERM alone must end it, not the SIGKILL after its grace.
+    assert control_plane["kube-apiserver"].returncode == 0
     after = hoststate.snapshot(state_dir / "nodes", real.cgroup_roots)
     assert hoststate.differences(real.before, after) == []
     assert testing.processes_mentioning(str(state_dir)) == []
