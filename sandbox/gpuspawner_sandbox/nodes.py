@@ -1022,10 +1022,12 @@ def _kill_until_empty(find, timeout: float = 20) -> None:
 
 def _remove_cgroup(top: str, timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
-    while os.path.isdir(top):
+    while True:
         for directory, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
             with contextlib.suppress(OSError):
                 os.rmdir(directory)
+        if not os.path.isdir(top):
+            return
         if time.monotonic() > deadline:
             raise NodeError(f"Cannot remove the cgroup {top}: processes still in it.")
         time.sleep(0.1)
