@@ -241,7 +241,8 @@ def test_a_usage_file_raises_exactly_its_gpus_utilisation_until_it_expires(gpu_n
     busy = visible[0]
     usage_file = gpu_node.nodes.paths(NODE).driver.usage_dir(busy) / gpudriver.USAGE_FILE
     usage_file.parent.mkdir(parents=True, exist_ok=True)
-    until = time.time() + 20
+    # long enough for the exporter and Prometheus (1 s scrapes) to see it first
+    until = time.time() + 8
     tmp = usage_file.with_name("usage.json.tmp")
     # As a workload writes it: atomically, with an expiry.
     tmp.write_text(json.dumps({"gpu_util_percent": 73, "fb_used_mib": 1234, "until": until}))
