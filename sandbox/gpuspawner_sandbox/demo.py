@@ -87,7 +87,8 @@ class SandboxStack:
     The nodes are the topology's, as real nodes (kubelet, containerd, runc,
     CNI) holding the notebook image built here
     (:mod:`gpuspawner_sandbox.notebookimage`); the hub listens on the host's
-    address in the pod range, which notebooks reach.
+    address in the pod range, which notebooks reach. Prometheus scrapes the GPU
+    nodes' DCGM exporters every ``scrape_interval`` (the demo's 10 s by default).
     """
 
     def __init__(
@@ -101,9 +102,11 @@ class SandboxStack:
         binary: Path | None = None,
         hub_env: dict[str, str] | None = None,
         machine_wait: float = 0,
+        scrape_interval: str = PROMETHEUS_SCRAPE_INTERVAL,
         emit=print,
     ):
         self.state_dir = state_dir.resolve()
+        self.scrape_interval = scrape_interval
         self.topology = topology
         self.catalog = catalog
         self.extra_hub_config = extra_hub_config
@@ -172,7 +175,7 @@ class SandboxStack:
             return
         self.emit(f"Starting Prometheus over {len(targets)} DCGM exporters…")
         self.prometheus = start_prometheus(
-            self.state_dir / "prometheus", targets, scrape_interval=PROMETHEUS_SCRAPE_INTERVAL
+            self.state_dir / "prometheus", targets, scrape_interval=self.scrape_interval
         )
         self.hub_env.setdefault(PROMETHEUS_URL_ENV, self.prometheus.url)
 

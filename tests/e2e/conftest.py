@@ -19,6 +19,7 @@ import contextlib
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +87,8 @@ def real(tmp_path_factory, pytestconfig):
         catalog=E2E_CATALOG,
         extra_hub_config=EXTRA_HUB_CONFIG,
         machine_wait=testing.MACHINE_WAIT,
+        # The tests wait for GPU activity to reach Prometheus: every 2 s, not the demo's 10.
+        scrape_interval="2s",
         emit=emit,
     )
     with testing.capture_disabled(pytestconfig), s:
@@ -171,13 +174,30 @@ def wait_ready(hub, user, name="", timeout=120):
     return wait_for(ready, timeout, what=f"{user}'s server {name!r} to be ready")
 
 
-def stop_server(hub, user, name=""):
+def ask_stop(hub, user, name=""):
+    """Ask the hub to stop a server (as its user's DELETE does), without waiting."""
     path = f"/users/{user}/servers/{name}" if name else f"/users/{user}/server"
     r = hub.api("DELETE", path)
     assert r.status in (202, 204, 400), r.body
+
+
+def stop_servers(hub, servers):
+    """Stop several (user, name) servers at once and wait until all are gone.
+
+    The DELETEs go out together: the hub answers each only when its stop is done
+    or after its slow-stop wait (KubeSpawner's stop waits for the pod to go).
+    """
+    with ThreadPoolExecutor(max_workers=max(1, len(servers))) as pool:
+        list(pool.map(lambda server: ask_stop(hub, *server), servers))
     wait_for(
-        lambda: server_state(hub, user, name) is None, 90, what=f"{user}'s server {name!r} to stop"
+        lambda: all(server_state(hub, user, name) is None for user, name in servers),
+        90,
+        what=f"servers {servers} to stop",
     )
+
+
+def stop_server(hub, user, name=""):
+    stop_servers(hub, [(user, name)])
 
 
 def pod_of(kube, user, name=""):

@@ -10,7 +10,7 @@ import pytest
 from gpuspawner.compat import SpawnException
 from gpuspawner_sandbox.demo import HUB_NAMESPACE
 
-from .conftest import ensure_user, stop_server, user_pods, wait_for, wait_ready
+from .conftest import ensure_user, stop_server, stop_servers, user_pods, wait_for, wait_ready
 
 
 def test_ten_concurrent_requests_start_exactly_two_and_a_restart_changes_nothing(stack, hub, kube):
@@ -61,8 +61,7 @@ def test_ten_concurrent_requests_start_exactly_two_and_a_restart_changes_nothing
         with urllib.request.urlopen(request, timeout=60) as response:
             assert response.status == 200
             assert "started" in json.loads(response.read())
-    for name in started:
-        stop_server(hub, "lena", name)
+    stop_servers(hub, [("lena", name) for name in started])
     wait_for(lambda: not user_pods(kube, "lena"), 60, what="lena's pods to go")
     r = hub.api(
         "POST", "/users/lena/servers/after", {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}

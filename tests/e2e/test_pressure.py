@@ -22,6 +22,7 @@ from .conftest import (
     pod_of,
     server_state,
     stop_server,
+    stop_servers,
     wait_for,
     wait_ready,
 )
@@ -65,10 +66,12 @@ def hub_metric_lines(hub, name):
 def clean(hub):
     users = [*HOLDERS, "quinn", "rhea", "sven"]
     yield
+    running = []
     for user in users:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a user this test never made has no model
             if server_state(hub, user) is not None:
-                stop_server(hub, user)
+                running.append((user, ""))
+    stop_servers(hub, running)
 
 
 BLOCKER = {
@@ -164,9 +167,22 @@ def test_a_4_gpu_request_never_frees_gpus_spread_over_nodes(stack, hub, kube, tm
                 kube.delete(path, query={"gracePeriodSeconds": "0"})
 
 
+def message(event: str) -> str:
+    """The message of one progress event (its JSON data)."""
+    return json.loads(event).get("message", "")
+
+
+def starts(prefix: str):
+    """A test of one progress event: its message starts with ``prefix``."""
+    return lambda event: message(event).startswith(prefix)
+
+
 QUEUE_CONFIG = """
 c.GPUSpawner.gpu_queue_enabled = True
 c.GPUSpawner.gpu_queue_timeout = 240
+# A queued request is answered 202 after 1 s instead of JupyterHub's 10 s slow-spawn
+# wait; its refusals and admissions come well within it.
+c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 1}
 """
 
 
@@ -184,12 +200,14 @@ def test_a_queued_request_starts_as_soon_as_the_culler_frees_its_gpus(
         nodes = fill_a100_pool(hub, kube)
         r = spawn(hub, "quinn", 4)
         assert r.status == 202, r.body
-        shown = [json.loads(m).get("message", "") for m in progress_messages(hub, "quinn", 4)]
-        assert any(m.startswith("1st in line for 4 × NVIDIA A100") for m in shown), shown
+        first = "1st in line for 4 × NVIDIA A100"
+        shown = [message(m) for m in progress_messages(hub, "quinn", 4, until=starts(first))]
+        assert any(m.startswith(first) for m in shown), shown
         # Sven gets in line behind her, then gives up: he leaves the queue at once.
         assert spawn(hub, "sven", 4).status == 202
-        shown = [json.loads(m).get("message", "") for m in progress_messages(hub, "sven", 4)]
-        assert any(m.startswith("2nd in line for 4 × NVIDIA A100 (2 waiting)") for m in shown)
+        second = "2nd in line for 4 × NVIDIA A100 (2 waiting)"
+        shown = [message(m) for m in progress_messages(hub, "sven", 4, until=starts(second))]
+        assert any(m.startswith(second) for m in shown), shown
         queued = 'gpuspawner_gpu_demand{gpu_type="a100",gpus="4",source="queued"}'
         assert f"{queued} 2.0" in hub_metric_lines(hub, "gpuspawner_gpu_demand")
         r = hub.api("DELETE", "/users/sven/server")

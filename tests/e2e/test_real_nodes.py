@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,15 @@ from gpuspawner import labels
 from gpuspawner_sandbox import gpudriver, hoststate, nodeconfig, testing
 from gpuspawner_sandbox.demo import DEMO_PASSWORD
 
-from .conftest import browser_log_in, ensure_user, pod_of, stop_server, user_pods, wait_for
+from .conftest import (
+    browser_log_in,
+    ensure_user,
+    pod_of,
+    stop_server,
+    stop_servers,
+    user_pods,
+    wait_for,
+)
 
 ADMIN_PAGE = "/services/gpuspawner-admin/"
 MEMORY_LIMIT = 768 * 1024 * 1024  # the catalog's 768Mi
@@ -367,10 +376,12 @@ def test_a_mig_server_gets_exactly_its_mig_device_and_its_own_activity(real):
     wait_for(lambda: not user_pods(kube, user), 90, what=f"{user}'s pod to be deleted")
 
 
-GPU_CULLER_CONFIG = """
+#: Seconds of idle GPUs after which the culler below stops a GPU server.
+IDLE_GPU_TIMEOUT = 10
+GPU_CULLER_CONFIG = f"""
 c = get_config()  # noqa
 # GPU idleness alone decides (an open JupyterLab tab keeps Jupyter 'active'):
-c.GPUCuller.timeouts = [{"min_gpus": 1, "gpu_timeout": 20}]
+c.GPUCuller.timeouts = [{{"min_gpus": 1, "gpu_timeout": {IDLE_GPU_TIMEOUT}}}]
 c.GPUCuller.timeout = 0
 c.GPUCuller.min_running = 0
 c.GPUCuller.gpu_window = 40
@@ -424,8 +435,12 @@ def test_the_culler_stops_the_idle_gpu_server_and_keeps_the_busy_one(
         page.screenshot(path=str(tmp_path / "admin-page.png"), full_page=True)
         report(f"admin page with GPU utilisation: {tmp_path / 'admin-page.png'}")
         page.context.close()
-        # Long enough that the idle GPU has been idle past its gpu_timeout in Prometheus's data.
-        time.sleep(25)
+        # The idle server's GPU idle past its gpu_timeout since the server started
+        # (the culler counts from then), with a few scrapes to spare.
+        started = datetime.fromisoformat(
+            hub.api("GET", f"/users/{idle}").json()["servers"][""]["started"].replace("Z", "+00:00")
+        ).timestamp()
+        time.sleep(max(0.0, started + IDLE_GPU_TIMEOUT + 5 - time.time()))
         config = tmp_path / "culler_config.py"
         config.write_text(GPU_CULLER_CONFIG)
         culled = subprocess.run(
@@ -459,8 +474,7 @@ def test_the_culler_stops_the_idle_gpu_server_and_keeps_the_busy_one(
     finally:
         burn.terminate()
         burn.wait(timeout=30)
-        for user in (busy, idle):
-            stop_server(hub, user)
+        stop_servers(hub, [(busy, ""), (idle, "")])
 
 
 H100_NODE = "gpu-h100-0"

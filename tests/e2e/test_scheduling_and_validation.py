@@ -4,11 +4,22 @@ import time
 
 import pytest
 
-from .conftest import ensure_user, pod_of, server_state, stop_server, wait_for, wait_ready
+from .conftest import (
+    ensure_user,
+    pod_of,
+    server_state,
+    stop_server,
+    stop_servers,
+    wait_for,
+    wait_ready,
+)
 
 
-def progress_messages(hub, user, seconds=8.0):
-    """Messages of the hub's spawn-progress event stream, read for a few seconds."""
+def progress_messages(hub, user, seconds=8.0, until=None):
+    """Messages of the hub's spawn-progress event stream, read for a few seconds.
+
+    With ``until`` (a test of one message), reading stops at the first message it accepts.
+    """
     import urllib.request
 
     request = urllib.request.Request(
@@ -23,6 +34,8 @@ def progress_messages(hub, user, seconds=8.0):
                 line = raw.decode().strip()
                 if line.startswith("data:"):
                     messages.append(line[5:].strip())
+                    if until is not None and until(messages[-1]):
+                        break
                 if time.monotonic() > deadline:
                     break
     except TimeoutError:
@@ -33,7 +46,11 @@ def progress_messages(hub, user, seconds=8.0):
 @pytest.fixture
 def hub_without_inventory(stack):
     """A second hub on the same cluster that leaves scheduling to the scheduler alone."""
-    hub = stack.start_second_hub("hub-no-inventory", "c.GPUSpawner.gpu_inventory_enabled = False")
+    hub = stack.start_second_hub(
+        "hub-no-inventory",
+        # a request the scheduler keeps Pending is answered 202 after 1 s, not 10
+        'c.GPUSpawner.gpu_inventory_enabled = False\nc.JupyterHub.tornado_settings = {"slow_spawn_timeout": 1}',
+    )
     yield hub
     hub.stop()
 
@@ -101,12 +118,13 @@ def test_without_the_inventory_the_scheduler_keeps_it_pending_with_the_reason_un
         message = wait_for(unschedulable, 30, what="the scheduler to report the pod unschedulable")
         assert "Insufficient nvidia.com/gpu" in message
         assert server_state(hub, "wanda")["pending"] == "spawn"
-        shown = progress_messages(hub, "wanda")
+        shown = progress_messages(
+            hub, "wanda", until=lambda m: "H100" in m or "nvidia.com/gpu" in m
+        )
         assert any("H100" in m or "nvidia.com/gpu" in m for m in shown), shown
     finally:
         stop_server(hub, hogs[0])
     # 2 H100 are back: the waiting server is scheduled and starts
     wait_ready(hub, "wanda", timeout=120)
     assert pod_of(kube, "wanda")["spec"]["nodeName"] == "gpu-h100-0"
-    for user in [*hogs[1:], "wanda"]:
-        stop_server(hub, user)
+    stop_servers(hub, [(user, "") for user in [*hogs[1:], "wanda"]])

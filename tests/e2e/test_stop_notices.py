@@ -26,7 +26,15 @@ from gpuspawner.kube import KubeClient
 from gpuspawner_sandbox import gpudriver
 from gpuspawner_sandbox.demo import HUB_NAMESPACE
 
-from .conftest import ensure_user, pod_of, server_state, stop_server, wait_for, wait_ready
+from .conftest import (
+    ensure_user,
+    pod_of,
+    server_state,
+    stop_server,
+    stop_servers,
+    wait_for,
+    wait_ready,
+)
 from .test_capacity import browser
 
 USER = "whyuser"
@@ -86,12 +94,12 @@ async def test_each_stop_reason_is_shown_to_its_user_after_a_hub_restart(
             await client.annotate_pod(
                 pod, HUB_NAMESPACE, notices.stop_annotations(decision, stopped_at[name])
             )
-            stop_server(hub, USER, name)
         admin = GPUAdmin()
         admin.kube = KubeReader(client)
         stopped_at["admin"] = time.time()
         await admin.annotate_stop(USER, "admin")
-        stop_server(hub, USER, "admin")
+        # each annotated first, then the hub's DELETE, as the culler and the GPU page do
+        stop_servers(hub, [(USER, name) for name in [*CULLED, "admin"]])
         warned_pod = pod_of(kube, USER, "warned")["metadata"]["name"]
         cull_after = time.time() + 3600
         decision = P.Decision(P.Server(USER, "warned"), P.WARN, P.REASON_IDLE, idle_seconds=600)
