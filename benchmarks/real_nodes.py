@@ -1,6 +1,7 @@
 """Real nodes: start-up time and idle memory per node and per pod.
 
-    sudo .venv/bin/python benchmarks/real_nodes.py [--nodes 2] [--pods 5]
+    sudo .venv/bin/python benchmarks/real_nodes.py [--nodes 2] [--pods 5] \
+        [--node-status-update-frequency 1s]
 
 Starts the sandbox's real control plane, then ``--nodes`` real nodes (the
 kubelet, containerd, runc, CNI; gpuspawner_sandbox.nodes), and measures:
@@ -12,7 +13,9 @@ kubelet, containerd, runc, CNI; gpuspawner_sandbox.nodes), and measures:
 * memory per running pod: ``--pods`` pods (the test tool's ``sleep``) on the
   first node, the increase of all processes of that node (shims, pause and
   the containers themselves) divided by the number of pods;
-* CPU of an idle node (containerd + kubelet), over 20 s.
+* CPU of an idle node (containerd + kubelet), over 20 s, with the kubelets
+  computing their node status as often as ``--node-status-update-frequency``
+  says (the sandbox's 1 s by default; the kubelet's own default is 10 s).
 
 Writes Markdown to stdout. Needs root; builds what is missing first.
 """
@@ -27,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuspawner_sandbox import nodebuild, nodeconfig, nodes
+from gpuspawner_sandbox import nodebuild, nodeconfig, nodes, topology
 from gpuspawner_sandbox.controlplane import ControlPlane
 
 IDLE_SECONDS = 20
@@ -86,14 +89,27 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--pods", type=int, default=5)
+    parser.add_argument(
+        "--node-status-update-frequency", default=topology.NODE_STATUS_UPDATE_FREQUENCY
+    )
     args = parser.parse_args()
     binaries = nodebuild.build_all()
     names = [f"bench-{i}" for i in range(args.nodes)]
+    specs = topology.parse_topology(
+        {
+            "nodes": [
+                {"name": n, "node_status_update_frequency": args.node_status_update_frequency}
+                for n in names
+            ]
+        }
+    )
     hz = os.sysconf("SC_CLK_TCK")
     with tempfile.TemporaryDirectory(prefix="real-nodes-bench-") as tmp:
         with ControlPlane(Path(tmp), binaries.k8s) as cp:
             cp.wait_for_service_account("default")
-            with nodes.RealNodes(Path(tmp), cp, binaries, names) as rn:
+            with nodes.RealNodes(
+                Path(tmp), cp, binaries, names, specs={n.name: n for n in specs.nodes}
+            ) as rn:
                 time.sleep(IDLE_SECONDS)
                 rows = []
                 for name in names:
@@ -129,7 +145,8 @@ def main() -> int:
                 per_pod = (after - before) / args.pods
                 started = dict(rn.started_in)
 
-    print(f"Machine: {os.cpu_count()} CPUs, {platform.machine()}, Linux {platform.release()}\n")
+    print(f"Machine: {os.cpu_count()} CPUs, {platform.machine()}, Linux {platform.release()}")
+    print(f"Kubelets compute their node status every {args.node_status_update_frequency}\n")
     print("| node | start → Ready | containerd RSS | kubelet RSS | idle CPU (both) |")
     print("|---|---|---|---|---|")
     for name, rss, _ in rows:
