@@ -13,7 +13,13 @@ PYTEST_ARGS ?=
 # cluster, Docker, the images) does not depend on the hub's JupyterHub line (the z2jh
 # test's hub runs in the hub image, with z2jh's JupyterHub 5.5).
 VENV_JH55 ?= .venv-jh55
-PYTEST_ARGS_JH55 ?= tests --ignore=tests/e2e --ignore=tests/images --ignore=tests/sandbox --ignore=tests/z2jh
+# The tests that run real nodes, Docker engines and Helm take turns on the machine,
+# one at a time; the unit and hub-level tests (each hub on its own free ports and
+# directory) run in $(PYTEST_WORKERS) pytest-xdist workers: they mostly wait.
+MACHINE_TESTS := tests/e2e tests/images tests/sandbox tests/z2jh
+UNIT_TESTS := tests $(foreach t,$(MACHINE_TESTS),--ignore=$(t))
+PYTEST_WORKERS ?= 2
+PYTEST_ARGS_JH55 ?= -n $(PYTEST_WORKERS) $(UNIT_TESTS)
 
 .PHONY: setup system-packages test lint demo bench clean full-images
 
@@ -69,14 +75,20 @@ lint: setup
 # slowest steps (fixtures included), to see where its time goes.
 test: lint system-packages $(VENV_JH55)/.installed $(VENV_JH55)/.labext-installed
 	@failed=0; \
-	echo "== the whole suite: JupyterHub 6.1 + KubeSpawner 7.1 ($(VENV)) =="; \
-	$(VENV)/bin/pytest --durations=30 $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; rc=1; fi; \
-	[ $$rc -eq 0 ] || failed=1; \
+	run() { "$$@"; rc=$$?; \
+		if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; rc=1; fi; \
+		[ $$rc -eq 0 ] || failed=1; }; \
+	if [ -n "$(PYTEST_ARGS)" ]; then \
+		echo "== $(PYTEST_ARGS): JupyterHub 6.1 + KubeSpawner 7.1 ($(VENV)) =="; \
+		run $(VENV)/bin/pytest --durations=30 $(PYTEST_ARGS); \
+	else \
+		echo "== the whole suite on JupyterHub 6.1 + KubeSpawner 7.1 ($(VENV)), 1/2: real nodes, Docker, Helm =="; \
+		run $(VENV)/bin/pytest --durations=30 $(MACHINE_TESTS); \
+		echo "== the whole suite on JupyterHub 6.1 + KubeSpawner 7.1 ($(VENV)), 2/2: unit and hub-level tests =="; \
+		run $(VENV)/bin/pytest --durations=15 -n $(PYTEST_WORKERS) $(UNIT_TESTS); \
+	fi; \
 	echo "== unit and hub-level tests: JupyterHub 5.5 + KubeSpawner 7.0 ($(VENV_JH55)) =="; \
-	$(VENV_JH55)/bin/pytest -rs $(PYTEST_ARGS_JH55); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; rc=1; fi; \
-	[ $$rc -eq 0 ] || failed=1; \
+	run $(VENV_JH55)/bin/pytest -rs $(PYTEST_ARGS_JH55); \
 	exit $$failed
 
 # The local GPU cluster (real control plane built from Go, real nodes over emulated GPUs; root)
