@@ -490,6 +490,11 @@ class ControlPlane:
             "--use-service-account-credentials=true",
             f"--cluster-signing-cert-file={p.ca.cert}",
             f"--cluster-signing-key-file={p.ca.key}",
+            # Each controller's client is rate-limited (20 requests/s, bursts of
+            # 30, by default); at start-up every controller fetches a token of its
+            # own, so they started seconds apart: the default ServiceAccount came
+            # about 5 s after the controller manager was healthy. One cluster on
+            # one machine has the room.
             "--kube-api-qps=200",
             "--kube-api-burst=400",
         ]
