@@ -303,8 +303,19 @@ def test_a_one_gpu_a100_server_starts_checked_on_the_gpu_node(cluster, admin):
 
 def test_the_culler_and_the_gpu_page_run_as_the_charts_hub_services(cluster, admin):
     api = cluster.control_plane.admin_api()
+
+    def routed(response):
+        # The hub pod is Ready once the hub answers; it then starts its managed
+        # services one after another and routes each once it answers, so for the
+        # first seconds a service's path is the hub's 404.
+        return response if response.status_code != 404 else None
+
     # The culler answers a user about their own servers (JupyterLab's cull warning).
-    r = admin.with_token("GET", "/services/gpuspawner-culler/api/warning")
+    r = wait_for(
+        lambda: routed(admin.with_token("GET", "/services/gpuspawner-culler/api/warning")),
+        90,
+        "the hub to route its culler service",
+    )
     assert r.status_code == 200, f"{r.status_code} {r.url}\n{diagnosis(api)}"
     # The GPU page, through the hub's OAuth as a browser follows it.
     r = admin.session.get(f"{admin.base}/services/gpuspawner-admin/", timeout=60)
