@@ -307,11 +307,12 @@ def test_the_culler_and_the_gpu_page_run_as_the_charts_hub_services(cluster, adm
     def routed(response):
         # The hub pod is Ready once the hub answers; it then starts its managed
         # services one after another and routes each once it answers, so for the
-        # first seconds a service's path is the hub's 404.
-        return response if response.status_code != 404 else None
+        # first seconds a service's path is the hub's 404. (In a tuple: a requests
+        # Response is false for any 4xx or 5xx, which must end the wait too.)
+        return (response,) if response.status_code != 404 else None
 
     # The culler answers a user about their own servers (JupyterLab's cull warning).
-    r = wait_for(
+    (r,) = wait_for(
         lambda: routed(admin.with_token("GET", "/services/gpuspawner-culler/api/warning")),
         90,
         "the hub to route its culler service",
