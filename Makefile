@@ -15,8 +15,10 @@ PYTEST_ARGS ?=
 VENV_JH55 ?= .venv-jh55
 # The tests that run real nodes, Docker engines and Helm take turns on the machine,
 # one at a time; the unit and hub-level tests (each hub on its own free ports and
-# directory) run in $(PYTEST_WORKERS) pytest-xdist workers: they mostly wait.
-MACHINE_TESTS := tests/e2e tests/images tests/sandbox tests/z2jh
+# directory) run in $(PYTEST_WORKERS) pytest-xdist workers beside them: both mostly
+# wait. The machine tests start with the ones that wait most (sandbox, images, z2jh),
+# so that the unit tests' busiest minutes do not fall on the e2e tests' hubs.
+MACHINE_TESTS := tests/sandbox tests/images tests/z2jh tests/e2e
 UNIT_TESTS := tests $(foreach t,$(MACHINE_TESTS),--ignore=$(t))
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS_JH55 ?= -n $(PYTEST_WORKERS) $(UNIT_TESTS)
@@ -73,22 +75,36 @@ lint: setup
 # Both JupyterHub lines, each run to its end; pytest exits 5 when it collected no
 # test: that is a failure here, never a pass. The whole suite ends with its 30
 # slowest steps (fixtures included), to see where its time goes.
+# The machine tests and the unit and hub-level tests both mostly wait (the machine
+# is idle about half of each), so the unit and hub-level tests of both lines run
+# beside the machine tests as one background job; their output is kept and shown
+# after the machine tests' own.
 test: lint system-packages $(VENV_JH55)/.installed $(VENV_JH55)/.labext-installed
 	@failed=0; \
-	run() { "$$@"; rc=$$?; \
+	verdict() { rc=$$1; \
 		if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; rc=1; fi; \
 		[ $$rc -eq 0 ] || failed=1; }; \
+	run() { "$$@"; verdict $$?; }; \
 	if [ -n "$(PYTEST_ARGS)" ]; then \
 		echo "== $(PYTEST_ARGS): JupyterHub 6.1 + KubeSpawner 7.1 ($(VENV)) =="; \
 		run $(VENV)/bin/pytest --durations=30 $(PYTEST_ARGS); \
+		echo "== unit and hub-level tests: JupyterHub 5.5 + KubeSpawner 7.0 ($(VENV_JH55)) =="; \
+		run $(VENV_JH55)/bin/pytest -rs $(PYTEST_ARGS_JH55); \
 	else \
-		echo "== the whole suite on JupyterHub 6.1 + KubeSpawner 7.1 ($(VENV)), 1/2: real nodes, Docker, Helm =="; \
+		beside=$$(mktemp -d); \
+		( nice -n 10 $(VENV)/bin/pytest --durations=15 -n $(PYTEST_WORKERS) $(UNIT_TESTS) >$$beside/6.1 2>&1; \
+		  echo $$? >$$beside/6.1.rc; \
+		  nice -n 10 $(VENV_JH55)/bin/pytest -rs $(PYTEST_ARGS_JH55) >$$beside/5.5 2>&1; \
+		  echo $$? >$$beside/5.5.rc ) & \
+		echo "== JupyterHub 6.1 + KubeSpawner 7.1 ($(VENV)): real nodes, Docker, Helm (the unit and hub-level tests of both lines run beside; their output follows) =="; \
 		run $(VENV)/bin/pytest --durations=30 $(MACHINE_TESTS); \
-		echo "== the whole suite on JupyterHub 6.1 + KubeSpawner 7.1 ($(VENV)), 2/2: unit and hub-level tests =="; \
-		run $(VENV)/bin/pytest --durations=15 -n $(PYTEST_WORKERS) $(UNIT_TESTS); \
+		wait; \
+		echo "== unit and hub-level tests: JupyterHub 6.1 + KubeSpawner 7.1 ($(VENV)), run beside =="; \
+		cat $$beside/6.1; verdict $$(cat $$beside/6.1.rc 2>/dev/null || echo 1); \
+		echo "== unit and hub-level tests: JupyterHub 5.5 + KubeSpawner 7.0 ($(VENV_JH55)), run beside =="; \
+		cat $$beside/5.5; verdict $$(cat $$beside/5.5.rc 2>/dev/null || echo 1); \
+		rm -rf $$beside; \
 	fi; \
-	echo "== unit and hub-level tests: JupyterHub 5.5 + KubeSpawner 7.0 ($(VENV_JH55)) =="; \
-	run $(VENV_JH55)/bin/pytest -rs $(PYTEST_ARGS_JH55); \
 	exit $$failed
 
 # The local GPU cluster (real control plane built from Go, real nodes over emulated GPUs; root)

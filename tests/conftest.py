@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,15 @@ from gpuspawner.catalog import Catalog, load_catalog_file
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # `make test` runs the unit and hub-level tests as a shell background job, which
+    # starts with SIGINT ignored, and an ignored signal stays ignored across exec.
+    # JupyterHub stops its local servers and managed services with SIGINT first: each
+    # would wait out its kill timeout. A handled signal is reset to default on exec.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

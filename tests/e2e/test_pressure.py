@@ -21,7 +21,6 @@ from .conftest import (
     hub_with,
     pod_of,
     server_state,
-    stop_server,
     stop_servers,
     wait_for,
     wait_ready,
@@ -62,16 +61,20 @@ def hub_metric_lines(hub, name):
     return [line for line in text.splitlines() if line.startswith(name + "{")]
 
 
-@pytest.fixture
-def clean(hub):
-    users = [*HOLDERS, "quinn", "rhea", "sven"]
-    yield
+def stop_running(hub, users):
+    """Stop, together, the default server of each of ``users`` that has one."""
     running = []
     for user in users:
         with contextlib.suppress(Exception):  # a user this test never made has no model
             if server_state(hub, user) is not None:
                 running.append((user, ""))
     stop_servers(hub, running)
+
+
+@pytest.fixture
+def clean(hub):
+    yield
+    stop_running(hub, [*HOLDERS, "quinn", "rhea", "sven"])
 
 
 BLOCKER = {
@@ -227,7 +230,4 @@ def test_a_queued_request_starts_as_soon_as_the_culler_frees_its_gpus(
         assert len(culled) == 2 and len({nodes[u] for u in culled}) == 1, (nodes, culled)
         assert pod_of(kube, "quinn")["spec"]["nodeName"] == nodes[next(iter(culled))]
     finally:
-        for user in [*HOLDERS, "quinn", "sven"]:
-            with contextlib.suppress(Exception):
-                if server_state(hub, user) is not None:
-                    stop_server(hub, user)
+        stop_running(hub, [*HOLDERS, "quinn", "sven"])
