@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import threading
@@ -35,6 +34,7 @@ import yaml
 
 from . import build, nodeconfig, pki
 from .kubeapi import ApiError, KubeApi, kubeconfig
+from .ports import free_port
 
 #: Components in start order; stop runs the stages of STOP_ORDER in turn.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
@@ -57,13 +57,6 @@ _PR_SET_PDEATHSIG = 1
 
 class ControlPlaneError(Exception):
     """The control plane could not be started or reached; the message says why."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on at the moment (the kernel's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

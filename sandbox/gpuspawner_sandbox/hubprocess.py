@@ -12,7 +12,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,16 +20,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 
 #: Scopes of the admin service token a started hub gets (for tests and the demo's own checks).
 ADMIN_SCOPES = ("admin:users", "admin:servers", "admin:groups", "access:servers", "tokens")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def proxy_command() -> str:

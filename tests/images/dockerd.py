@@ -15,12 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuspawner_sandbox.dockerd import HarnessError, need, stop_process
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from gpuspawner_sandbox.ports import free_port
 
 
 @dataclass
