@@ -28,8 +28,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from gpuspawner_sandbox.controlplane import free_port  # noqa: E402
 from gpuspawner_sandbox.demo import DEMO_PASSWORD, SandboxStack  # noqa: E402
+from gpuspawner_sandbox.ports import free_port  # noqa: E402
 
 EXTRA = ""
 

@@ -14,7 +14,6 @@ only, on ports picked free at start.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import ipaddress
 import json
 import os
@@ -22,7 +21,6 @@ import shutil
 import signal
 import ssl
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -34,6 +32,7 @@ import yaml
 
 from . import build, nodeconfig, pki
 from .kubeapi import ApiError, KubeApi, kubeconfig
+from .lifetime import dying_with_us
 from .ports import free_port
 
 #: Components in start order; stop runs the stages of STOP_ORDER in turn.
@@ -52,7 +51,6 @@ STOP_GRACE = 15.0
 PORT_ATTEMPTS = 3
 
 STATE_FILE = "controlplane.json"
-_PR_SET_PDEATHSIG = 1
 
 
 class ControlPlaneError(Exception):
@@ -66,14 +64,6 @@ def log_tail(path: Path, lines: int = 20) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
-
-
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: ask the kernel to SIGTERM it
-    # when the thread that started it dies, so a crashed test run leaves no
-    # control plane behind.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class ControlPlane:
@@ -494,9 +484,7 @@ class ControlPlane:
 
     def _spawn(self, component: str, args: list[str]) -> None:
         log = self.log_file(component).open("ab")
-        preexec = None
-        if self.die_with_parent and threading.current_thread() is threading.main_thread():
-            preexec = _die_with_parent
+        preexec = dying_with_us(self.die_with_parent)
         try:
             self.processes[component] = subprocess.Popen(
                 [str(self.binary), component, *args],

@@ -20,6 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .lifetime import dying_with_us
 from .ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -217,6 +218,9 @@ def start_hub(
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
         start_new_session=True,
+        # An interrupted test run (pytest-xdist's workers end without their
+        # fixtures' teardown) must not leave its hubs and their servers running.
+        preexec_fn=dying_with_us(),
     )
     hub = Hub(process, public_url, token, log_path)
     deadline = time.monotonic() + timeout

@@ -39,7 +39,6 @@ and the cluster DNS's addresses and routes the Services' range; each bridge forw
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import ipaddress
 import json
 import os
@@ -49,7 +48,6 @@ import signal
 import stat
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -60,12 +58,14 @@ from typing import Any
 import yaml
 
 from . import cdi, clusterdns, gpudriver, imageseed, machineclaim, nodeconfig, ociimage
-from .controlplane import ControlPlane, free_port, log_tail, stop_recorded
+from .controlplane import ControlPlane, log_tail, stop_recorded
 from .controlplane import read_state as read_control_plane
 from .hoststate import cgroup_mounts, read_sysctl, sysctl_path
 from .kubeapi import ApiError, KubeApi
+from .lifetime import alive, dying_with_us
 from .nodebuild import NodeBinaries, go_arch
 from .nodeconfig import NodeNetwork, NodePaths
+from .ports import free_port
 from .topology import NODE_STATUS_UPDATE_FREQUENCY, NodeSpec, extended_resources
 
 STATE_FILE = "nodes.json"
@@ -81,16 +81,9 @@ KUBELET_CHAIN_PREFIX = "KUBE-"
 #: components of the cluster network, kube-proxy and CoreDNS; not a valid node name.
 CLUSTER = "_cluster"
 
-_PR_SET_PDEATHSIG = 1
-
 
 class NodeError(Exception):
     """Real nodes could not be started; the message says why and what to do."""
-
-
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _run(
@@ -100,14 +93,6 @@ def _run(
     if check and result.returncode != 0:
         raise NodeError(f"`{shlex.join(cmd)}` failed: {result.stderr.strip() or result.stdout}")
     return result
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def _mntns(pid: int) -> str | None:
@@ -402,13 +387,8 @@ class RealNodes:
         _run(["ip", "route", "add", str(nodeconfig.SERVICE_CIDR), "dev", link])
 
     def _preexec(self) -> Callable[[], None] | None:
-        """What a process we start runs first: dying with us, where that is wanted.
-
-        PR_SET_PDEATHSIG follows the thread that forked, so only the main thread's children get it.
-        """
-        if self.die_with_parent and threading.current_thread() is threading.main_thread():
-            return _die_with_parent
-        return None
+        """What a process we start runs first: dying with us, where that is wanted."""
+        return dying_with_us(self.die_with_parent)
 
     def _say(self, line: str) -> None:
         (self.emit or (lambda text: print(text, file=sys.stderr, flush=True)))(line)
@@ -967,9 +947,9 @@ def _stop_pid(pid: int, marker: str, grace: float = STOP_GRACE) -> None:
         return
     _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if _alive(pid):
+    if alive(pid):
         _signal(pid, signal.SIGKILL)
         _wait_gone([pid])
 
@@ -979,12 +959,12 @@ def _is_ours(pid: int, marker: str) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return marker.encode() in cmdline and _alive(pid)
+    return marker.encode() in cmdline and alive(pid)
 
 
 def _wait_gone(pids: Iterable[int], timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
@@ -1014,7 +994,7 @@ def _namespace_pids(mntns: str, only: tuple[str, ...] | None = None) -> set[int]
 
 def _kill_until_empty(find, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
-    while (pids := {p for p in find() if _alive(p)}) and time.monotonic() < deadline:
+    while (pids := {p for p in find() if alive(p)}) and time.monotonic() < deadline:
         for pid in pids:
             _signal(pid, signal.SIGKILL)
         time.sleep(0.1)

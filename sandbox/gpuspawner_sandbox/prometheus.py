@@ -18,7 +18,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from .controlplane import free_port
+from .ports import free_port
 
 INSTALL_HINT = "scripts/install-system-packages.sh (or: apt-get install -y prometheus)"
 

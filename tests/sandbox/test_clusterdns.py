@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from gpuspawner_sandbox import build, clusterdns, testing
-from gpuspawner_sandbox.controlplane import SERVICE_CIDR, free_port
+from gpuspawner_sandbox.controlplane import SERVICE_CIDR
+from gpuspawner_sandbox.ports import free_port
 
 DNS_IP = "127.0.10.53"
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
 
 from gpuspawner_sandbox import hubprocess
+from gpuspawner_sandbox.lifetime import alive
 
 # A stand-in for a hub whose local spawner started a server in a session of its own
 # (LocalProcessSpawner does, with start_new_session) and that exits at SIGTERM
@@ -20,14 +23,6 @@ print(server.pid, flush=True)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 time.sleep(120)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_stop_kills_a_server_the_hub_started_in_its_own_session(tmp_path):
@@ -62,3 +57,36 @@ def test_descendants_are_found_at_every_depth():
     finally:
         os.killpg(process.pid, 9)
         process.wait()
+
+
+# A run that ends without stopping its hub: a pytest-xdist worker at Ctrl-C ends
+# without its fixtures' teardown.
+STARTER = """
+import os, sys
+from pathlib import Path
+from gpuspawner_sandbox import hubprocess
+from gpuspawner_sandbox.lifetime import alive
+hub = hubprocess.start_hub(Path(sys.argv[1]))
+print(hub.process.pid, *hubprocess.descendants(hub.process.pid), flush=True)
+os._exit(0)
+"""
+
+
+def test_a_hub_and_its_proxy_end_with_the_run_that_started_them(tmp_path):
+    starter = subprocess.run(
+        [sys.executable, "-c", STARTER, str(tmp_path / "hub")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert starter.returncode == 0, starter.stderr
+    hub, *started = (int(pid) for pid in starter.stdout.split())
+    assert started, "the hub runs its proxy"
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in (hub, *started)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [pid for pid in (hub, *started) if alive(pid)]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert left == []
