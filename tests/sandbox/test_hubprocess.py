@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from gpuspawner_sandbox import hubprocess
+from gpuspawner_sandbox import hubprocess, testing
 from gpuspawner_sandbox.lifetime import alive
 
 # A stand-in for a hub whose local spawner started a server in a session of its own
@@ -65,7 +65,6 @@ STARTER = """
 import os, sys
 from pathlib import Path
 from gpuspawner_sandbox import hubprocess
-from gpuspawner_sandbox.lifetime import alive
 hub = hubprocess.start_hub(Path(sys.argv[1]))
 print(hub.process.pid, *hubprocess.descendants(hub.process.pid), flush=True)
 os._exit(0)
@@ -82,11 +81,16 @@ def test_a_hub_and_its_proxy_end_with_the_run_that_started_them(tmp_path):
     assert starter.returncode == 0, starter.stderr
     hub, *started = (int(pid) for pid in starter.stdout.split())
     assert started, "the hub runs its proxy"
-    deadline = time.monotonic() + 30
-    while any(alive(pid) for pid in (hub, *started)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = [pid for pid in (hub, *started) if alive(pid)]
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    assert left == []
+    pids = (hub, *started)
+    try:
+        testing.wait_for(
+            "the hub and its proxy to end",
+            lambda: not any(alive(pid) for pid in pids),
+            timeout=30,
+            interval=0.2,
+        )
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 
+from gpuspawner_sandbox import testing
 from gpuspawner_sandbox.lifetime import alive, dying_with_us
 
 STARTER = """
@@ -27,13 +27,12 @@ def test_a_child_gets_sigterm_when_its_starter_ends_unless_it_should_outlive_it(
     assert starter.returncode == 0, starter.stderr
     dying, outliving = (int(pid) for pid in starter.stdout.split())
     try:
-        deadline = time.monotonic() + 10
-        while alive(dying) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not alive(dying)
+        testing.wait_for(
+            "the child to end with its starter", lambda: not alive(dying), timeout=10, interval=0.05
+        )
         assert alive(outliving)  # what `gpuspawner-sandbox up` leaves running
     finally:
-        subprocess.run(["kill", str(outliving)], check=False)
+        subprocess.run(["kill", str(dying), str(outliving)], check=False, capture_output=True)
 
 
 def test_only_the_main_threads_children_are_given_it():
