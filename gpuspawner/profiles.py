@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from markupsafe import Markup
+
 from .admission import figures_label
 from .catalog import Catalog, GPUType, ImageSpec
 from .limits import format_units
@@ -91,6 +93,10 @@ def build_profile_list(
     only counts that fit are. ``held_summary`` (e.g. "You are using 2 of your
     2 GPUs.") is shown on profiles whose GPU choices it removed.
 
+    Each ``description`` is :class:`markupsafe.Markup`: the catalog's text is
+    trusted markup (only admins write it), ``held_summary`` is plain text and is
+    escaped into it.
+
     ``availability`` (GPU type key to live cluster figures) adds "N free of M
     (at most K on one node)" to each type, leaves out counts no node of any
     offered type could ever hold, and marks counts none can hold now.
@@ -120,9 +126,13 @@ def build_profile_list(
                     for t in usable_types
                 )
             ]
-        description = image.description
+        # The catalog's description is the admin's markup, shown as written; the
+        # summary names the user's servers (text users choose), and is escaped
+        # when it is joined to it. Every other string of the profile is escaped
+        # by the form's template (GPUSpawner renders it with autoescape).
+        description = Markup(image.description)
         if room is not None and len(usable_types) < len(types) and held_summary:
-            description = f"{description} {held_summary}".strip()
+            description = (description + " " + held_summary).strip()
         if not counts:
             # Nothing fits right now: keep the image visible with its smallest
             # choice, and let the server-side check explain the limit.

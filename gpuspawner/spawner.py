@@ -405,9 +405,14 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         )
 
     def _kubespawner_form(self, profile_list: list[dict]) -> str:
-        """KubeSpawner's form (same template, same variables), with the compiled template kept."""
-        if self.profile_form_template:
-            return super()._render_options_form(profile_list)
+        """KubeSpawner's form (same template, same variables), rendered with autoescape.
+
+        KubeSpawner renders its form without autoescape, and the profiles carry
+        text users control (their server names, in the "You are using ..." line).
+        Here every value is escaped unless it is marked as markup: only the
+        catalog's descriptions are (:func:`gpuspawner.profiles.build_profile_list`).
+        An admin's ``profile_form_template`` is rendered the same way.
+        """
         from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PackageLoader
 
         profile_list = self._get_initialized_profile_list(profile_list)
@@ -428,14 +433,16 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             loader = ChoiceLoader(
                 [FileSystemLoader(list(paths)), PackageLoader("kubespawner", "templates")]
             )
-            env = Environment(loader=loader)
+            env = Environment(loader=loader, autoescape=True)
             env.policies["json.dumps_kwargs"] = {"sort_keys": False}
             return env
 
         env = self.hub_state.form_environment(paths, build)
-        return env.get_template("form.html").render(
-            profile_list=profile_list, user_options=self.user_options
-        )
+        if self.profile_form_template:
+            template = env.from_string(self.profile_form_template)
+        else:
+            template = env.get_template("form.html")
+        return template.render(profile_list=profile_list, user_options=self.user_options)
 
     def _render_options_form(self, profile_list):
         """KubeSpawner's form (after why this server last stopped), plus the live GPU figures."""
