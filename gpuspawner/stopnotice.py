@@ -119,10 +119,26 @@ def _text(value: Any) -> str:
     return value[:MAX_TEXT] if isinstance(value, str) else ""
 
 
-def _number(value: Any) -> float | None:
+#: The latest time a notice may name: 9999-12-31 23:59:59 UTC, the end of what
+#: ``datetime`` can show. Annotations are written by anyone who may edit the pod.
+MAX_EPOCH = 253402300799.0
+#: The longest idle time, age or wait a notice may name (100 years).
+MAX_SECONDS = 100 * 365.25 * 86400
+
+
+def _number(value: Any, maximum: float) -> float | None:
+    """A non-negative finite number up to ``maximum``; None for anything else."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) and value >= 0 else None
+    return float(value) if math.isfinite(value) and 0 <= value <= maximum else None
+
+
+def _epoch(value: Any) -> float | None:
+    return _number(value, MAX_EPOCH)
+
+
+def _seconds(value: Any) -> float | None:
+    return _number(value, MAX_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -186,7 +202,7 @@ class StopNotice:
         data = _stored(data)
         if data is None:
             return None
-        at = _number(data.get("at"))
+        at = _epoch(data.get("at"))
         if at is None:
             return None
         return cls(
@@ -194,7 +210,7 @@ class StopNotice:
             at=at,
             server=_text(data.get("server")),
             held=_text(data.get("held")),
-            seconds=_number(data.get("seconds")),
+            seconds=_seconds(data.get("seconds")),
             kind=_text(data.get("kind")),
             detail=_text(data.get("detail")),
         )
@@ -252,13 +268,13 @@ class CullWarning:
         data = _stored(data)
         if data is None:
             return None
-        cull_after = _number(data.get("cull_after"))
+        cull_after = _epoch(data.get("cull_after"))
         if cull_after is None:
             return None
         return cls(
             reason=data["reason"],
             cull_after=cull_after,
-            seconds=_number(data.get("seconds")),
+            seconds=_seconds(data.get("seconds")),
             server=_text(data.get("server")),
             held=_text(data.get("held")),
         )

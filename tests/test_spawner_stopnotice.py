@@ -233,3 +233,30 @@ async def test_a_start_given_up_for_lack_of_gpus_is_stuck_pending(monkeypatch):
     notice = saved_and_restored(spawner, "p").stop_notice()
     assert notice.reason == stopnotice.REASON_STUCK_PENDING
     assert notice.sentence().endswith("because no node had free GPUs for it for 5 minutes.")
+
+
+@pytest.mark.parametrize("field", ["at", "seconds"])
+@pytest.mark.parametrize("value", [1e20, 1e300, 253402300800])
+async def test_a_far_future_time_on_the_pod_neither_blocks_the_stop_nor_breaks_the_form(
+    reflector, kube_stop, monkeypatch, field, value
+):
+    # Anyone who may edit the pod writes its annotations: a time past year 9999
+    # (or an absurd duration) reads as no notice, or as a notice without it.
+    spawner = await started(make_spawner(name="train"), reflector, monkeypatch)
+    pod = reflector.pods[f"{spawner.namespace}/{spawner.pod_name}"]
+    record = {"reason": "gpu-idle", "at": AT, "seconds": 7200, field: value}
+    pod["metadata"]["annotations"][labels.ANNOTATION_STOP_REASON] = json.dumps(record)
+    warning = {"reason": "gpu-idle", "cull_after": value}
+    pod["metadata"]["annotations"][labels.ANNOTATION_CULL_WARNING] = json.dumps(warning)
+    assert spawner.cull_warning() is None
+    await spawner.stop()
+    assert kube_stop == [spawner.pod_name]
+    restored = saved_and_restored(spawner, "train")
+    form = await restored.get_options_form()
+    assert "profile-option-pytorch--gpus" in form
+    notice = restored.stop_notice()
+    if field == "at":
+        assert notice is None or notice.at <= stopnotice.MAX_EPOCH
+    else:
+        assert notice is not None and notice.seconds is None
+        assert notice.sentence().endswith("because its GPUs were idle too long.")
