@@ -23,7 +23,7 @@ import itertools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from .inventory.model import Availability
 from .options import Refusal
@@ -246,6 +246,14 @@ class WaitQueue:
         """``(type, GPUs)`` of every waiting request, in order of arrival per type."""
         return [(key, gpus) for key in sorted(self._waiting) for _, gpus in self._ordered(key)]
 
+    def waiting(self) -> list[tuple[Any, str, int]]:
+        """``(owner, type, GPUs)`` of every waiting request (for :func:`person_demand`)."""
+        return [
+            (owner, key, gpus)
+            for key in sorted(self._waiting)
+            for _, gpus, owner in sorted(self._waiting[key].values(), key=lambda w: w[0])
+        ]
+
     def place(self, type_key: str, ticket: Any) -> tuple[int, int]:
         """(1-based place, number waiting) of a ticket."""
         ordered = [t for t, _ in self._ordered(type_key)]
@@ -261,6 +269,54 @@ class WaitQueue:
 
     def __len__(self) -> int:
         return sum(len(w) for w in self._waiting.values())
+
+
+class RefusedDemand(NamedTuple):
+    """A request refused for lack of free GPUs, counted as demand until ``until`` (monotonic)."""
+
+    user: str
+    gpu_type: str
+    gpus: int
+    until: float
+    #: How many more GPUs of the type the user could take when refused (None: no limit).
+    allowance: float | None = None
+
+
+def person_demand(
+    refused: Iterable[RefusedDemand], queued: Iterable[tuple[Any, str, int]]
+) -> list[tuple[str, str, int]]:
+    """``(source, type, GPUs)`` of what waits for GPUs, one entry per person and type.
+
+    A person asks for GPUs once, however many servers they ask from: refusals
+    are summed per person and capped at what that person may still take (the
+    smallest allowance their refusals saw), so five named servers of a user
+    with a 2-GPU limit are 2 GPUs of demand, not 10. ``queued`` holds
+    ``(owner, type, GPUs)``: the queue admitted each request within the
+    person's limits, so their sum is what they may take. An owner is a
+    ``(user, server)`` pair; a request without one counts alone.
+    """
+    out: list[tuple[str, str, int]] = []
+    per_person: dict[tuple[Any, str], int] = {}
+    for index, (owner, gpu_type, gpus) in enumerate(queued):
+        person = owner[0] if isinstance(owner, tuple) and owner else ("anonymous", index)
+        per_person[(person, gpu_type)] = per_person.get((person, gpu_type), 0) + gpus
+    out += [("queued", gpu_type, gpus) for (_, gpu_type), gpus in per_person.items() if gpus > 0]
+
+    totals: dict[tuple[str, str], int] = {}
+    caps: dict[tuple[str, str], float] = {}
+    for r in refused:
+        key = (r.user, r.gpu_type)
+        totals[key] = totals.get(key, 0) + r.gpus
+        if r.allowance is not None:
+            caps[key] = min(caps.get(key, r.allowance), r.allowance)
+    for key, total in totals.items():
+        gpus = min(total, int(caps[key] + _EPSILON)) if key in caps else total
+        if gpus > 0:
+            out.append(("refused", key[1], gpus))
+    return sorted(out)
+
+
+_EPSILON = 1e-9
 
 
 # ---------------------------------------------------------------------------

@@ -305,6 +305,12 @@ class Capacity:
                 selection=selection,
                 holdings=held,
             )
+            # What the user may still take of the type: their demand, if refused, is capped at it.
+            allowance = (
+                limits.remaining(catalog, user, groups, server, held).get(selection.gpu_type.key)
+                if selection.gpu_type is not None
+                else None
+            )
             try:
                 verdict = await self.check(
                     inventory,
@@ -315,9 +321,9 @@ class Capacity:
                     besides=requester.key,
                 )
             except Refusal as refusal:
-                self._count_demand(refusal, requester, selection, queue)
+                self._count_demand(refusal, requester, selection, queue, allowance)
                 raise
-            self.state.forget_refusal(user, server)
+            self.state.forget_refusals(user)
             self.state.reserve(
                 replace(limits.holding_for(user, server, selection, pools), pod=requester.pod)
             )
@@ -337,7 +343,7 @@ class Capacity:
                 )
             except Refusal as refusal:
                 self.state.release(user, server)
-                self._count_demand(refusal, requester, selection, queue)
+                self._count_demand(refusal, requester, selection, queue, allowance)
                 raise
             except BaseException:
                 # Cancelled (the user gave up): the GPUs are not held, and nobody waits.
@@ -345,9 +351,18 @@ class Capacity:
                 raise
 
     def _count_demand(
-        self, refusal: Refusal, requester: Requester, selection: Selection, queue: QueueSettings
+        self,
+        refusal: Refusal,
+        requester: Requester,
+        selection: Selection,
+        queue: QueueSettings,
+        allowance: float | None,
     ) -> None:
-        """Remember a request refused for lack of free GPUs as demand, for ``demand_window``."""
+        """Remember a request refused for lack of free GPUs as demand, for ``demand_window``.
+
+        ``allowance``: how many GPUs of the type the user may still take, the
+        most their demand counts for however many servers they ask from.
+        """
         if refusal.reason != admission.REASON_NO_CAPACITY or selection.gpu_type is None:
             return
         if queue.demand_window > 0:
@@ -357,6 +372,7 @@ class Capacity:
                 selection.gpu_type.key,
                 selection.gpus,
                 until=self.clock() + queue.demand_window,
+                allowance=allowance,
             )
 
     async def check(

@@ -21,23 +21,15 @@ import asyncio
 import contextlib
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from .admission import WaitQueue
+from .admission import RefusedDemand, WaitQueue, person_demand
 from .catalog import CatalogFile
 from .limits import Holding
 from .startgate import StartGate
 
 if TYPE_CHECKING:
     from .inventory.reflectors import InventoryReflector
-
-
-class RefusedDemand(NamedTuple):
-    """A request refused for lack of free GPUs, counted as demand until ``until`` (monotonic)."""
-
-    gpu_type: str
-    gpus: int
-    until: float
 
 
 class HubState:
@@ -111,27 +103,36 @@ class HubState:
     # -- demand ------------------------------------------------------------
 
     def record_refusal(
-        self, user: str, server: str, gpu_type: str, gpus: int, until: float
+        self,
+        user: str,
+        server: str,
+        gpu_type: str,
+        gpus: int,
+        until: float,
+        allowance: float | None = None,
     ) -> None:
         """Count a request refused for lack of free GPUs as demand until ``until`` (monotonic).
 
-        Kept per server, so a user who tries again and again counts once.
+        Kept per server, so a user who tries again and again counts once;
+        published per person (:func:`~gpuspawner.admission.person_demand`),
+        capped at ``allowance``, what the user could still take of the type.
         """
-        self._refused[(user, server)] = RefusedDemand(gpu_type, gpus, until)
+        self._refused[(user, server)] = RefusedDemand(user, gpu_type, gpus, until, allowance)
 
-    def forget_refusal(self, user: str, server: str) -> None:
-        self._refused.pop((user, server), None)
+    def forget_refusals(self, user: str) -> None:
+        """Forget every refusal of ``user``: one of their requests was admitted."""
+        for key in [k for k in self._refused if k[0] == user]:
+            del self._refused[key]
 
     def demand(self, now: float) -> list[tuple[str, str, int]]:
-        """``(source, type, GPUs)`` of every request waiting for GPUs: queued, or refused until now.
+        """``(source, type, GPUs)`` of what waits for GPUs: queued, or refused until ``now``.
 
-        Anonymous on purpose: what is published must never show who asked.
+        One entry per person and type. Anonymous on purpose: what is published
+        must never show who asked.
         """
         for key in [k for k, r in self._refused.items() if r.until <= now]:
             del self._refused[key]
-        queued = [("queued", gpu_type, gpus) for gpu_type, gpus in self.wait_queue.requests()]
-        refused = sorted(("refused", r.gpu_type, r.gpus) for r in self._refused.values())
-        return queued + refused
+        return person_demand(self._refused.values(), self.wait_queue.waiting())
 
     # -- caches -----------------------------------------------------------
 

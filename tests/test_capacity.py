@@ -614,3 +614,97 @@ def test_other_reasons_and_a_zero_timeout_never_fail_fast(state, catalog, clock)
     clock.now += 3600
     capacity.watch_scheduling(unschedulable_pod(), selection, timeout=0, who="carol")
     assert "Giving up" not in capacity.scheduling_progress(0)
+
+
+def limited_catalog(total):
+    return parse_catalog(raw_catalog({"default": {"gpus": total}}), "test")
+
+
+async def refuse_named_servers(capacity, catalog, inventory, user, servers, gpus, settings):
+    for server in servers:
+        with pytest.raises(Refusal) as info:
+            await capacity.admit(
+                catalog,
+                select(catalog, "a100", gpus),
+                Requester(user, (), server),
+                holdings=held(),
+                inventory=inventory,
+                placement=NO_PLACEMENT,
+                queue=settings,
+                who=f"{user}'s server {server!r}",
+            )
+        assert info.value.reason == "no-capacity"
+
+
+async def test_one_person_refused_from_five_servers_is_demand_for_what_they_may_take(
+    state, inventory, catalog, clock
+):
+    # Every A100 is taken. The user may hold 2 GPUs in all: five named servers
+    # asking for 2 each are 2 GPUs of demand, not 10.
+    inventory.inventory.set_pod(pod_on("gpu-a100-0", "jupyter-ann", 2))
+    inventory.inventory.set_pod(pod_on("gpu-a100-1", "jupyter-ben", 1))
+    assert a100_figures(inventory, catalog).free == 0
+    limited = limited_catalog(2)
+    capacity = Capacity(state, LOG, clock=clock)
+    settings = QueueSettings(enabled=False, demand_window=600)
+    servers = ["a", "b", "c", "d", "e"]
+    await refuse_named_servers(capacity, limited, inventory, "mallory", servers, 2, settings)
+    assert state.demand(clock.now) == [("refused", "a100", 2)]
+    # and 1 GPU each: still 2 GPUs of demand, however the person splits it
+    await refuse_named_servers(capacity, limited, inventory, "mallory", servers, 1, settings)
+    assert state.demand(clock.now) == [("refused", "a100", 2)]
+
+
+async def test_each_person_counts_once_and_separately(state, inventory, catalog, clock):
+    capacity = Capacity(state, LOG, clock=clock)
+    settings = QueueSettings(enabled=False, demand_window=600)
+    await refuse_named_servers(capacity, catalog, inventory, "ann", ["x", "y"], 4, settings)
+    await refuse_named_servers(capacity, catalog, inventory, "ben", ["z"], 4, settings)
+    # no limit: ann's two servers are 8 GPUs of her demand, ben's one is 4
+    assert sorted(state.demand(clock.now)) == [("refused", "a100", 4), ("refused", "a100", 8)]
+
+
+async def test_a_persons_demand_is_cleared_when_any_of_their_requests_is_admitted(
+    state, inventory, catalog, clock
+):
+    capacity = Capacity(state, LOG, clock=clock)
+    settings = QueueSettings(enabled=False, demand_window=600)
+    await refuse_named_servers(capacity, catalog, inventory, "ann", ["x", "y", "z"], 4, settings)
+    await refuse_named_servers(capacity, catalog, inventory, "ben", ["w"], 4, settings)
+    # ann gets 1 GPU on another server: she is no longer waiting; ben still is
+    await admit(capacity, catalog, select(catalog, "a100", 1), inventory, user="ann", server="v")
+    assert state.demand(clock.now) == [("refused", "a100", 4)]
+
+
+async def test_queued_requests_of_one_person_count_once_within_their_limit(state, inventory, clock):
+    # As in the hub, a user's queued requests are reserved and count against their limit.
+    catalog = limited_catalog(4)
+
+    async def holdings_now(every_user):
+        return state.reservations()
+
+    async def queued(server):
+        await Capacity(state, LOG).admit(
+            catalog,
+            select(catalog, "a100", 4),
+            Requester("ann", (), server, pod=f"jupyterhub/jupyter-ann-{server}"),
+            holdings=holdings_now,
+            inventory=inventory,
+            placement=NO_PLACEMENT,
+            queue=QueueSettings(enabled=True, timeout=300),
+            who=f"ann's server {server!r}",
+        )
+
+    first = asyncio.ensure_future(queued("one"))
+    for _ in range(100):
+        if len(state.wait_queue):
+            break
+        await asyncio.sleep(0)
+    with pytest.raises(Refusal) as info:
+        await queued("two")
+    assert info.value.reason != "no-capacity"
+    assert state.demand(clock.now) == [("queued", "a100", 4)]
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert state.demand(clock.now) == []
