@@ -524,7 +524,7 @@ def _parse_images(r: _Reader, value: Any, gpu_types: Mapping[str, GPUType]) -> d
         if "gpu_types" in spec:
             allowed_types = []
             for i, type_key in enumerate(r.sequence(spec["gpu_types"], _join(path, "gpu_types"))):
-                if type_key not in gpu_types:
+                if not isinstance(type_key, str) or type_key not in gpu_types:
                     raise r.fail(
                         _join(_join(path, "gpu_types"), i),
                         f"unknown GPU type {_show(type_key)}; defined types: "
