@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from markupsafe import Markup
+
 from . import stopnotice
 
 #: GPUSpawner's templates (``home.html``), for ``c.JupyterHub.template_paths``.
@@ -25,10 +27,14 @@ TEMPLATE_PATH = str(Path(__file__).parent / "templates")
 log = logging.getLogger("JupyterHub")
 
 
-def notice_paragraph(html: str, kind: str = "stopped") -> str:
-    """One notice line as the pages show it (``html`` is already escaped)."""
+def notice_paragraph(html: Markup | str, kind: str = "stopped") -> Markup:
+    """One notice line as the pages show it.
+
+    ``html`` is :class:`~markupsafe.Markup` from :func:`~gpuspawner.stopnotice.notice_html`
+    (or :func:`~gpuspawner.stopnotice.warning_html`); plain text is escaped.
+    """
     css = "alert-warning" if kind == "warning" else "alert-info"
-    return f'<p class="alert {css} gpuspawner-{kind}" role="status">{html}</p>'
+    return Markup('<p class="alert {} gpuspawner-{}" role="status">{}</p>').format(css, kind, html)
 
 
 def _saved_notice(orm_spawner: Any) -> stopnotice.StopNotice | None:
@@ -39,10 +45,10 @@ def _saved_notice(orm_spawner: Any) -> stopnotice.StopNotice | None:
     return notice.for_server(orm_spawner.name or "", "") if notice else None
 
 
-def user_notices(user: Any) -> list[str]:
+def user_notices(user: Any) -> list[Markup]:
     """The HTML lines for ``user`` (JupyterHub's User): stop notices, then cull warnings."""
-    lines: list[str] = []
-    warnings: list[str] = []
+    lines: list[Markup] = []
+    warnings: list[Markup] = []
     loaded = getattr(user, "spawners", {}) or {}
     for name, orm_spawner in sorted(user.orm_user.orm_spawners.items()):
         # .get: reading must not create a spawner for every stopped server.
@@ -58,7 +64,7 @@ def user_notices(user: Any) -> list[str]:
     return lines + warnings
 
 
-def page_notices(user: Any) -> Callable[[], list[str]]:
+def page_notices(user: Any) -> Callable[[], list[Markup]]:
     """The ``template_vars`` entry: called by JupyterHub with the page's user (or None).
 
     Returns a callable so that only the pages that show the lines (``home.html``)
@@ -66,7 +72,7 @@ def page_notices(user: Any) -> Callable[[], list[str]]:
     no line is shown.
     """
 
-    def lines() -> list[str]:
+    def lines() -> list[Markup]:
         if user is None:
             return []
         try:

@@ -455,7 +455,8 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         from .hubpages import notice_paragraph
 
         html = notice_paragraph(stopnotice.notice_html(notice))
-        return html + stopnotice.LOCAL_TIME_SCRIPT
+        # a plain str: Markup + the form's str would escape the whole form
+        return str(html + stopnotice.LOCAL_TIME_SCRIPT)
 
     def _options_form_body(self, profile_list) -> str:
         if not self.gpu_catalog_configured:

@@ -23,8 +23,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
-from html import escape
 from typing import Any
+
+from markupsafe import Markup, escape
 
 #: The culler found no Jupyter activity for its idle timeout.
 REASON_IDLE = "idle"
@@ -295,24 +296,26 @@ def _present(because: str) -> str:
     return because
 
 
-def _html_with_time(sentence: str, epoch: float) -> str:
+def _html_with_time(sentence: str, epoch: float) -> Markup:
     clock = utc_clock(epoch)
-    stamp = f'<time datetime="{iso_time(epoch)}" data-gpuspawner-time>{escape(clock)}</time>'
+    stamp = Markup('<time datetime="{}" data-gpuspawner-time>{}</time>').format(
+        iso_time(epoch), clock
+    )
     return stamp.join(escape(part) for part in sentence.split(clock))
 
 
-def notice_html(notice: StopNotice) -> str:
+def notice_html(notice: StopNotice) -> Markup:
     """The notice's sentence as HTML (escaped), its time in a ``<time>`` element."""
     return _html_with_time(notice.sentence(), notice.at)
 
 
-def warning_html(warning: CullWarning) -> str:
+def warning_html(warning: CullWarning) -> Markup:
     """The warning's sentence as HTML (escaped), its times in ``<time>`` elements."""
     return _html_with_time(warning.sentence(), warning.cull_after)
 
 
 #: Replaces each ``<time data-gpuspawner-time>`` text by the reader's local HH:MM.
-LOCAL_TIME_SCRIPT = """<script>
+LOCAL_TIME_SCRIPT = Markup("""<script>
 document.querySelectorAll("time[data-gpuspawner-time]").forEach(function (t) {
   var d = new Date(t.getAttribute("datetime"));
   if (!isNaN(d)) {
@@ -320,7 +323,7 @@ document.querySelectorAll("time[data-gpuspawner-time]").forEach(function (t) {
     t.title = t.getAttribute("datetime");
   }
 });
-</script>"""
+</script>""")
 
 
 #: The spawner's state keys: the notice of the last stop, and what the running server

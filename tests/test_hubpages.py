@@ -1,8 +1,12 @@
 """Tests for gpuspawner.hubpages: the home page's lines, and the hub config they need."""
 
+import pytest
+from markupsafe import Markup
 from traitlets.config import Config
 
 from gpuspawner import hubpages, stopnotice
+
+from .security.payloads import PAYLOADS, assert_escaped
 
 AT = 1_800_000_000.0
 
@@ -51,7 +55,7 @@ def test_stopped_servers_show_their_notice_and_running_ones_their_warning():
     lines = hubpages.user_notices(user)
     assert len(lines) == 3
     assert "Your server was stopped" in lines[0]
-    assert "Your server &#x27;&lt;b&gt;&#x27; was stopped" in lines[1]
+    assert "Your server &#39;&lt;b&gt;&#39; was stopped" in lines[1]
     assert "gpuspawner-warning" in lines[2] and "will be stopped" in lines[2]
 
 
@@ -98,3 +102,24 @@ def test_configure_in_a_sub_config_keeps_the_parents_settings(tmp_path):
         "gpuspawner_notices",
         "site",
     ]
+
+
+@pytest.mark.parametrize(("name", "value"), PAYLOADS, ids=[n for n, _ in PAYLOADS])
+def test_every_hostile_string_of_a_notice_is_text_on_the_page(name, value):
+    # server names are the user's; held, kind and detail come from pod annotations
+    notice = {"reason": "gpu-check", "at": AT, "held": value, "kind": value, "detail": value}
+    node_lost = {"reason": "node-lost", "at": AT, "detail": value}
+    warning = stopnotice.CullWarning("gpu-idle", AT, seconds=3600, server=value, held=value)
+    user = User(
+        {
+            value: OrmSpawner(value, {stopnotice.STATE_KEY: notice}),
+            "n": OrmSpawner("n", {stopnotice.STATE_KEY: node_lost}),
+            "run": OrmSpawner("run", {}),
+        },
+        {"run": Spawner(True, warning)},
+    )
+    lines = hubpages.user_notices(user)
+    assert len(lines) == 3
+    for line in lines:
+        assert isinstance(line, Markup)
+        assert_escaped(str(line), value[: stopnotice.MAX_TEXT])

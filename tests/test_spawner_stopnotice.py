@@ -199,6 +199,9 @@ async def test_the_spawn_form_shows_the_notice_escaped():
     form = await spawner.get_options_form()
     assert "an admin stopped it from the GPU page" in form
     assert "&lt;i&gt;x&lt;/i&gt;" in form and "<i>x</i>" not in form
+    # the notice is markup of its own: the form after it is not escaped with it
+    assert '<p class="alert alert-info gpuspawner-stopped"' in form
+    assert '<input type="radio"' in form and "<time datetime=" in form
     plain = make_spawner()
     assert "gpuspawner-stopped" not in await plain.get_options_form()
 
