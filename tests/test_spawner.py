@@ -585,6 +585,34 @@ async def test_transient_api_errors_are_retried(kubeapi):
     assert spawner.extra_resource_limits == {"nvidia.com/gpu": "1"}
 
 
+async def test_an_api_server_answering_500_refuses_gpus_with_a_sentence_and_the_form_still_shows(
+    kubeapi,
+):
+    spawner = make_spawner()
+    spawner.k8s_api_request_retry_timeout = 1
+    spawner.form_usage_timeout = 1
+    spawner.api = await core_api_for(kubeapi)
+    kubeapi.always = 500
+    try:
+        spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
+        with pytest.raises(SpawnException) as info:
+            await spawner.load_user_options()
+        assert info.value.status_code == 503
+        assert info.value.jupyterhub_message == (
+            "Your GPU usage could not be checked because the cluster did not answer. "
+            "Please try again in a minute."
+        )
+        assert hubstate.current().reservations() == []
+        # the form does not fail: it shows every choice (checked again when sent)
+        form = await spawner.get_options_form()
+        assert 'name="profile-option-pytorch--gpus"' in form
+        # a CPU-only server needs no usage: it is admitted
+        spawner.user_options = {"profile": "pytorch", "gpus": "0"}
+        await spawner.load_user_options()
+    finally:
+        await spawner.api.api_client.close()
+
+
 async def test_cluster_unreachable_refuses_gpu_requests_but_not_cpu_ones():
     spawner = make_spawner()
 
