@@ -77,6 +77,40 @@ def clean(hub):
     stop_running(hub, [*HOLDERS, "quinn", "rhea", "sven"])
 
 
+def refused_demand(hub):
+    """``{(gpu_type, gpus): requests}`` of the refused demand the hub publishes."""
+    out = {}
+    for line in hub_metric_lines(hub, "gpuspawner_gpu_demand"):
+        if 'source="refused"' not in line:
+            continue
+        labels = dict(
+            part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")].split(",")
+        )
+        key = (labels["gpu_type"].strip('"'), int(labels["gpus"].strip('"')))
+        out[key] = out.get(key, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
+def test_one_person_refused_from_five_named_servers_is_demand_for_their_allowance_only(
+    stack, hub, kube, clean
+):
+    # mallory may hold 2 GPUs (the catalog's default); every A100 is taken. Five
+    # named servers asking for 2 each publish 2 GPUs of demand, not 10: the culler
+    # would otherwise stop other users' servers for GPUs mallory can never hold.
+    fill_a100_pool(hub, kube)
+    ensure_user(hub, "mallory")
+    for server in ("s1", "s2", "s3", "s4", "s5"):
+        r = hub.api("POST", f"/users/mallory/servers/{server}", {**A100, "gpus": "2"})
+        assert r.status == 503, r.body
+        assert "No node has 2 NVIDIA A100 GPUs free right now" in r.json()["message"]
+    demand = refused_demand(hub)
+    published = sum(
+        gpus * count for (gpu_type, gpus), count in demand.items() if gpu_type == "a100"
+    )
+    assert published == 2, demand
+    assert not any("mallory" in line for line in hub_metric_lines(hub, "gpuspawner_gpu_demand"))
+
+
 BLOCKER = {
     "apiVersion": "v1",
     "kind": "Pod",
