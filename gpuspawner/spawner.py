@@ -139,10 +139,27 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         help="""
         Command for the GPU check init container, replacing the built-in one.
 
-        ``{gpus}``, ``{resource}`` and ``{cuda}`` are replaced by the requested
-        count, the Kubernetes resource name and the image's CUDA version (empty
-        when unknown). The command must exit non-zero on failure and should
-        write a one-line reason to ``/dev/termination-log``.
+        ``{gpus}``, ``{resource}``, ``{cuda}`` and ``{timeout}`` are replaced by
+        the requested count, the Kubernetes resource name, the image's CUDA
+        version (empty when unknown) and ``validation_timeout``. The command
+        must exit non-zero on failure and should write a one-line reason to
+        ``/dev/termination-log``.
+        """,
+    ).tag(config=True)
+
+    validation_timeout = Float(
+        30.0,
+        min=1.0,
+        help="""
+        Seconds the GPU check may take, every ``nvidia-smi`` run together.
+
+        A hung GPU makes ``nvidia-smi`` hang; when the time is up the check
+        stops it and fails the spawn with that reason. Keep it well under
+        ``start_timeout`` (60 s by default), which also covers scheduling and
+        the image pull: otherwise a hung GPU ends the spawn with the hub's
+        timeout instead of the reason. A check that still runs 15 s past this
+        (its ``nvidia-smi`` stuck in the driver, so even its container cannot
+        stop) fails the spawn too.
         """,
     ).tag(config=True)
 
@@ -593,11 +610,17 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
                 "gpus": str(selection.gpus),
                 "resource": selection.gpu_type.resource,
                 "cuda": selection.image.cuda or "",
+                "timeout": repr(float(self.validation_timeout)),
             }
             return [part.format(**values) for part in self.validation_command]
         from .validation.command import check_command
 
-        return check_command(selection.gpus, selection.gpu_type.resource, selection.image.cuda)
+        return check_command(
+            selection.gpus,
+            selection.gpu_type.resource,
+            selection.image.cuda,
+            timeout=self.validation_timeout,
+        )
 
     async def _load_kubespawner_profile(self) -> None:
         """KubeSpawner's ``load_user_options``, with readable errors and awaited overrides."""

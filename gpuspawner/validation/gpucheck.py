@@ -11,6 +11,11 @@ queries, prints a short report, and exits 0 when the GPUs are usable. Otherwise 
 non-zero and prints a one-line reason, last on stderr and into the container's termination
 message file, where the spawner picks it up and shows it to the user.
 
+The whole check has one deadline (``--timeout``): a hung GPU makes nvidia-smi hang, and that is
+what the check exists to report. At the deadline nvidia-smi is killed, and abandoned if it cannot
+be reaped (stuck in the driver), and the check fails with the reason; a watchdog thread ends the
+process should the main thread itself be stuck.
+
 The parsing and the decision are pure functions (``parse_*``, ``evaluate``); ``main`` does the
 I/O. Recorded real outputs of every format handled here are in ``tests/fixtures/nvidia-smi``.
 """
@@ -20,9 +25,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import selectors
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -232,13 +241,26 @@ def is_error_value(value: str | None) -> bool:
     return (bracketed and _bare(value) not in _NOT_AVAILABLE) or _bare(value) in _UNKNOWN
 
 
+def _whole_number(digits: str) -> int | None:
+    """ASCII ``digits`` as an int, or None when Python refuses so long a number.
+
+    Python 3.11+ refuses to convert more than 4300 digits (CVE-2020-10735); nvidia-smi never
+    prints such a number, so it is not one.
+    """
+    try:
+        return int(digits)
+    except ValueError:
+        return None
+
+
 def parse_int(raw: str | None) -> int | None:
     """``"81559"`` or ``"81559 MiB"`` -> 81559; anything not a whole number -> None."""
     value = clean_value(raw)
     if value is None:
         return None
-    match = re.match(r"^(\d+)(?:\s+\S+)?$", value)
-    return int(match.group(1)) if match else None
+    # [0-9], not \d: nvidia-smi prints ASCII digits, and \d also matches e.g. Arabic-Indic ones.
+    match = re.match(r"^([0-9]+)(?:\s+\S+)?$", value)
+    return _whole_number(match.group(1)) if match else None
 
 
 def parse_yes_no(raw: str | None) -> bool | None:
@@ -257,9 +279,12 @@ def parse_yes_no(raw: str | None) -> bool | None:
 def parse_version(raw: str | None) -> tuple[int, ...] | None:
     """``"590.48.01"`` -> (590, 48, 1); ``"12.4"`` -> (12, 4); unparseable -> None."""
     value = clean_value(raw)
-    if value is None or not re.match(r"^\d+(\.\d+)*$", value):
+    if value is None or not re.match(r"^[0-9]+(\.[0-9]+)*$", value):
         return None
-    return tuple(int(part) for part in value.split("."))
+    parts = [_whole_number(part) for part in value.split(".")]
+    if any(part is None for part in parts):
+        return None
+    return tuple(part for part in parts if part is not None)
 
 
 def format_version(version: Sequence[int]) -> str:
@@ -329,13 +354,14 @@ class ListedGpu:
     mig_devices: list[MigDevice] = field(default_factory=list)
 
 
+# Indexes of up to 9 ASCII digits: a longer one is no GPU's, and int() refuses thousands of digits.
 _GPU_LINE = re.compile(
-    r"^GPU\s+(?P<index>\d+):\s+(?P<name>.*?)\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)\s*$"
+    r"^GPU\s+(?P<index>[0-9]{1,9}):\s+(?P<name>.*?)\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)\s*$"
 )
 # R470+: "  MIG 3g.40gb     Device  0: (UUID: MIG-7089d0f3-...)"; R450: "  MIG 1g.5gb Device 0:
 # (UUID: MIG-GPU-<gpu uuid>/7/0)". Only the spacing and the UUID form differ.
 _MIG_LINE = re.compile(
-    r"^\s+MIG\s+(?P<profile>\S+)\s+Device\s+(?P<index>\d+):\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)\s*$"
+    r"^\s+MIG\s+(?P<profile>\S+)\s+Device\s+(?P<index>[0-9]{1,9}):\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)\s*$"
 )
 _NO_DEVICES = "No devices were found"
 # "Unable to determine the device handle for GPU 0000:09:00.0: Unknown Error" (older drivers put
@@ -1008,23 +1034,178 @@ def collect(run: Runner) -> Collected:
     return Collected(listing, merge_rows(core, health), warnings)
 
 
-def run_nvidia_smi(binary: str, timeout: float) -> Runner:
-    """A Runner that executes ``binary``, keeping stdout and stderr apart."""
+#: How long the whole check may take by default, every nvidia-smi run together. A healthy
+#: nvidia-smi answers within seconds even on 8 GPUs without persistence mode; a hung one never
+#: does. Well under JupyterHub's default start_timeout (60 s), so a hung GPU fails the spawn with
+#: this check's reason rather than with the hub's timeout.
+DEFAULT_TIMEOUT = 30.0
+#: How long a killed nvidia-smi gets to be reaped after the deadline before it is abandoned:
+#: one stuck in the driver (uninterruptible sleep) does not die until the driver lets it go.
+KILL_GRACE = 1.0
+#: How long after the deadline and KILL_GRACE the watchdog ends the check from another thread,
+#: if the main thread is still stuck (e.g. starting nvidia-smi from a hung mount).
+WATCHDOG_GRACE = 3.0
+#: The most nvidia-smi may print on one stream in one run. Real output is a few kB; more means
+#: it is looping, and the check must not hold it all in memory until the deadline.
+MAX_OUTPUT = 1 << 20
+_POLL_INTERVAL = 0.02
+
+
+def _limit(seconds: float) -> str:
+    """``30`` -> ``30-second limit``."""
+    return f"{seconds:g}-second limit"
+
+
+class Deadline:
+    """The one point in time by which the whole check must be over."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds = seconds
+        self._clock = clock
+        self.at = clock() + seconds
+
+    def remaining(self) -> float:
+        """Seconds left, never below 0."""
+        return max(0.0, self.at - self._clock())
+
+    def passed(self) -> bool:
+        return self.remaining() <= 0
+
+
+def command_name(args: Sequence[str]) -> str:
+    """How a run is named in a reason: ``nvidia-smi -L``, ``nvidia-smi --query-gpu``."""
+    first = args[0].split("=", 1)[0] if args else ""
+    return f"nvidia-smi {first}".strip()
+
+
+@dataclass
+class Unfinished:
+    """A run the deadline cut short: what it printed, and whether its output had ended."""
+
+    args: list[str]
+    stdout: bytes = b""
+    stderr: bytes = b""
+    output_ended: bool = False
+    started: bool = True
+
+
+def hung_reason(seconds: float, run: Unfinished) -> str:
+    """The one-line reason for a check that ran out of time in ``run``."""
+    name = command_name(run.args)
+    printed = len(decode_output(run.stdout + run.stderr).splitlines())
+    if not run.started:
+        what = f"the runs before {name} took all of it"
+    elif run.output_ended:
+        what = f"{name} printed its output but never exited"
+    elif printed:
+        what = f"{name} stopped answering after printing {_plural(printed, 'line')}"
+    else:
+        what = f"{name} printed nothing"
+    return (
+        f"nvidia-smi did not finish within the GPU check's {_limit(seconds)} ({what}), "
+        f"so the GPU or its driver is hung; {ASK_ADMIN_NODE}."
+    )
+
+
+def watchdog_reason(seconds: float, doing: str) -> str:
+    """The reason the watchdog writes when the check's main thread never came back."""
+    return (
+        f"The GPU check did not finish within its {_limit(seconds)} (it was stuck "
+        f"{doing}), so the GPU or its driver is hung; {ASK_ADMIN_NODE}."
+    )
+
+
+def decode_output(data: bytes) -> str:
+    """nvidia-smi's bytes as text; bytes that are not UTF-8 become U+FFFD, never an error."""
+    return data.decode("utf-8", errors="replace")
+
+
+#: Process ids of nvidia-smi runs that could not be reaped (see ``stop``).
+ABANDONED: list[int] = []
+
+
+def stop(process: subprocess.Popen[bytes], grace: float | None = None) -> bool:
+    """Kill nvidia-smi and whatever it started; True once it is reaped.
+
+    Never waits longer than ``grace`` (default KILL_GRACE): an nvidia-smi stuck in the driver
+    ignores even SIGKILL until the driver returns, and waiting for it would hang the check in
+    exactly the case it exists for. Such a process is left behind (``ABANDONED``).
+    """
+    grace = KILL_GRACE if grace is None else grace
+    try:
+        # Its own session (start_new_session), so its group is its own: killing the group also
+        # ends children that would otherwise keep the pipes open.
+        os.killpg(process.pid, signal.SIGKILL)
+    except OSError:
+        pass  # already gone
+    end = time.monotonic() + grace
+    while process.poll() is None:
+        if time.monotonic() >= end:
+            ABANDONED.append(process.pid)
+            return False
+        time.sleep(_POLL_INTERVAL)
+    return True
+
+
+def communicate(
+    process: subprocess.Popen[bytes], deadline: Deadline, limit: int = MAX_OUTPUT
+) -> tuple[bytes, bytes, str]:
+    """Read ``process``'s stdout and stderr until it exits or ``deadline`` passes.
+
+    Returns (stdout, stderr, how): ``how`` is ``"exited"``, ``"too-much"`` (a stream passed
+    ``limit`` bytes), ``"hung"`` (the deadline passed before the output ended) or
+    ``"hung-after-output"``. Unlike ``Popen.communicate``, nothing here waits without a limit.
+    """
+    assert process.stdout is not None and process.stderr is not None
+    buffers = {process.stdout.fileno(): bytearray(), process.stderr.fileno(): bytearray()}
+    out, err = buffers.values()
+
+    def result(how: str) -> tuple[bytes, bytes, str]:
+        return bytes(out), bytes(err), how
+
+    with selectors.DefaultSelector() as selector:
+        for stream in (process.stdout, process.stderr):
+            selector.register(stream, selectors.EVENT_READ)
+        while selector.get_map():
+            if deadline.passed():
+                return result("hung")
+            for key, _ in selector.select(deadline.remaining()):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                buffers[key.fd] += chunk
+                if len(buffers[key.fd]) > limit:
+                    return result("too-much")
+    while process.poll() is None:
+        if deadline.passed():
+            return result("hung-after-output")
+        time.sleep(min(_POLL_INTERVAL, deadline.remaining()))
+    return result("exited")
+
+
+def run_nvidia_smi(
+    binary: str, deadline: Deadline, on_run: Callable[[str], None] | None = None
+) -> Runner:
+    """A Runner that executes ``binary``, keeping stdout and stderr apart, within ``deadline``.
+
+    ``on_run`` is told what is about to run (for the watchdog's reason).
+    """
 
     def run(args: list[str]) -> CommandResult:
+        if on_run is not None:
+            on_run(f"starting {command_name(args)}")
+        if deadline.passed():
+            unstarted = Unfinished(list(args), started=False)
+            raise CheckFailed(EXIT_NVIDIA_SMI_FAILED, hung_reason(deadline.seconds, unstarted))
         try:
-            completed = subprocess.run(
+            process = subprocess.Popen(
                 [binary, *args],
-                capture_output=True,
-                timeout=timeout,
-                check=False,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
             )
-        except subprocess.TimeoutExpired:
-            raise CheckFailed(
-                EXIT_NVIDIA_SMI_FAILED,
-                f"nvidia-smi did not answer within {timeout:g} seconds, so the GPU or its driver "
-                f"is hung; {ASK_ADMIN_NODE}.",
-            ) from None
         except OSError as error:
             raise CheckFailed(
                 EXIT_NO_NVIDIA_SMI,
@@ -1032,11 +1213,29 @@ def run_nvidia_smi(binary: str, timeout: float) -> Runner:
                 f"({error.strerror or error}): the node's NVIDIA container runtime did not mount "
                 f"the driver tools properly; {ASK_ADMIN_NODE}.",
             ) from None
-        return CommandResult(
-            completed.returncode,
-            completed.stdout.decode("utf-8", errors="replace"),
-            completed.stderr.decode("utf-8", errors="replace"),
-        )
+        if on_run is not None:
+            on_run(f"in {command_name(args)}")
+        how = "failed"
+        try:
+            stdout, stderr, how = communicate(process, deadline)
+        finally:
+            if how != "exited":  # also when reading failed: no nvidia-smi outlives its run
+                stop(process)
+            for stream in (process.stdout, process.stderr):
+                if stream is not None:
+                    stream.close()
+        if how == "too-much":
+            raise unreadable(
+                OutputError(
+                    f"{command_name(args)} printed more than {MAX_OUTPUT // (1 << 20)} MiB "
+                    "without finishing"
+                )
+            )
+        if how != "exited":
+            unfinished = Unfinished(list(args), stdout, stderr, how == "hung-after-output")
+            raise CheckFailed(EXIT_NVIDIA_SMI_FAILED, hung_reason(deadline.seconds, unfinished))
+        assert process.returncode is not None
+        return CommandResult(process.returncode, decode_output(stdout), decode_output(stderr))
 
     return run
 
@@ -1067,8 +1266,14 @@ def find_nvidia_smi(
     return None
 
 
-def check(args: argparse.Namespace) -> CheckResult:
-    """Run the whole check with the parsed command line."""
+def check(
+    args: argparse.Namespace, deadline: Deadline | None = None, outcome: Outcome | None = None
+) -> CheckResult:
+    """Run the whole check with the parsed command line, within ``deadline`` (default: now
+    plus ``args.timeout``); ``outcome`` is kept told what the check is doing."""
+    deadline = Deadline(args.timeout) if deadline is None else deadline
+    outcome = Outcome() if outcome is None else outcome
+    outcome.doing = "looking for nvidia-smi"
     found = find_nvidia_smi(args.nvidia_smi, known_dirs=DRIVER_BIN_DIRS)
     if found is None:
         where = (
@@ -1085,11 +1290,12 @@ def check(args: argparse.Namespace) -> CheckResult:
     binary, where = found
     used = f"Using nvidia-smi at {binary} ({where})."
     try:
-        collected = collect(run_nvidia_smi(binary, args.timeout))
+        collected = collect(run_nvidia_smi(binary, deadline, outcome.tell))
     except CheckFailed as failure:
         return CheckResult(
             ok=False, exit_code=failure.exit_code, reason=failure.reason, report=[used]
         )
+    outcome.doing = "after nvidia-smi answered"
     result = evaluate(
         args.expect,
         args.resource,
@@ -1180,8 +1386,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--timeout",
         type=float,
-        default=120.0,
-        help="seconds to wait for each nvidia-smi run; default: %(default)s",
+        default=DEFAULT_TIMEOUT,
+        help="seconds the whole check may take, every nvidia-smi run together; when they pass, "
+        "nvidia-smi is killed (and left behind if it cannot be) and the check fails; "
+        "default: %(default)g",
     )
     return parser
 
@@ -1192,11 +1400,71 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(list(argv))
     if args.expect < 1:
         parser.error("--expect must be at least 1")
+    # "not > 0" also refuses nan; inf would mean no deadline at all.
+    if not args.timeout > 0 or args.timeout == float("inf"):
+        parser.error("--timeout must be a number of seconds above 0")
     return args
 
 
-def finish(result: CheckResult, termination_log: str) -> int:
-    """Print the report and the outcome, write the termination log, return the exit code."""
+class Outcome:
+    """Who writes the check's outcome: the main thread when it finishes, or the watchdog when
+    it does not. Whoever claims it first writes it; the other then writes nothing."""
+
+    def __init__(self) -> None:
+        self._claim = threading.Lock()
+        self.written = threading.Event()
+        self.exit_code = EXIT_INTERNAL
+        #: what the check is doing, for the watchdog's reason ("in nvidia-smi -L")
+        self.doing = "starting"
+
+    def tell(self, doing: str) -> None:
+        self.doing = doing
+
+    def claim(self) -> bool:
+        return self._claim.acquire(blocking=False)
+
+
+def _hard_exit(code: int) -> None:
+    """End the process at once. Tests replace it; in a pod it must not return."""
+    os._exit(code)
+
+
+def start_watchdog(deadline: Deadline, termination_log: str, outcome: Outcome) -> threading.Timer:
+    """End the check shortly after ``deadline`` even if its main thread is stuck.
+
+    The main thread stops nvidia-smi at the deadline by itself; this is for anywhere else it
+    could block without limit (``Popen`` waits for the exec of a binary on a hung mount, for
+    one). It writes the outcome and exits the process without the interpreter's shutdown.
+    """
+
+    def fire() -> None:
+        if not outcome.claim():
+            return
+        reason = watchdog_reason(deadline.seconds, outcome.doing)
+        outcome.exit_code = EXIT_NVIDIA_SMI_FAILED
+        try:
+            print(reason, file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass  # the termination log below is what the spawner reads
+        write_termination_message(termination_log, reason)
+        outcome.written.set()
+        _hard_exit(EXIT_NVIDIA_SMI_FAILED)
+
+    timer = threading.Timer(deadline.remaining() + KILL_GRACE + WATCHDOG_GRACE, fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def finish(result: CheckResult, termination_log: str, outcome: Outcome | None = None) -> int:
+    """Print the report and the outcome, write the termination log, return the exit code.
+
+    When the watchdog has claimed ``outcome`` already, it writes nothing and returns the
+    watchdog's exit code.
+    """
+    if outcome is not None and not outcome.claim():
+        outcome.written.wait(KILL_GRACE + WATCHDOG_GRACE)
+        return outcome.exit_code
     for line in result.report:
         print(line)
     sys.stdout.flush()
@@ -1216,9 +1484,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the check, print the report, write the termination log, and return the exit code."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     termination_log = termination_log_of(arguments)
+    outcome = Outcome()
+    watchdog = None
     try:
         args = parse_args(arguments)
-        result = check(args)
+        deadline = Deadline(args.timeout)
+        watchdog = start_watchdog(deadline, termination_log, outcome)
+        result = check(args, deadline, outcome)
     except UsageError as error:
         print(build_parser().format_usage().rstrip(), file=sys.stderr)
         result = CheckResult(
@@ -1234,8 +1506,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             reason=f"The GPU check crashed ({type(error).__name__}: {error}); ask an admin to "
             "look at the gpu-check container's log.",
         )
-    return finish(result, termination_log)
+    code = finish(result, termination_log, outcome)
+    if watchdog is not None:
+        watchdog.cancel()
+    return code
+
+
+def run_as_script() -> None:
+    """``python3 -c <source>``: run ``main`` and exit with its code."""
+    code = main()
+    if ABANDONED:
+        # An nvidia-smi left stuck in the driver: exit without the interpreter's shutdown, so
+        # that no finalizer or atexit hook can touch it; the outcome is written and flushed.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _hard_exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_as_script()

@@ -1,16 +1,21 @@
 """Read the GPU check's outcome out of a pod, as the spawner's pod watcher sees it.
 
 Pure functions over a Pod as a raw JSON dict (camelCase keys, exactly as the Kubernetes API
-returns it and as KubeSpawner's reflector stores it). No Kubernetes client is imported.
+returns it and as KubeSpawner's reflector stores it). No Kubernetes client is imported. The one
+input that is not in the pod is the time, for a check that runs past its deadline: the
+functions that need it take ``now`` and read the clock only when it is not given.
 """
 
 from __future__ import annotations
 
+import math
+import time
+from datetime import datetime
 from typing import Any
 
 from ..labels import VALIDATION_CONTAINER_NAME
 from ..serverpod import ServerPod, is_gpu_resource
-from .gpucheck import EXIT_CODES
+from .gpucheck import EXIT_CODES, EXIT_NVIDIA_SMI_FAILED
 
 _NOT_STARTABLE = 127
 _KILLED = 137
@@ -93,16 +98,102 @@ def kind_of_exit_code(exit_code: int) -> str:
     return CHECK_EXIT_CODES.get(exit_code, (OTHER_KIND, ""))[0]
 
 
-def check_failure_kind(
+#: How long past its own ``--timeout`` a GPU check may still be running before the spawner
+#: fails the spawn without it. The check ends within seconds of its deadline
+#: (``gpucheck.KILL_GRACE`` + ``WATCHDOG_GRACE``), but its container cannot: when a pid
+#: namespace's init exits, the kernel holds it until every other process in it has exited, and
+#: an nvidia-smi stuck in the GPU driver never does; the kubelet reads the termination message
+#: only once the container has stopped. The margin also absorbs clock skew between the node
+#: (``startedAt``) and the hub.
+OVERDUE_GRACE = 15.0
+
+
+def _option(argv: list[Any], name: str) -> str | None:
+    """The value of ``name`` (``--timeout 30`` or ``--timeout=30``) in ``argv``; the last wins."""
+    value = None
+    for position, arg in enumerate(argv):
+        if arg == name and position + 1 < len(argv):
+            value = argv[position + 1]
+        elif isinstance(arg, str) and arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value if isinstance(value, str) else None
+
+
+def check_timeout(
     pod: dict[str, Any], container_name: str = VALIDATION_CONTAINER_NAME
+) -> float | None:
+    """The ``--timeout`` the GPU check container was started with, from the pod spec.
+
+    None when its command and args name none (a replacement check, or one from before the
+    deadline), so nobody can say when it is overdue.
+    """
+    for container in (pod.get("spec") or {}).get("initContainers") or []:
+        if container.get("name") != container_name:
+            continue
+        argv = list(container.get("command") or []) + list(container.get("args") or [])
+        try:
+            seconds = float(_option(argv, "--timeout") or "nan")
+        except ValueError:
+            return None
+        return seconds if 0 < seconds < math.inf else None
+    return None
+
+
+def _timestamp(text: Any) -> float | None:
+    """An RFC 3339 time as the API writes it (``2026-11-29T22:41:10Z``) in Unix seconds."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:g} second" + ("" if seconds == 1 else "s")
+
+
+def _limit(seconds: float) -> str:
+    """``30`` -> ``30-second limit``."""
+    return f"{seconds:g}-second limit"
+
+
+def check_overdue(
+    pod: dict[str, Any], now: float, container_name: str = VALIDATION_CONTAINER_NAME
+) -> str | None:
+    """The reason for a GPU check still running ``OVERDUE_GRACE`` seconds past its deadline.
+
+    None while it is within its time, when it is not running, or when its deadline or start
+    time is unknown.
+    """
+    status = _container_status(pod, container_name)
+    running = ((status or {}).get("state") or {}).get("running")
+    timeout = check_timeout(pod, container_name)
+    started = _timestamp((running or {}).get("startedAt"))
+    if timeout is None or started is None or now - started <= timeout + OVERDUE_GRACE:
+        return None
+    return (
+        f"The GPU check was still running {_seconds(OVERDUE_GRACE)} after its {_limit(timeout)}, "
+        "so nvidia-smi is stuck in the GPU driver and cannot even be stopped; ask an admin to "
+        "check the node, which may need a reboot."
+    )
+
+
+def check_failure_kind(
+    pod: dict[str, Any],
+    container_name: str = VALIDATION_CONTAINER_NAME,
+    now: float | None = None,
 ) -> str | None:
     """The kind of the GPU check's failure in ``pod``, or None while it runs or after it passed.
 
-    A command the runtime could not start counts as ``check-not-startable`` whatever its code.
+    A command the runtime could not start counts as ``check-not-startable`` whatever its code;
+    a check overdue (``check_overdue``) as nvidia-smi failing.
     """
     status = _container_status(pod, container_name)
     terminated = _failed_termination(status) if status is not None else None
     if terminated is None:
+        if check_overdue(pod, time.time() if now is None else now, container_name):
+            return EXIT_CODES[EXIT_NVIDIA_SMI_FAILED][0]
         return None
     if terminated.get("reason") in _START_FAILURES:
         return CHECK_EXIT_CODES[_NOT_STARTABLE][0]
@@ -110,19 +201,22 @@ def check_failure_kind(
 
 
 def check_failure(
-    pod: dict[str, Any], container_name: str = VALIDATION_CONTAINER_NAME
+    pod: dict[str, Any],
+    container_name: str = VALIDATION_CONTAINER_NAME,
+    now: float | None = None,
 ) -> str | None:
     """The user-facing reason the GPU check failed, or None while it runs or after it passed.
 
     Prefers the last non-empty line of the container's termination message (the check writes
-    its one-line reason there), else derives a reason from the exit code.
+    its one-line reason there), else derives a reason from the exit code. A check still running
+    well past its deadline has failed too (``check_overdue``; ``now`` defaults to the clock).
     """
     status = _container_status(pod, container_name)
     if status is None:
         return None
     terminated = _failed_termination(status)
     if terminated is None:
-        return None
+        return check_overdue(pod, time.time() if now is None else now, container_name)
     exit_code = int(terminated.get("exitCode", 1))
     message = _last_line(terminated.get("message"))
     if terminated.get("reason") in _START_FAILURES:

@@ -160,6 +160,13 @@ FAULT_KINDS: dict[str, FaultKind] = {
         False,
         "The kernel module is not loaded: every nvidia-smi call fails with exit 9.",
     ),
+    "hung": FaultKind(
+        "gpu",
+        False,
+        "The GPU is hung in the driver: nvidia-smi in a container given it never answers "
+        "(it blocks reading the GPU's view, a FIFO nobody writes, until it is killed). "
+        "Clearing the fault lets any nvidia-smi still blocked go.",
+    ),
 }
 DEFAULT_OLD_DRIVER = "470.82.01"
 
@@ -371,9 +378,10 @@ def _value(fault: dict[str, Any], default: str) -> str:
 def projections(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """What containers see: the driver's document and each GPU's, with faults as effects.
 
-    The GPU documents keep the state's GPU fields and add ``missing``, ``lost``,
+    The GPU documents keep the state's GPU fields and add ``missing``, ``lost``, ``hung``,
     ``ecc_errors_uncorrected``, ``remapped_rows_uncorrectable`` and
-    ``remapped_rows_pending``; they drop the fault list itself.
+    ``remapped_rows_pending``; they drop the fault list itself. A ``hung`` document is never
+    read: :func:`write_driver_state` writes it as a FIFO.
     """
     node_faults = {f["kind"]: f for f in state.get("faults", [])}
     driver_version = state["driver_version"]
@@ -399,6 +407,7 @@ def projections(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[s
         view.update(
             missing="missing" in kinds,
             lost="lost" in kinds,
+            hung="hung" in kinds,
             ecc_errors_uncorrected=ecc,
             remapped_rows_uncorrectable=remap,
             remapped_rows_pending=remap > 0,
@@ -411,6 +420,29 @@ def _write_json(path: Path, document: dict[str, Any]) -> None:
     """Replace ``path`` atomically, so a reader never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(document, indent=2) + "\n")
+    # A hung GPU's FIFO (_write_hung) is held open as a writer while it is replaced: whoever is
+    # blocked opening it gets in, and reads an empty file at the close, instead of blocking on
+    # an unlinked FIFO for good. O_RDWR, because a FIFO opened so never blocks (Linux).
+    holder = os.open(path, os.O_RDWR | os.O_NONBLOCK) if path.is_fifo() else None
+    try:
+        os.replace(tmp, path)
+    finally:
+        if holder is not None:
+            os.close(holder)
+
+
+def _write_hung(path: Path) -> None:
+    """Replace ``path`` with a FIFO nobody writes: opening it blocks, as a hung GPU's calls do.
+
+    A FIFO, not a file that sleeps: the emulated nvidia-smi stays unchanged, and a blocked open
+    is killable, so the GPU check's deadline can end it, like a hung driver call that returns
+    on SIGKILL.
+    """
+    if path.is_fifo():
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    os.mkfifo(tmp, 0o644)
     os.replace(tmp, path)
 
 
@@ -435,7 +467,10 @@ def write_driver_state(path: Path, state: dict[str, Any]) -> None:
     paths.driver_view.mkdir(parents=True, exist_ok=True)
     for uuid, view in gpus.items():
         paths.gpu_view(uuid).mkdir(parents=True, exist_ok=True)
-        _write_json(paths.gpu_view(uuid) / GPU_VIEW_FILE, view)
+        if view["hung"]:
+            _write_hung(paths.gpu_view(uuid) / GPU_VIEW_FILE)
+        else:
+            _write_json(paths.gpu_view(uuid) / GPU_VIEW_FILE, view)
     for uuid in usage_uuids(state):
         usage = paths.usage_dir(uuid)
         usage.mkdir(parents=True, exist_ok=True)

@@ -52,3 +52,19 @@ def test_source_is_read_once():
 def test_a_request_for_no_gpu_is_refused(expected):
     with pytest.raises(ValueError, match="at least 1"):
         check_command(expected, "nvidia.com/gpu", None)
+
+
+def test_the_timeout_reaches_the_check_when_given():
+    argv = check_command(1, "nvidia.com/gpu", None, timeout=12.5)
+    assert argv[-2:] == ["--timeout", "12.5"]
+    assert gpucheck.parse_args(argv[3:]).timeout == 12.5
+    assert "--timeout" not in check_command(1, "nvidia.com/gpu", None)
+    assert gpucheck.parse_args(["--expect", "1"]).timeout == gpucheck.DEFAULT_TIMEOUT
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf")])
+def test_a_timeout_that_is_no_deadline_is_refused(timeout):
+    with pytest.raises(ValueError, match="timeout must be a number of seconds above 0"):
+        check_command(1, "nvidia.com/gpu", None, timeout=timeout)
+    with pytest.raises(gpucheck.UsageError, match="--timeout must be a number of seconds above 0"):
+        gpucheck.parse_args(["--expect", "1", "--timeout", str(timeout)])

@@ -13,8 +13,10 @@ from gpuspawner.validation import gpucheck
 from gpuspawner.validation.podstatus import (
     CHECK_EXIT_CODES,
     CHECK_FAILURE_KINDS,
+    OVERDUE_GRACE,
     check_failure,
     check_failure_kind,
+    check_timeout,
     describe_waiting,
     kind_of_exit_code,
     reason_for_exit_code,
@@ -185,3 +187,79 @@ def test_kinds_of_exit_codes(exit_code, kind):
 )
 def test_the_kind_of_a_pods_check_failure(name, kind):
     assert check_failure_kind(pod(name)) == kind
+
+
+# gpu-check-running.json's startedAt, 2026-11-29T22:41:10Z, in Unix seconds
+STARTED = 1795992070.0
+
+
+def running_with_timeout(*timeout: str) -> dict:
+    data = pod("gpu-check-running")
+    data["spec"]["initContainers"][0]["command"] += list(timeout)
+    return data
+
+
+def test_the_fixtures_start_time_is_the_one_the_tests_use():
+    from datetime import datetime, timezone
+
+    started = pod("gpu-check-running")["status"]["initContainerStatuses"][0]["state"]["running"]
+    assert started["startedAt"] == datetime.fromtimestamp(STARTED, timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "seconds"),
+    [
+        (("--timeout", "30.0"), 30.0),
+        (("--timeout=12.5",), 12.5),
+        (("--timeout", "10", "--timeout", "20"), 20.0),  # argparse's rule: the last one wins
+        ((), None),  # a check without a deadline in its command: nobody can say it is overdue
+        (("--timeout", "soon"), None),
+        (("--timeout", "0"), None),
+        (("--timeout", "inf"), None),
+        (("--timeout", "nan"), None),
+        (("--timeout",), None),
+    ],
+)
+def test_the_checks_deadline_is_read_from_its_command(argv, seconds):
+    assert check_timeout(running_with_timeout(*argv)) == seconds
+
+
+def test_a_check_running_well_past_its_deadline_has_failed_with_the_reason():
+    data = running_with_timeout("--timeout", "30.0")
+    overdue = STARTED + 30 + OVERDUE_GRACE + 1
+    reason = check_failure(data, now=overdue)
+    assert reason == (
+        "The GPU check was still running 15 seconds after its 30-second limit, so nvidia-smi is "
+        "stuck in the GPU driver and cannot even be stopped; ask an admin to check the node, "
+        "which may need a reboot."
+    )
+    assert check_failure_kind(data, now=overdue) == "nvidia-smi-failed"
+    assert describe_waiting(data) is not None  # still "running" to the progress messages
+
+
+@pytest.mark.parametrize(
+    ("name", "argv", "now"),
+    [
+        # within its time, and the grace that covers its own exit and clock skew
+        ("gpu-check-running", ("--timeout", "30.0"), STARTED + 30 + OVERDUE_GRACE),
+        # no deadline in the command (a replacement check)
+        ("gpu-check-running", (), STARTED + 10_000),
+        # not running yet: the clock starts with the container
+        ("gpu-check-waiting-first", ("--timeout", "30.0"), STARTED + 10_000),
+        # passed: no longer running
+        ("gpu-check-succeeded", ("--timeout", "30.0"), STARTED + 10_000),
+    ],
+)
+def test_no_overdue_failure_without_a_running_check_past_its_deadline(name, argv, now):
+    data = pod(name)
+    data["spec"]["initContainers"][0]["command"] += list(argv)
+    assert check_failure(data, now=now) is None
+    assert check_failure_kind(data, now=now) is None
+
+
+def test_a_terminated_failure_wins_over_the_clock():
+    data = pod("gpu-check-terminated-message")
+    data["spec"]["initContainers"][0]["command"] += ["--timeout", "1"]
+    assert check_failure(data, now=STARTED + 10_000).startswith("Only 1 of the 2 requested GPUs")
