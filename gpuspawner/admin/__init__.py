@@ -2,7 +2,8 @@
 
 - :mod:`~gpuspawner.admin.report` (pure): hub users, pods, GPU figures, limits
   and utilisation in, the tables out (HTML, text and JSON share them).
-- :mod:`~gpuspawner.admin.page` (pure): the page's HTML.
+- :mod:`~gpuspawner.admin.page` (pure): the page's HTML, from the autoescaped Jinja
+  templates in ``templates/``.
 - :mod:`~gpuspawner.admin.collect`: reads the hub, the cluster and Prometheus
   (with the clients of :mod:`gpuspawner.services` and :mod:`gpuspawner.kube`).
 - :mod:`~gpuspawner.admin.service`: the hub-managed service (``python -m gpuspawner.admin``).

@@ -17,6 +17,7 @@ from ..catalog import Catalog, CatalogError, CatalogFile
 from ..inventory.figures import catalog_availability
 from ..inventory.model import inventory_from
 from ..kube import KubeClient
+from ..options import shown
 from ..podspec import gpu_resource_names
 from ..serverpod import is_managed
 from ..services.hub import HubClient, HubError
@@ -94,6 +95,30 @@ class Collector:
                         raise
         return list(users.values())
 
+    async def utilisation(
+        self, prometheus: PrometheusClient, now: float
+    ) -> tuple[dict[tuple[str, str], float] | None, str]:
+        """(GPU utilisation per (namespace, pod), "") or (None, why it is not shown).
+
+        Whatever Prometheus does (no answer, a timeout, an error, a body that
+        is not a query result), the page is shown without utilisation.
+        """
+        mean = prometheus.queries.activity("avg_over_time", UTILISATION_WINDOW)
+        try:
+            return await prometheus.per_pod(mean, now), ""
+        except PrometheusError as e:
+            return None, utilisation_problem(e, prometheus.url, prometheus.timeout)
+        except Exception as e:  # a body the client did not recognise as wrong
+            self.log.warning(
+                "Prometheus at %s answered something that is not a query result: %s",
+                prometheus.url,
+                shown(f"{type(e).__name__}: {e}", 200),
+            )
+            return None, (
+                f"GPU utilisation is not shown: Prometheus at {prometheus.url} answered "
+                "something that is not a query result."
+            )
+
     async def report(self, extra_users: tuple[str, ...] = (), fresh: bool = False) -> PoolReport:
         """The report; the last one if younger than ``cache_seconds``, unless ``fresh``."""
         now = time.time()
@@ -108,6 +133,15 @@ class Collector:
         except HubError as e:
             users = []
             problems.append(f"The hub's users could not be listed: {e}")
+        except Exception as e:  # an answer of the wrong shape: the page shows the cluster still
+            self.log.warning(
+                "The hub's user list could not be read: %s", shown(f"{type(e).__name__}: {e}", 200)
+            )
+            users = []
+            problems.append(
+                "The hub's users could not be listed: the hub API answered something that is "
+                "not a user list."
+            )
         pods: list[dict] = []
         figures: dict = {}
         if self.kube is None:
@@ -123,13 +157,11 @@ class Collector:
                     figures = inventory.by_resource()
             except Exception as e:  # any API or transport failure: show the rest
                 problems.append(f"The cluster could not be read: {e}")
-        utilisation = None
+        utilisation, problem = None, ""
         if self.prometheus is not None:
-            mean = self.prometheus.queries.activity("avg_over_time", UTILISATION_WINDOW)
-            try:
-                utilisation = await self.prometheus.per_pod(mean, now)
-            except PrometheusError as e:
-                problems.append(f"GPU utilisation is not shown: {e}")
+            utilisation, problem = await self.utilisation(self.prometheus, now)
+            if problem:
+                problems.append(problem)
         report = build_report(
             users=users,
             pods=pods,
@@ -138,7 +170,19 @@ class Collector:
             now=now,
             utilisation=utilisation,
             problems=problems,
+            utilisation_failed=bool(problem),
         )
         if not extra_users:
             self._last = (now, report)
         return report
+
+
+def utilisation_problem(error: PrometheusError, url: str, timeout: float) -> str:
+    """The page's sentence for a failed utilisation query."""
+    from tornado.simple_httpclient import HTTPTimeoutError
+
+    # the client reports a timeout as tornado's pseudo-status 599, which says nothing to an admin
+    if isinstance(error.__cause__, HTTPTimeoutError):
+        return f"GPU utilisation is not shown: Prometheus at {url} did not answer within {timeout:g} s."
+    text = " ".join(str(error).split())
+    return f"GPU utilisation is not shown: {text}" + ("" if text.endswith(".") else ".")

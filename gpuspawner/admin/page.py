@@ -2,30 +2,119 @@
 
 Server-rendered and usable without JavaScript: the tables, one "stop" form
 per server (POSTed with the page's XSRF token), and a ``<meta refresh>``.
+
+:func:`page_view` turns the report into the words the page shows;
+``templates/page.html`` lays them out. The template environment escapes every
+value, so a user name, server name, pod label or error message is text
+whatever characters it holds.
+
+Nothing on this page is markup: it shows no catalog description, and the GPU
+type names it shows share their column with names taken from nodes and pod
+labels (a type the catalog does not know), so they are escaped like them.
+Catalog text that is meant as markup must be wrapped in
+:class:`markupsafe.Markup` where it is put into the view, with a comment
+saying why it is trusted.
 """
 
 from __future__ import annotations
 
-from html import escape
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template, select_autoescape
 
 from ..limits import format_units
-from .report import PoolReport, format_duration, format_utilisation, type_table
+from .report import PoolReport, UserRow, format_duration, format_utilisation, type_table
 
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
-h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.5em; }
-table { border-collapse: collapse; margin-top: .5em; }
-th, td { border: 1px solid #ccc; padding: .3em .6em; text-align: left; }
-th { background: #f3f3f3; } td.num { text-align: right; }
-.muted { color: #777; } .notice { background: #eef6ee; padding: .5em; border: 1px solid #9c9; }
-.problem { background: #fff4e5; padding: .5em; border: 1px solid #e0b070; }
-button { cursor: pointer; }
-"""
+TEMPLATES = Path(__file__).with_name("templates")
+
+#: Columns of the type table shown right-aligned (the figures).
+_NUMERIC_TYPE_COLUMNS = frozenset({1, 2, 3, 4})
 
 
-def _cell(value: str, numeric: bool = False) -> str:
-    cls = ' class="num"' if numeric else ""
-    return f"<td{cls}>{escape(value)}</td>"
+@dataclass(frozen=True)
+class ServerView:
+    name: str  # "" for the default server: what the stop form posts
+    label: str  # what the page shows
+    cells: tuple[tuple[str, bool], ...]  # (text, right-aligned) per column
+
+
+@dataclass(frozen=True)
+class UserView:
+    name: str
+    admin: bool
+    groups: str
+    limit: str
+    per_type: str
+    rule: str
+    span: int  # rows the user's own cells cover: one per server, at least one
+    servers: tuple[ServerView, ...]
+
+
+def _user_view(u: UserRow, utilisation_source: str) -> UserView:
+    groups = "unknown" if u.groups is None else (", ".join(u.groups) or "none")
+    per_type = "; ".join(
+        f"{k}: {'unlimited' if v is None else format_units(v)}" for k, v in u.limit_per_type.items()
+    )
+    servers = []
+    for s in u.servers or ():
+        util = format_utilisation(s.utilisation, utilisation_source) if s.gpu_type else "-"
+        cells = (
+            (s.label, False),
+            (s.state, False),
+            (s.profile or "-", False),
+            (s.gpu_type_name, False),
+            (str(s.gpus), True),
+            (s.node or "-", False),
+            (format_duration(s.age), False),
+            (format_duration(s.idle), False),
+            (util, False),
+        )
+        servers.append(ServerView(name=s.name, label=s.label, cells=cells))
+    return UserView(
+        name=u.name,
+        admin=u.admin,
+        groups=groups,
+        limit=f"{format_units(u.gpus_used)} of {format_units(u.limit)}",
+        per_type=per_type,
+        rule=u.rule,
+        span=max(len(servers), 1),
+        servers=tuple(servers),
+    )
+
+
+def page_view(report: PoolReport) -> dict[str, Any]:
+    """What the template shows of the report, all of it plain text."""
+    head, rows = type_table(report)
+    return {
+        "type_head": head,
+        "type_rows": [
+            [(cell, i in _NUMERIC_TYPE_COLUMNS) for i, cell in enumerate(row)] for row in rows
+        ],
+        "users": [_user_view(u, report.utilisation_source) for u in report.users],
+        "problems": list(report.problems),
+    }
+
+
+@cache
+def environment() -> Environment:
+    """The admin templates' environment: autoescaped whatever a template is called."""
+    return Environment(
+        loader=FileSystemLoader(TEMPLATES),
+        # default=True: a template added under another name is escaped too
+        autoescape=select_autoescape(
+            enabled_extensions=("html", "j2"), default_for_string=True, default=True
+        ),
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+    )
+
+
+def template(name: str = "page.html") -> Template:
+    return environment().get_template(name)
 
 
 def render_page(
@@ -38,92 +127,12 @@ def render_page(
     notice: str = "",
 ) -> str:
     """The whole page. ``stop_url`` receives ``user`` and ``server`` by POST."""
-    head, rows = type_table(report)
-    type_html = "".join(
-        "<tr>" + "".join(_cell(c, i in (1, 2, 3, 4)) for i, c in enumerate(r)) + "</tr>"
-        for r in rows
-    )
-    if not rows:
-        type_html = f'<tr><td colspan="{len(head)}" class="muted">No GPU types known.</td></tr>'
-
-    user_rows = []
-    for u in report.users:
-        groups = "unknown" if u.groups is None else (", ".join(u.groups) or "none")
-        limit = f"{format_units(u.gpus_used)} of {format_units(u.limit)}"
-        per_type = "; ".join(
-            f"{k}: {'unlimited' if v is None else format_units(v)}"
-            for k, v in u.limit_per_type.items()
-        )
-        servers = u.servers or ()
-        span = max(len(servers), 1)
-        user_cells = (
-            f'<td rowspan="{span}"><b>{escape(u.name)}</b>'
-            + (' <span class="muted">(admin)</span>' if u.admin else "")
-            + f'<br><span class="muted">groups: {escape(groups)}</span></td>'
-        )
-        limit_cells = (
-            f'<td rowspan="{span}">{escape(limit)}'
-            + (f'<br><span class="muted">{escape(per_type)}</span>' if per_type else "")
-            + f'</td><td rowspan="{span}">{escape(u.rule)}</td>'
-        )
-        if not servers:
-            user_rows.append(
-                f'<tr>{user_cells}<td colspan="10" class="muted">no server</td>{limit_cells}</tr>'
-            )
-            continue
-        for i, s in enumerate(servers):
-            util = (
-                format_utilisation(s.utilisation, report.utilisation_source) if s.gpu_type else "-"
-            )
-            stop = (
-                f'<form method="post" action="{escape(stop_url)}">'
-                f'<input type="hidden" name="_xsrf" value="{escape(xsrf_token)}">'
-                f'<input type="hidden" name="user" value="{escape(u.name)}">'
-                f'<input type="hidden" name="server" value="{escape(s.name)}">'
-                f'<button type="submit" aria-label="stop {escape(u.name)}/{escape(s.label)}">'
-                "stop</button></form>"
-            )
-            cells = [
-                _cell(s.label),
-                _cell(s.state),
-                _cell(s.profile or "-"),
-                _cell(s.gpu_type_name),
-                _cell(str(s.gpus), True),
-                _cell(s.node or "-"),
-                _cell(format_duration(s.age)),
-                _cell(format_duration(s.idle)),
-                _cell(util),
-                f"<td>{stop}</td>",
-            ]
-            first = (user_cells if i == 0 else "") + "".join(cells)
-            user_rows.append(
-                f'<tr data-server="{escape(u.name)}/{escape(s.name)}">{first}'
-                + (limit_cells if i == 0 else "")
-                + "</tr>"
-            )
-    if not user_rows:
-        user_rows.append('<tr><td colspan="13" class="muted">No servers.</td></tr>')
-
-    notices = f'<p class="notice" role="status">{escape(notice)}</p>' if notice else ""
-    problems = "".join(f'<p class="problem">{escape(p)}</p>' for p in report.problems)
-    th = "".join(f"<th>{escape(h)}</th>" for h in head)
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="refresh" content="{int(refresh_seconds)}">
-<title>GPU pool</title><style>{_STYLE}</style></head>
-<body>
-<h1>GPU pool</h1>
-<p class="muted">Signed in as {escape(admin)}. This page refreshes every {int(refresh_seconds)} s.</p>
-{notices}{problems}
-<h2>GPUs by type</h2>
-<table id="gpu-types"><thead><tr>{th}</tr></thead><tbody>{type_html}</tbody></table>
-<h2>Users and servers</h2>
-<table id="servers"><thead><tr><th>user</th><th>server</th><th>state</th><th>profile</th>
-<th>GPU type</th><th>GPUs</th><th>node</th><th>age</th><th>idle</th><th>GPU util</th><th></th>
-<th>GPUs held / limit</th><th>limit from</th></tr></thead>
-<tbody>{"".join(user_rows)}</tbody></table>
-<p class="muted">"waiting": GPUs requested by this hub's pods that no node has taken yet.
-GPU utilisation: the busiest of the server's GPUs, averaged over the last 5 minutes (DCGM exporter, via Prometheus).
-Stopping a server goes through the hub's API and is logged by the hub and this service.</p>
-</body></html>
-"""
+    context: Mapping[str, Any] = {
+        **page_view(report),
+        "admin": admin,
+        "stop_url": stop_url,
+        "xsrf_token": xsrf_token,
+        "refresh_seconds": int(refresh_seconds),
+        "notice": notice,
+    }
+    return template().render(context)

@@ -9,6 +9,7 @@ as HTML, ``gpuspawner status`` as text, and both as JSON.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -79,7 +80,8 @@ class PoolReport:
     generated: float
     types: tuple[TypeRow, ...]
     users: tuple[UserRow, ...]
-    utilisation_source: str = ""  # "prometheus" when utilisation is known
+    # "prometheus": utilisation known; "unavailable": Prometheus failed; "": not configured
+    utilisation_source: str = ""
     problems: tuple[str, ...] = field(default_factory=tuple)
 
     def as_dict(self) -> dict[str, Any]:
@@ -185,8 +187,10 @@ def build_report(
     now: float,
     utilisation: Mapping[tuple[str, str], float] | None = None,
     problems: Iterable[str] = (),
+    utilisation_failed: bool = False,
 ) -> PoolReport:
-    """The whole report. ``utilisation`` is keyed by (namespace, pod); None: not configured.
+    """The whole report. ``utilisation`` is keyed by (namespace, pod); None: not configured,
+    or, with ``utilisation_failed``, configured but not read.
 
     Servers are taken from the hub; a pod of a server the hub does not know
     (it lost track of it, or the server was removed) is listed as "pod only",
@@ -222,6 +226,9 @@ def build_report(
         util = None
         if utilisation is not None and pod is not None:
             util = utilisation.get((pod.namespace, pod.name))
+            # Prometheus answers NaN and Inf too; they are no figure, and JSON has no word for them
+            if util is not None and not math.isfinite(util):
+                util = None
         return ServerRow(
             user=user,
             name=name,
@@ -284,7 +291,11 @@ def build_report(
         generated=now,
         types=type_rows(figures, active, catalog),
         users=tuple(rows),
-        utilisation_source="prometheus" if utilisation is not None else "",
+        utilisation_source="prometheus"
+        if utilisation is not None
+        else "unavailable"
+        if utilisation_failed
+        else "",
         problems=tuple(problems),
     )
 
@@ -314,7 +325,9 @@ def format_duration(seconds: float | None) -> str:
 def format_utilisation(value: float | None, source: str) -> str:
     if not source:
         return "not configured"
-    if value is None:
+    if source == "unavailable":
+        return "unknown"
+    if value is None or not math.isfinite(value):
         return "no data"
     return f"{value * 100:.0f} %"
 
@@ -381,8 +394,23 @@ def server_table(report: PoolReport) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def printable(text: str) -> str:
+    """``text`` safe for a terminal: every character that is not printable is written as an escape.
+
+    User and server names, groups and pod labels reach the terminal through
+    ``gpuspawner status``; written raw, ESC would start a terminal control
+    sequence, CR or LF a forged line, and U+202E turn the rest of a line around.
+    """
+    return "".join(
+        c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+        for c in text
+    )
+
+
 def text_table(head: list[str], rows: list[list[str]]) -> str:
-    """Columns padded to their widest cell."""
+    """Columns padded to their widest cell; cells made :func:`printable`."""
+    head = [printable(h) for h in head]
+    rows = [[printable(c) for c in r] for r in rows]
     widths = [
         max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)
     ]
@@ -400,15 +428,15 @@ def format_text(report: PoolReport, user: str | None = None) -> str:
     else:
         row = report.user(user)
         if row is None:
-            parts.append(f"{user}: no such user.")
+            parts.append(printable(f"{user}: no such user."))
         else:
-            parts.append(explain_limit(row))
+            parts.append(printable(explain_limit(row)))
             if row.image_text:
-                parts.append(row.image_text)
+                parts.append(printable(row.image_text))
             servers = PoolReport(report.generated, (), (row,), report.utilisation_source)
             parts += ["", text_table(*server_table(servers))]
     for problem in report.problems:
-        parts += ["", f"Note: {problem}"]
+        parts += ["", printable(f"Note: {problem}")]
     return "\n".join(parts).rstrip() + "\n"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from gpuspawner.admin.collect import Collector, KubeReader
 from gpuspawner.kube import KubeClient, Reader, RetryPolicy
 from gpuspawner.services.hub import HubError
@@ -126,3 +128,26 @@ async def test_a_refused_pod_list_is_a_note_not_an_empty_cluster(users, tmp_path
     )
     assert [(t.key, t.nodes, t.in_use) for t in refused.types] == [("a100", 0, 0), ("h100", 0, 0)]
     assert refused.user("ann").servers[0].pod == ""
+
+
+async def test_anything_else_the_prometheus_client_raises_is_one_sentence(users, caplog):
+    """Whatever shape the client lets through, the page goes on without utilisation."""
+
+    class Crashing:
+        url = "http://prometheus.example"
+        timeout = 5.0
+        queries = GPUQueries()
+
+        async def per_pod(self, promql, at):
+            raise TypeError("list indices must be integers or slices, not str")  # a bad shape
+
+    collector = Collector(Hub(users), Kube(), str(ADMIN / "catalog.yaml"), Crashing())
+    with caplog.at_level(logging.WARNING):
+        report = await collector.report()
+    assert report.problems == (
+        "GPU utilisation is not shown: Prometheus at http://prometheus.example answered "
+        "something that is not a query result.",
+    )
+    assert report.utilisation_source == "unavailable"
+    assert report.user("ann").servers[0].node  # the rest is there
+    assert "TypeError" in caplog.text and "Traceback" not in caplog.text

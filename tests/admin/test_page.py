@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from html import unescape
 from html.parser import HTMLParser
 
 from gpuspawner.admin.page import render_page
@@ -55,8 +56,8 @@ def test_tables_and_refresh(users, pods, figures, catalog, now):
     assert '<p class="notice" role="status">Stopped ann/default.</p>' in html
     a100 = re.search(r"<tr><td>NVIDIA A100 \(a100\)</td>(.*?)</tr>", html).group(1)
     assert re.findall(r">(\d+)<", a100)[:4] == ["8", "3", "5", "0"]
-    row = re.search(r'<tr data-server="student/">(.*?)</tr>', html, re.S).group(1)
-    assert "group rule &#x27;students&#x27;" in row and "1 of 1" in row and "h100: 0" in row
+    row = unescape(re.search(r'<tr data-server="student/">(.*?)</tr>', html, re.S).group(1))
+    assert "group rule 'students'" in row and "1 of 1" in row and "h100: 0" in row
     assert "gpu-a100-1" in row
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
+
+import pytest
 
 from gpuspawner.admin.report import (
     PoolReport,
@@ -13,6 +16,8 @@ from gpuspawner.admin.report import (
     parse_time,
     report_from_dict,
 )
+
+from ..security.payloads import PAYLOADS
 
 
 def report_of(users, pods, figures, catalog, now, **kwargs):
@@ -177,3 +182,46 @@ def test_durations():
         "1 d",
         "1 d 1 h",
     ]
+
+
+def test_prometheus_nan_and_inf_are_no_figure(users, pods, figures, catalog, now):
+    """Prometheus answers "NaN" and "+Inf" for some series; JSON has no word for them."""
+    util = {
+        ("jupyterhub", "jupyter-ann"): float("nan"),
+        ("jupyterhub", "jupyter-hog--big"): float("inf"),
+    }
+    report = report_of(users, pods, figures, catalog, now, utilisation=util)
+    assert server(report, "ann").utilisation is None
+    assert server(report, "hog", "big").utilisation is None
+    # strict JSON, as `jq` and browsers read it
+    json.loads(json.dumps(report.as_dict(), allow_nan=False))
+    assert "nan" not in format_text(report).lower()
+
+
+def test_utilisation_that_failed_is_unknown_not_unconfigured(users, pods, figures, catalog, now):
+    report = report_of(users, pods, figures, catalog, now, utilisation_failed=True)
+    assert report.utilisation_source == "unavailable"
+    ann = next(line for line in format_text(report).splitlines() if line.startswith("ann "))
+    assert "unknown" in ann and "not configured" not in ann
+
+
+@pytest.mark.parametrize(("name", "value"), PAYLOADS, ids=[n for n, _ in PAYLOADS])
+def test_the_terminal_gets_no_control_characters(users, pods, figures, catalog, now, name, value):
+    """`gpuspawner status` prints names: ESC, CR/LF, NUL or U+202E would act on the terminal."""
+
+    def report_with(user_name):
+        renamed = copy.deepcopy(users)
+        renamed[0]["name"] = user_name
+        renamed[0]["groups"] = [user_name]
+        return report_of(renamed, pods, figures, catalog, now, problems=[f"x {user_name}"])
+
+    hostile = value + "\x1b]0;pwned\x07"
+    text = format_text(report_with(hostile))
+    assert all(c.isprintable() or c == "\n" for c in text)
+    assert "\\x1b]0;pwned\\x07" in text
+    if value.isprintable():
+        assert value in text
+    # no line of its own: a name cannot forge a row
+    assert len(text.splitlines()) == len(format_text(report_with("plain")).splitlines())
+    one = format_text(report_with(hostile), hostile)
+    assert all(c.isprintable() or c == "\n" for c in one) and "\\x1b" in one

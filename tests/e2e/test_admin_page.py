@@ -90,9 +90,14 @@ def test_admin_sees_gpu_servers_and_stops_one(browser, hub, kube):
         wait_for(lambda: pod_of(kube, "pagealice") is None, 90, what="pagealice's pod to go")
         # the hub logged the API call, the service who asked for it
         assert "DELETE /hub/api/users/pagealice/server" in hub.log()
-        assert "Admin admin asked to stop pagealice/default" in hub.log()
-        page.goto(hub.public_url + PAGE)
+        # names are quoted in the service's log: a name cannot forge a line of it
+        assert "Admin 'admin' asked to stop 'pagealice/default'" in hub.log()
+        # the outcome is shown once, and a link cannot write one
+        response = page.goto(hub.public_url + PAGE + "?notice=Sign+in+again+at+evil.example")
         assert page.locator('tr[data-server="pagealice/"]').count() == 0
+        assert page.locator("[role=status]").count() == 0
+        assert response is not None
+        assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
         page.context.close()
     finally:
         if server_state(hub, "pagealice") is not None:
