@@ -18,7 +18,7 @@ VENV_JH55 ?= .venv-jh55
 # directory) run in $(PYTEST_WORKERS) pytest-xdist workers beside them: both mostly
 # wait. The machine tests start with the ones that wait most (sandbox, images, z2jh),
 # so that the unit tests' busiest minutes do not fall on the e2e tests' hubs.
-MACHINE_TESTS := tests/sandbox tests/images tests/z2jh tests/e2e
+MACHINE_TESTS := tests/sandbox tests/images tests/z2jh tests/e2e tests/benchmarks
 UNIT_TESTS := tests $(foreach t,$(MACHINE_TESTS),--ignore=$(t))
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS_JH55 ?= -n $(PYTEST_WORKERS) $(UNIT_TESTS)

@@ -1,6 +1,7 @@
 """One culling pass over N servers in a real hub: gpuspawner-culler beside jupyterhub-idle-culler.
 
     .venv/bin/python benchmarks/culler_pass.py [--users 5000] [--gpu-share 0.2] [--rounds 2]
+                                               [--smoke]
 
 Set-up (all on 127.0.0.1): a real JupyterHub 6 with its configurable-http-proxy;
 ``--users`` users, each with a running default server. The servers are cheap:
@@ -20,6 +21,9 @@ nothing — the listing and deciding is what is compared):
   size (the hub's default, 50) and with 200 (ours).
 
 Rounds alternate the cullers; the table gives each run. Writes Markdown to stdout.
+``--smoke`` (20 users, one round) runs every step once for the tests; whatever
+ends the run, the hub, its proxy and Prometheus are stopped before it exits
+(benchmarks/benchlib.py).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchlib import Steps, add_arguments, guarded, run, sizes, work_dir  # noqa: E402
 from jupyterhub_idle_culler import cull_idle  # noqa: E402
 
 from tests.culler.dcgm import DCGMExporter  # noqa: E402
@@ -51,6 +56,9 @@ from tests.culler.faultproxy import FaultProxy  # noqa: E402
 from tests.culler.hubtools import make_culler, start_culler_hub  # noqa: E402
 from tests.culler.promserver import start_prometheus  # noqa: E402
 from tests.culler.spawners import NAMESPACE, pod_name  # noqa: E402
+
+#: --fail-after's steps, in order.
+STEPS = ("prometheus", "hub", "servers", "measured")
 
 
 def serve_ok() -> ThreadingHTTPServer:
@@ -170,6 +178,13 @@ async def run_theirs(token, proxy, page_size: int) -> dict:
 async def measure(hub, token, prometheus_url, rounds: int) -> list[tuple[str, dict]]:
     proxy = FaultProxy(hub.public_url)
     proxy.start()
+    try:
+        return await _rounds(hub, token, proxy, prometheus_url, rounds)
+    finally:
+        proxy.stop()
+
+
+async def _rounds(hub, token, proxy, prometheus_url, rounds: int) -> list[tuple[str, dict]]:
     results = []
     for _ in range(rounds):
         results.append(
@@ -190,31 +205,25 @@ async def measure(hub, token, prometheus_url, rounds: int) -> list[tuple[str, di
         results.append(
             ("jupyterhub-idle-culler 2.0, page size 200", await run_theirs(token, proxy, 200))
         )
-    proxy.stop()
     return results
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--users", type=int, default=5000)
+    parser.add_argument("--users", type=int, help="users, each with a server (5000; --smoke: 20)")
     parser.add_argument("--gpu-share", type=float, default=0.2)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, help="passes of each culler (2; --smoke: 1)")
+    add_arguments(parser, STEPS)
     args = parser.parse_args()
+    sizes(args, full={"users": 5000, "rounds": 2}, smoke={"users": 20, "rounds": 1})
+    steps = Steps(args)
 
     def log(message):
         print(f"# {message}", file=sys.stderr, flush=True)
 
-    workdir = Path(tempfile.mkdtemp(prefix="culler-bench-"))
-    ok = serve_ok()
-    exporter = DCGMExporter()
+    workdir = work_dir(Path(tempfile.mkdtemp(prefix="culler-bench-")))
     gpu_users = int(args.users * args.gpu_share)
-    for i in range(gpu_users):
-        device = exporter.add_gpu("0")
-        exporter.assign(device, NAMESPACE, pod_name(f"user{i:05d}"), 0 if i % 2 else 50)
-    target = exporter.start()
-    prometheus = start_prometheus(workdir / "prometheus", target, scrape_interval="5s")
     token = secrets.token_hex(16)
-    os.environ["CULLER_BENCH_SERVER_PORT"] = str(ok.server_address[1])
     hub_dir = workdir / "hub"
     extra = """
 c.JupyterHub.last_activity_interval = 3600
@@ -222,28 +231,48 @@ c.Spawner.poll_interval = 3600
 c.JupyterHub.init_spawners_timeout = 1
 c.JupyterHub.log_level = "WARN"
 """
-    # first start creates the database; then the servers are written into it
-    start_culler_hub(hub_dir, token, spawner="NoProcessSpawner", extra=extra).stop()
-    started = time.monotonic()
-    prepopulate(
-        f"sqlite:///{hub_dir / 'jupyterhub.sqlite'}", args.users, ok.server_address[1], gpu_users
-    )
-    hub = start_culler_hub(hub_dir, token, spawner="NoProcessSpawner", extra=extra)
-    try:
+    with guarded() as started:
+        ok = serve_ok()
+        started.callback(ok.server_close)
+        started.callback(ok.shutdown)
+        exporter = DCGMExporter()
+        for i in range(gpu_users):
+            device = exporter.add_gpu("0")
+            exporter.assign(device, NAMESPACE, pod_name(f"user{i:05d}"), 0 if i % 2 else 50)
+        target = exporter.start()
+        started.callback(exporter.stop)
+        prometheus = start_prometheus(
+            workdir / "prometheus", target, scrape_interval="1s" if args.smoke else "5s"
+        )
+        started.callback(prometheus.stop)
+        steps.done("prometheus")
+        os.environ["CULLER_BENCH_SERVER_PORT"] = str(ok.server_address[1])
+        # first start creates the database; then the servers are written into it
+        first = start_culler_hub(hub_dir, token, spawner="NoProcessSpawner", extra=extra)
+        try:
+            steps.done("hub")
+        finally:
+            first.stop()
+        started_at = time.monotonic()
+        prepopulate(
+            f"sqlite:///{hub_dir / 'jupyterhub.sqlite'}",
+            args.users,
+            ok.server_address[1],
+            gpu_users,
+        )
+        hub = start_culler_hub(hub_dir, token, spawner="NoProcessSpawner", extra=extra)
+        started.callback(hub.stop)
         while ready_count(hub) < args.users:
             time.sleep(1)
-        log(f"{args.users} servers running after {time.monotonic() - started:.0f} s")
+        log(f"{args.users} servers running after {time.monotonic() - started_at:.0f} s")
         prometheus.wait_for(
             'count(DCGM_FI_DEV_GPU_UTIL{pod!=""})',
             lambda r: bool(r) and int(float(r[0]["value"][1])) >= gpu_users,
             timeout=120,
         )
+        steps.done("servers")
         results = asyncio.run(measure(hub, token, prometheus.url, args.rounds))
-    finally:
-        hub.stop()
-        prometheus.stop()
-        exporter.stop()
-        ok.shutdown()
+        steps.done("measured")
 
     print(
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
@@ -270,7 +299,8 @@ c.JupyterHub.log_level = "WARN"
             f"{ours[0]['gpu_fresh']} with fresh GPU data; GPU servers' decisions "
             f"(action/reason/GPU data): {dict(ours[0]['gpu_decisions'])}"
         )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

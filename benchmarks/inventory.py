@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/inventory.py            (in-process, a few minutes)
     .venv/bin/python benchmarks/inventory.py --api      (also the naive approach against
                                                          the sandbox's real API server)
+    .venv/bin/python benchmarks/inventory.py --smoke --api   (every step once, small: tests)
 
 The cluster is made from the Node and Pod objects recorded from the sandbox
 (tests/fixtures/nodes/recorded-*.json), copied with new names: 800 nodes with 4
@@ -22,7 +23,10 @@ Measured:
     responses, held in memory: a lower bound that leaves out the API server's
     own work and the network) and compute the figures from scratch; with
     --api the same lists are really fetched from the sandbox's API server.
-Writes a Markdown report to stdout.
+Writes a Markdown report to stdout. ``--smoke`` builds a cluster a hundredth of
+the size (20 GPU nodes, 200 pods) and renders 3 times: every step runs once, for
+the tests; whatever ends the run, the API server's control plane is stopped
+before it exits (benchmarks/benchlib.py).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ os.environ.setdefault(
     "KUBECONFIG", str(REPO / "tests" / "fixtures" / "k8s-offline" / "kubeconfig.yaml")
 )
 
+from benchlib import Steps, add_arguments, guarded, run, sizes, work_dir  # noqa: E402
 from kubernetes_asyncio.config import kube_config  # noqa: E402
 
 kube_config.KUBE_CONFIG_DEFAULT_LOCATION = os.environ["KUBECONFIG"]
@@ -63,6 +68,10 @@ FIXTURES = REPO / "tests" / "fixtures" / "nodes"
 CATALOG = FIXTURES / "catalog.yaml"
 NODE_KINDS = [("gpu-a100-0", 800), ("gpu-h100-0", 800), ("gpu-h100-mig-0", 400)]
 GPU_PODS, PENDING_PODS, CPU_PODS = 9_000, 1_000, 10_000
+#: --smoke divides the cluster's size by this.
+SMOKE_SCALE = 100
+#: --fail-after's steps, in order ("api-loaded": with --api, the objects are in the API server).
+STEPS = ("inventory", "forms", "naive", "api-loaded", "api")
 
 
 def _items(name: str) -> dict[str, dict]:
@@ -70,11 +79,11 @@ def _items(name: str) -> dict[str, dict]:
     return {o["metadata"]["name"]: o for o in body["items"]}
 
 
-def make_nodes() -> list[dict]:
+def make_nodes(scale: int = 1) -> list[dict]:
     templates = _items("recorded-nodes.json")
     nodes = []
     for template, count in NODE_KINDS:
-        for i in range(count):
+        for i in range(count // scale):
             node = copy.deepcopy(templates[template])
             name = f"{template.rsplit('-', 1)[0]}-{i}"
             node["metadata"]["name"] = name
@@ -84,7 +93,7 @@ def make_nodes() -> list[dict]:
     return nodes
 
 
-def make_pods(nodes: list[dict], seed: int = 6) -> list[dict]:
+def make_pods(nodes: list[dict], seed: int = 6, scale: int = 1) -> list[dict]:
     rng = random.Random(seed)
     templates = _items("recorded-pods.json")
     bound, pending = templates["bound-2xa100"], templates["pending-8xa100"]
@@ -112,7 +121,7 @@ def make_pods(nodes: list[dict], seed: int = 6) -> list[dict]:
             c["resources"] = {"limits": {resource: str(count)}, "requests": {resource: str(count)}}
 
     i = 0
-    while len(pods) < GPU_PODS and slots:
+    while len(pods) < GPU_PODS // scale and slots:
         index = rng.randrange(len(slots))
         node, resource = slots[index]
         count = min(rng.choice([1, 1, 1, 1, 1, 2]), room[(node, resource)])
@@ -125,12 +134,12 @@ def make_pods(nodes: list[dict], seed: int = 6) -> list[dict]:
         set_gpus(pod, resource, count)
         pods.append(pod)
         i += 1
-    for _ in range(PENDING_PODS):
+    for _ in range(PENDING_PODS // scale):
         pod = named(pending, i, f"team-{i % 40}")
         set_gpus(pod, "nvidia.com/gpu", rng.choice([4, 8]))
         pods.append(pod)
         i += 1
-    for _ in range(CPU_PODS):
+    for _ in range(CPU_PODS // scale):
         pod = named(bound, i, f"web-{i % 40}")
         pod["spec"]["nodeName"] = f"cpu-{i % 100}"
         pod["spec"].pop("initContainers", None)
@@ -241,13 +250,18 @@ def naive(node_body: bytes, pod_body: bytes, catalog) -> None:
     catalog_availability(inventory_from(nodes, pods), catalog)
 
 
-def api_naive(nodes: list[dict], pods: list[dict], catalog, runs: int) -> tuple[tuple, float]:
+def api_naive(
+    nodes: list[dict], pods: list[dict], catalog, runs: int, steps: Steps
+) -> tuple[tuple, float]:
     """Load the objects into the sandbox's API server, then list them per request."""
     from concurrent.futures import ThreadPoolExecutor
 
     from gpuspawner_sandbox import testing
 
-    with tempfile.TemporaryDirectory() as tmp, testing.running_control_plane(Path(tmp)) as cp:
+    with (
+        tempfile.TemporaryDirectory(prefix="inventory-bench-") as tmp,
+        testing.running_control_plane(work_dir(Path(tmp))) as cp,
+    ):
         api = cp.admin_api()
         start = time.perf_counter()
         namespaces = sorted({p["metadata"]["namespace"] for p in pods})
@@ -274,6 +288,7 @@ def api_naive(nodes: list[dict], pods: list[dict], catalog, runs: int) -> tuple[
             list(pool.map(create, nodes))
             list(pool.map(create, pods))
         load_s = time.perf_counter() - start
+        steps.done("api-loaded")
 
         def per_request() -> None:
             node_body = api.request("GET", "/api/v1/nodes", raw=True).body
@@ -283,15 +298,20 @@ def api_naive(nodes: list[dict], pods: list[dict], catalog, runs: int) -> tuple[
         return measure(per_request, runs), load_s
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--api", action="store_true", help="also list from the sandbox API server")
-    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--runs", type=int, help="renders per measure (50; --smoke: 3)")
+    add_arguments(parser, STEPS)
     args = parser.parse_args()
+    sizes(args, full={"runs": 50}, smoke={"runs": 3})
+    steps = Steps(args)
+    scale = SMOKE_SCALE if args.smoke else 1
+    naive_runs = 1 if args.smoke else max(5, args.runs // 5)
     catalog = load_catalog_file(CATALOG)
 
-    nodes = make_nodes()
-    pods = make_pods(nodes)
+    nodes = make_nodes(scale)
+    pods = make_pods(nodes, scale=scale)
     node_body = json.dumps({"items": nodes}).encode()
     pod_body = json.dumps({"items": pods}).encode()
 
@@ -305,21 +325,28 @@ def main() -> None:
             inventory.set_pod(raw)
         return inventory
 
-    inventory, inventory_mb = traced(feed)
-    kept_nodes, kept_pods = len(inventory.nodes), len(inventory.pods)
-    raw_cache, raw_mb = traced(
-        lambda: {
-            "nodes": json.loads(node_body)["items"],
-            "pods": json.loads(pod_body)["items"],
-        }
-    )
-    del raw_cache
-    gc.collect()
-    forms = asyncio.run(form_benchmark(inventory, pods, args.runs))
-    naive_times = measure(lambda: naive(node_body, pod_body, catalog), max(5, args.runs // 5))
-    api_times = None
-    if args.api:
-        api_times = api_naive(nodes, pods, catalog, max(5, args.runs // 5))
+    # Only --api starts anything (a control plane, stopped by its own context
+    # manager); the guard still makes SIGTERM unwind it.
+    with guarded():
+        inventory, inventory_mb = traced(feed)
+        kept_nodes, kept_pods = len(inventory.nodes), len(inventory.pods)
+        raw_cache, raw_mb = traced(
+            lambda: {
+                "nodes": json.loads(node_body)["items"],
+                "pods": json.loads(pod_body)["items"],
+            }
+        )
+        del raw_cache
+        gc.collect()
+        steps.done("inventory")
+        forms = asyncio.run(form_benchmark(inventory, pods, args.runs))
+        steps.done("forms")
+        naive_times = measure(lambda: naive(node_body, pod_body, catalog), naive_runs)
+        steps.done("naive")
+        api_times = None
+        if args.api:
+            api_times = api_naive(nodes, pods, catalog, naive_runs, steps)
+            steps.done("api")
 
     print(
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
@@ -358,7 +385,8 @@ def main() -> None:
             f"{median:.1f} | {p95:.1f} |"
         )
         print(f"\n(loading the objects into the sandbox API server took {load_s:.0f} s)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -1,7 +1,7 @@
 """Real nodes: start-up time and idle memory per node and per pod.
 
-    sudo .venv/bin/python benchmarks/real_nodes.py [--nodes 2] [--pods 5] \
-        [--node-status-update-frequency 1s]
+    sudo .venv/bin/python benchmarks/real_nodes.py [--nodes 2] [--pods 5] [--idle-seconds 20] \
+        [--node-status-update-frequency 1s] [--machine-wait SECONDS] [--smoke]
 
 Starts the sandbox's real control plane, then ``--nodes`` real nodes (the
 kubelet, containerd, runc, CNI; gpuspawner_sandbox.nodes), and measures:
@@ -9,15 +9,19 @@ kubelet, containerd, runc, CNI; gpuspawner_sandbox.nodes), and measures:
 * each node's start-up: from creating its directories, cgroups and bridge to
   the Node being Ready in the API (nodes start one after the other, so the
   figure includes the node's own image import);
-* idle memory (RSS from /proc) of each node's containerd and kubelet after 20 s;
+* idle memory (RSS from /proc) of each node's containerd and kubelet after
+  ``--idle-seconds``;
 * memory per running pod: ``--pods`` pods (the test tool's ``sleep``) on the
   first node, the increase of all processes of that node (shims, pause and
   the containers themselves) divided by the number of pods;
-* CPU of an idle node (containerd + kubelet), over 20 s, with the kubelets
+* CPU of an idle node (containerd + kubelet), over ``--idle-seconds``, with the kubelets
   computing their node status as often as ``--node-status-update-frequency``
   says (the sandbox's 1 s by default; the kubelet's own default is 10 s).
 
 Writes Markdown to stdout. Needs root; builds what is missing first.
+``--smoke`` (one node, one pod, 1 s idle) runs every step once for the tests
+(benchmarks/benchlib.py: ``--smoke``, ``--fail-after``, and the teardown on every
+exit path).
 """
 
 from __future__ import annotations
@@ -30,10 +34,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import Steps, add_arguments, guarded, run, sizes, work_dir
+
 from gpuspawner_sandbox import nodebuild, nodeconfig, nodes, topology
 from gpuspawner_sandbox.controlplane import ControlPlane
+from gpuspawner_sandbox.lifetime import alive
 
-IDLE_SECONDS = 20
+#: --fail-after's steps, in order.
+STEPS = ("control-plane", "nodes", "idle", "pods")
 
 
 def rss_kib(pid: int) -> int:
@@ -52,7 +60,7 @@ def node_pids(rn: nodes.RealNodes, name: str) -> set[int]:
     """Every process of the node: its mount namespace (containerd, kubelet, shims) and its pods."""
     rec = rn.state["nodes"][name]
     found = nodes._namespace_pids(rec["mntns"]) | nodes._cgroup_pids(rec["cgroups"])
-    return {p for p in found if nodes._alive(p)}
+    return {p for p in found if alive(p)}
 
 
 def total_rss(pids: set[int]) -> int:
@@ -87,12 +95,29 @@ def pod(name: str, node: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--nodes", type=int, default=2)
-    parser.add_argument("--pods", type=int, default=5)
+    parser.add_argument("--nodes", type=int, help="real nodes (2; --smoke: 1)")
+    parser.add_argument("--pods", type=int, help="pods on the first node (5; --smoke: 1)")
+    parser.add_argument(
+        "--idle-seconds", type=float, help="each idle measurement's length (20; --smoke: 1)"
+    )
     parser.add_argument(
         "--node-status-update-frequency", default=topology.NODE_STATUS_UPDATE_FREQUENCY
     )
+    parser.add_argument(
+        "--machine-wait",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="how long to wait for other real nodes on this machine to stop (default: refuse)",
+    )
+    add_arguments(parser, STEPS)
     args = parser.parse_args()
+    sizes(
+        args,
+        full={"nodes": 2, "pods": 5, "idle_seconds": 20.0},
+        smoke={"nodes": 1, "pods": 1, "idle_seconds": 1.0},
+    )
+    steps = Steps(args)
     binaries = nodebuild.build_all()
     names = [f"bench-{i}" for i in range(args.nodes)]
     specs = topology.parse_topology(
@@ -104,46 +129,58 @@ def main() -> int:
         }
     )
     hz = os.sysconf("SC_CLK_TCK")
-    with tempfile.TemporaryDirectory(prefix="real-nodes-bench-") as tmp:
-        with ControlPlane(Path(tmp), binaries.k8s) as cp:
-            cp.wait_for_service_account("default")
-            with nodes.RealNodes(
-                Path(tmp), cp, binaries, names, specs={n.name: n for n in specs.nodes}
-            ) as rn:
-                time.sleep(IDLE_SECONDS)
-                rows = []
-                for name in names:
-                    pids = rn.state["nodes"][name]["pids"]
-                    ticks = {c: cpu_ticks(pids[c]) for c in ("containerd", "kubelet")}
-                    rows.append((name, {c: rss_kib(pids[c]) for c in ticks}, ticks))
-                time.sleep(IDLE_SECONDS)
-                cpu = {
-                    name: sum(
-                        cpu_ticks(rn.state["nodes"][name]["pids"][c]) - t for c, t in ticks.items()
-                    )
-                    / hz
-                    / IDLE_SECONDS
-                    for name, _, ticks in rows
-                }
+    with guarded() as started:
+        tmp = work_dir(
+            Path(started.enter_context(tempfile.TemporaryDirectory(prefix="real-nodes-bench-")))
+        )
+        cp = started.enter_context(ControlPlane(tmp, binaries.k8s))
+        cp.wait_for_service_account("default")
+        steps.done("control-plane")
+        rn = started.enter_context(
+            nodes.RealNodes(
+                tmp,
+                cp,
+                binaries,
+                names,
+                specs={n.name: n for n in specs.nodes},
+                machine_wait=args.machine_wait,
+            )
+        )
+        steps.done("nodes")
+        time.sleep(args.idle_seconds)
+        rows = []
+        for name in names:
+            pids = rn.state["nodes"][name]["pids"]
+            ticks = {c: cpu_ticks(pids[c]) for c in ("containerd", "kubelet")}
+            rows.append((name, {c: rss_kib(pids[c]) for c in ticks}, ticks))
+        time.sleep(args.idle_seconds)
+        cpu = {
+            name: sum(cpu_ticks(rn.state["nodes"][name]["pids"][c]) - t for c, t in ticks.items())
+            / hz
+            / args.idle_seconds
+            for name, _, ticks in rows
+        }
+        steps.done("idle")
 
-                first = names[0]
-                before = total_rss(node_pids(rn, first))
-                api = cp.admin_api()
-                for i in range(args.pods):
-                    api.post("/api/v1/namespaces/default/pods", pod(f"idle-{i}", first))
-                deadline = time.monotonic() + 180
-                while time.monotonic() < deadline:
-                    items = api.get("/api/v1/namespaces/default/pods")["items"]
-                    if sum(p["status"].get("phase") == "Running" for p in items) == args.pods:
-                        break
-                    time.sleep(0.5)
-                else:
-                    print("pods did not all run within 180 s", file=sys.stderr)
-                    return 1
-                time.sleep(5)
-                after = total_rss(node_pids(rn, first))
-                per_pod = (after - before) / args.pods
-                started = dict(rn.started_in)
+        first = names[0]
+        before = total_rss(node_pids(rn, first))
+        api = cp.admin_api()
+        for i in range(args.pods):
+            api.post("/api/v1/namespaces/default/pods", pod(f"idle-{i}", first))
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            items = api.get("/api/v1/namespaces/default/pods")["items"]
+            if sum(p["status"].get("phase") == "Running" for p in items) == args.pods:
+                break
+            time.sleep(0.5)
+        else:
+            print("pods did not all run within 180 s", file=sys.stderr)
+            return 1
+        time.sleep(min(5.0, args.idle_seconds))  # let the new processes' memory settle
+        after = total_rss(node_pids(rn, first))
+        per_pod = (after - before) / args.pods
+        started_in = dict(rn.started_in)
+        steps.done("pods")
 
     print(f"Machine: {os.cpu_count()} CPUs, {platform.machine()}, Linux {platform.release()}")
     print(f"Kubelets compute their node status every {args.node_status_update_frequency}\n")
@@ -151,7 +188,7 @@ def main() -> int:
     print("|---|---|---|---|---|")
     for name, rss, _ in rows:
         print(
-            f"| {name} | {started[name]:.1f} s | {rss['containerd'] / 1024:.0f} MiB "
+            f"| {name} | {started_in[name]:.1f} s | {rss['containerd'] / 1024:.0f} MiB "
             f"| {rss['kubelet'] / 1024:.0f} MiB | {cpu[name] * 100:.1f} % of a core |"
         )
     print(
@@ -162,4 +199,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

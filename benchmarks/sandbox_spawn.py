@@ -1,7 +1,7 @@
 """Spawn latency on the local GPU cluster: GPUSpawner vs KubeSpawner, 50 users at once, start-up.
 
     sudo .venv/bin/python benchmarks/sandbox_spawn.py [--rounds 8] [--ratio-only]
-                                                      [--without-evented-pleg]
+                                                      [--without-evented-pleg] [--smoke]
 
 One sandbox (the real control plane and the default topology as real nodes:
 kubelet, containerd, NVIDIA's runtime, the notebook image built here; needs
@@ -22,6 +22,10 @@ on the kubelet's EventedPLEG gate (alpha; docs/sandbox.md, "Topology"), so that
 the kubelet sees the GPU check's init container exit at once rather than at its
 next one-second relist; `--without-evented-pleg` runs the same topology without
 it, as kubelets run by default.
+`--smoke` runs every step once for the tests: one warm-up spawn per hub, one
+round, and a burst of 3 users (1 x A100, 1 x H100, 1 CPU-only; 5 requests).
+Whatever ends the run, both hubs, Prometheus, the nodes (the host restored) and
+the control plane are stopped before it exits (benchmarks/benchlib.py).
 Prints Markdown for docs/benchmarks.md.
 """
 
@@ -40,14 +44,22 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
+from benchlib import Steps, add_arguments, guarded, run, sizes, work_dir
 from real_nodes import cpu_ticks, node_pids, total_rss
 
 from gpuspawner_sandbox.demo import SANDBOX_CATALOG, SandboxStack
 from gpuspawner_sandbox.hubprocess import descendants
 from gpuspawner_sandbox.topology import DEFAULT_TOPOLOGY
 
-#: The CPU-only node of the default topology, where the 34 CPU-only servers run.
+#: The CPU-only node of the default topology, where the burst's CPU-only servers run.
 CPU_NODE = "cpu-0"
+
+#: --fail-after's steps, in order ("burst-sent": the burst's requests are in flight).
+STEPS = ("cluster", "hubs", "warm-up", "rounds", "burst-sent", "burst")
+
+#: The burst's users: (asking for 1 x A100, for 1 x H100, CPU-only), real run and --smoke.
+BURST_USERS = (8, 8, 34)
+SMOKE_BURST_USERS = (1, 1, 1)
 
 CATALOG = """
 images:
@@ -223,29 +235,40 @@ def notebook_image() -> tuple[str, str]:
     return pytorch["image"], str(pytorch["cuda"])
 
 
-def burst(stack, gpu_hub, idle_node_kib: int) -> list[str]:
-    """50 users at once on the GPUSpawner hub; the report's Markdown lines."""
-    # 50 users at once: 8 x A100, 8 x H100, 34 CPU-only; each GPU user also asks
-    # for a second GPU server at the same moment, beyond the limit of 1
+def burst(
+    stack, gpu_hub, idle_node_kib: int, steps: Steps, users: tuple[int, int, int] = BURST_USERS
+) -> list[str]:
+    """Users at once on the GPUSpawner hub (50 in the real run); the report's Markdown lines."""
+    # Each GPU user also asks for a second GPU server at the same moment, beyond
+    # the limit of 1.
+    a100, h100, cpu_only = users
     requests = []
-    for i in range(50):
-        if i < 8:
+    for i in range(a100 + h100 + cpu_only):
+        if i < a100:
             body_i = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
-        elif i < 16:
+        elif i < a100 + h100:
             body_i = {"profile": "pytorch", "gpu_type": "h100", "gpus": "1"}
         else:
             body_i = {"profile": "pytorch", "gpus": "0"}
         requests.append((f"u{i:02d}", "", body_i))
-        if i < 16:
+        if i < a100 + h100:
             requests.append((f"u{i:02d}", "extra", body_i))
     for user, _, _ in requests:
         gpu_hub.api("POST", f"/users/{user}")
     cpu_before = cpu_snapshot(stack, gpu_hub)
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(len(requests)) as pool:
-        results = list(
-            pool.map(lambda r: spawn(gpu_hub, r[0], r[2], r[1], timeout=600, follow=True), requests)
-        )
+    pool = ThreadPoolExecutor(len(requests))
+    try:
+        futures = [
+            pool.submit(spawn, gpu_hub, user, body, name, timeout=600, follow=True)
+            for user, name, body in requests
+        ]
+        steps.done("burst-sent")
+        results = [f.result() for f in futures]
+    finally:
+        # Cut short, the requests still in flight end when the teardown stops
+        # the hub; waiting for them here could take their whole 600 s.
+        pool.shutdown(wait=False, cancel_futures=True)
     burst_s = time.perf_counter() - t0
     cpu = cpu_breakdown(cpu_before, cpu_snapshot(stack, gpu_hub))
     ready = [s for s, _ in results if s is not None]
@@ -265,7 +288,8 @@ def burst(stack, gpu_hub, idle_node_kib: int) -> list[str]:
     per_notebook_kib = (busy_node_kib - idle_node_kib) / max(on_cpu_node, 1)
     gpu_pods = sum(1 for p in pods if p["metadata"]["labels"]["gpuspawner.io/gpus"] != "0")
     lines = [
-        f"50 users at once ({len(requests)} requests, 16 of them a second GPU server beyond the limit):",
+        f"{a100 + h100 + cpu_only} users at once ({len(requests)} requests, {a100 + h100} of "
+        "them a second GPU server beyond the limit):",
         f"- ready: {len(ready)}, refused by limit: {len(refused)}, other outcomes: {len(other)} {other}",
         f"- GPU pods: {gpu_pods}, most GPUs held by one user: {max(per_user.values())}",
         f"- request -> ready: p50 {pct(ready, 0.5):.1f} s, p95 {pct(ready, 0.95):.1f} s, all done in {burst_s:.1f} s",
@@ -279,12 +303,13 @@ def burst(stack, gpu_hub, idle_node_kib: int) -> list[str]:
         f"- memory per running notebook on {CPU_NODE} (its node's processes, RSS): "
         f"{per_notebook_kib / 1024:.0f} MiB"
     )
+    steps.done("burst")
     return lines
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=8)
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, help="alternating spawns per hub (8; --smoke: 1)")
     parser.add_argument(
         "--ratio-only", action="store_true", help="only the alternating single spawns"
     )
@@ -293,8 +318,19 @@ def main() -> None:
         action="store_true",
         help="the default topology without its kubelet feature gates (EventedPLEG)",
     )
+    parser.add_argument(
+        "--machine-wait",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="how long to wait for other real nodes on this machine to stop (default: refuse)",
+    )
+    add_arguments(parser, STEPS)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="gpuspawner-bench-"))
+    sizes(args, full={"rounds": 8}, smoke={"rounds": 1})
+    warm_ups = 1 if args.smoke else 2
+    steps = Steps(args)
+    work = work_dir(Path(tempfile.mkdtemp(prefix="gpuspawner-bench-")))
     image, cuda = notebook_image()
     (work / "catalog.yaml").write_text(CATALOG.format(image=image, cuda=cuda))
     topology = None
@@ -311,24 +347,33 @@ def main() -> None:
         catalog=work / "catalog.yaml",
         topology=topology,
         extra_hub_config="c.KubeSpawner.http_timeout = 300\nc.KubeSpawner.start_timeout = 600",
+        machine_wait=args.machine_wait,
     )
-    t0 = time.perf_counter()
-    stack.start_cluster()
-    cluster_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    gpu_hub = stack.start_hub()
-    hub_s = time.perf_counter() - t0
-    # the sandbox hub's settings (the address notebooks reach it on) come with the stack
-    kube_hub = stack.start_second_hub("kubespawner-hub", KUBESPAWNER_HUB.format(image=image))
-    idle_node_kib = total_rss(node_pids(stack.nodes, CPU_NODE))
     burst_report: list[str] = []
-    try:
+    with guarded() as started:
+        # The stack's stop undoes a partial start too. If it fails half-way (the
+        # host not fully restored), the control plane is still stopped.
+        started.callback(lambda: stack.control_plane and stack.control_plane.stop())
+        started.callback(stack.stop)
+        t0 = time.perf_counter()
+        stack.start_cluster()
+        cluster_s = time.perf_counter() - t0
+        steps.done("cluster")
+        t0 = time.perf_counter()
+        gpu_hub = stack.start_hub()
+        hub_s = time.perf_counter() - t0
+        # the sandbox hub's settings (the address notebooks reach it on) come with the stack
+        kube_hub = stack.start_second_hub("kubespawner-hub", KUBESPAWNER_HUB.format(image=image))
+        started.callback(kube_hub.stop)
+        steps.done("hubs")
+        idle_node_kib = total_rss(node_pids(stack.nodes, CPU_NODE))
         body = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
-        for warm in range(2):  # warm caches of both hubs and the kubelet
+        for warm in range(warm_ups):  # warm caches of both hubs and the kubelet
             spawn(gpu_hub, f"warm-g{warm}", body)
             stop(gpu_hub, f"warm-g{warm}")
             spawn(kube_hub, f"warm-k{warm}", {})
             stop(kube_hub, f"warm-k{warm}")
+        steps.done("warm-up")
         gpu_times, kube_times = [], []
         for i in range(args.rounds):
             seconds, status = spawn(gpu_hub, f"g{i}", body)
@@ -339,12 +384,16 @@ def main() -> None:
             assert seconds is not None, status
             kube_times.append(seconds)
             stop(kube_hub, f"k{i}")
+        steps.done("rounds")
 
         if not args.ratio_only:
-            burst_report = burst(stack, gpu_hub, idle_node_kib)
-    finally:
-        kube_hub.stop()
-        stack.stop()
+            burst_report = burst(
+                stack,
+                gpu_hub,
+                idle_node_kib,
+                steps,
+                SMOKE_BURST_USERS if args.smoke else BURST_USERS,
+            )
 
     ratio = statistics.median(gpu_times) / statistics.median(kube_times)
     print(
@@ -367,7 +416,8 @@ def main() -> None:
     )
     print(f"\nRatio of medians GPUSpawner / KubeSpawner: {ratio:.2f} (target <= 1.15)\n")
     print("\n".join(burst_report))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -1,6 +1,6 @@
 """Per-spawn overhead GPUSpawner adds over KubeSpawner, and the options form render time.
 
-    make bench            (or: .venv/bin/python benchmarks/spawn_overhead.py)
+    make bench            (or: .venv/bin/python benchmarks/spawn_overhead.py [--smoke])
 
 Measures, for a catalog of 20 images x 6 GPU types and 200 existing GPU pods:
   * form:     building the profile list and rendering KubeSpawner's form template
@@ -11,17 +11,18 @@ The Kubernetes API is not called: the pod list (filtered by label selector as
 the API server does; user7 holds 4 of the 200 pods) is served from memory, so the
 figures are GPUSpawner's own CPU cost (the one list call per GPU spawn is a
 network round trip, measured end to end on the local cluster).
-Writes a Markdown table to stdout.
+Writes a Markdown table to stdout. ``--smoke`` (2 warm-ups, 5 runs per step)
+runs every step for the tests; it starts no process, so it has nothing to stop.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -32,6 +33,7 @@ os.environ.setdefault(
     "KUBECONFIG", str(REPO / "tests" / "fixtures" / "k8s-offline" / "kubeconfig.yaml")
 )
 
+from benchlib import add_arguments, run, sizes  # noqa: E402
 from kubernetes_asyncio.config import kube_config  # noqa: E402
 
 kube_config.KUBE_CONFIG_DEFAULT_LOCATION = os.environ["KUBECONFIG"]
@@ -183,7 +185,7 @@ def row(name: str, samples: list[float]) -> str:
     return f"| {name} | {statistics.median(samples):.3f} | {p95:.3f} | {len(samples)} |"
 
 
-async def main() -> None:
+async def measure(warm_ups: int, repeat: int, form_repeat: int) -> None:
     raw = big_catalog()
     catalog = parse_catalog(raw)
     options = {"profile": "image-07", "gpu_type": "a100", "gpus": "2"}
@@ -223,14 +225,13 @@ async def main() -> None:
         profiles = await gpu.profile_list(gpu)
         gpu._render_options_form(profiles)
 
-    for _ in range(20):  # warm up imports, templates, caches
+    for _ in range(warm_ups):  # warm up imports, templates, caches
         await spawn(gpu, options)
         await spawn(kube, {"profile": "image-07"})
         await spawn(pooled, options)
         await form()
 
-    repeat = 300
-    form_ms = await atimed(form, 100)
+    form_ms = await atimed(form, form_repeat)
     validate_ms = timed(
         lambda: check_request(
             catalog=catalog,
@@ -263,6 +264,16 @@ async def main() -> None:
     print(f"\nAdded per spawn (median GPUSpawner - median KubeSpawner): {added:.3f} ms")
 
 
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, help="runs per step (300; --smoke: 5)")
+    add_arguments(parser)
+    args = parser.parse_args()
+    sizes(args, full={"runs": 300}, smoke={"runs": 5})
+    warm_ups, form_runs = (2, 3) if args.smoke else (20, 100)
+    asyncio.run(measure(warm_ups, args.runs, form_runs))
+    return 0
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
-    sys.exit(0)
+    run(main)

@@ -224,14 +224,19 @@ def start_hub(
     )
     hub = Hub(process, public_url, token, log_path)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            return hub  # exited: the caller reads the log
-        try:
-            if hub.api("GET", "/").status == 200:
-                return hub
-        except OSError:
-            pass
-        time.sleep(0.3)
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                return hub  # exited: the caller reads the log
+            try:
+                if hub.api("GET", "/").status == 200:
+                    return hub
+            except OSError:
+                pass
+            time.sleep(0.3)
+    except BaseException:
+        # Interrupted (Ctrl-C, a benchmark's SIGTERM) before the caller holds it to stop.
+        hub.stop()
+        raise
     hub.stop()
     raise RuntimeError(f"JupyterHub did not answer within {timeout}s; log:\n{hub.log()[-3000:]}")

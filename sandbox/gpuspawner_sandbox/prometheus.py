@@ -18,6 +18,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from .lifetime import dying_with_us
 from .ports import free_port
 
 INSTALL_HINT = "scripts/install-system-packages.sh (or: apt-get install -y prometheus)"
@@ -113,18 +114,25 @@ def start_prometheus(
         ],
         stdout=log_path.open("wb"),
         stderr=subprocess.STDOUT,
+        # A crashed or killed demo, test run or benchmark must not leave it running.
+        preexec_fn=dying_with_us(),
     )
     prometheus = Prometheus(process, f"http://127.0.0.1:{port}", log_path)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"Prometheus exited at start:\n{log_path.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{prometheus.url}/-/ready", timeout=2) as r:
-                if r.status == 200:
-                    return prometheus
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.3)
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"Prometheus exited at start:\n{log_path.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{prometheus.url}/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return prometheus
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.3)
+    except BaseException:
+        # Interrupted (Ctrl-C, a benchmark's SIGTERM) before the caller holds it to stop.
+        prometheus.stop()
+        raise
     prometheus.stop()
     raise RuntimeError(f"Prometheus did not become ready:\n{log_path.read_text()[-2000:]}")
