@@ -4,7 +4,8 @@ Every ``cull_every`` seconds one pass: list the hub's users with servers
 (paginated), optionally list GPUSpawner's pods (pod names, GPU labels, pending
 GPU requests), ask Prometheus two queries for the GPU activity of all pods,
 decide with :mod:`gpuspawner.culler.policy`, and stop what should be stopped
-(a bounded number at a time). ``/metrics`` serves Prometheus metrics.
+(a bounded number at a time). ``/metrics`` serves Prometheus metrics to hub
+tokens with the ``read:metrics`` scope, as the hub's own ``/hub/metrics`` does.
 
 Configured like the hub: ``c.GPUCuller.*`` in a config file
 (``--config``, default ``gpuspawner_culler_config.py``) or on the command line
@@ -18,14 +19,12 @@ import json
 import os
 import time
 from collections import Counter
-from typing import Any
 from urllib.parse import urlparse
 
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from traitlets.config import Application, catch_config_error
 
-from .. import labels
-from ..kube import KubeClient, KubeError, NotFound, Reader
+from ..kube import Expired, KubeClient, KubeError, NotFound, Reader
 from ..serverpod import selector
 from ..services.hub import HubClient, HubError
 from ..services.prometheus import PrometheusClient, PrometheusError
@@ -35,13 +34,17 @@ from ..services.settings import (
     PrometheusSettings,
     ServiceConfigFile,
 )
+from ..stopnotice import CullWarning
 from . import notices as N
 from . import policy as P
 from .demand import HubDemand, parse_hub_metrics, total_by_type
 from .hub import list_servers
-from .pods import pods_by_server, waiting_requests, with_pods
+from .pods import pods_by_server, waiting_requests, warnings_on_pods, with_pods
 from .prometheus import gpu_view
 from .warning import warning_answer
+
+#: The hub scope a token needs to read the culler's /metrics (the hub's /hub/metrics needs it too).
+METRICS_SCOPE = "read:metrics"
 
 
 class CullerMetrics:
@@ -64,6 +67,12 @@ class CullerMetrics:
         )
         self.warnings = Counter(
             f"{prefix}_warnings", "Cull warnings given", ["reason", "profile"], registry=r
+        )
+        self.would_warnings = Counter(
+            f"{prefix}_would_warnings",
+            "Cull warnings that would have been given (dry run)",
+            ["reason", "profile"],
+            registry=r,
         )
         self.gpus_reclaimed = Counter(
             f"{prefix}_gpus_reclaimed",
@@ -160,7 +169,8 @@ class GPUCuller(
         config=True
     )
     dry_run = Bool(
-        False, help="Only log and count what would be culled (would_culls metric); stop nothing."
+        False,
+        help="Only log and count what would be culled and warned (would_culls, would_warnings metrics): stop nothing and tell no user (no /api/warning answer, no pod annotation).",
     ).tag(config=True)
     timeout = Integer(
         3600,
@@ -230,7 +240,7 @@ class GPUCuller(
 
     # --- metrics endpoint ---------------------------------------------------
     metrics_url = Unicode(
-        help="Where /metrics, /warnings (every warned server; needs a hub token with read:servers) and /api/warning (the caller's own warned servers; a hub token) are served, also under the service's prefix. Default: $JUPYTERHUB_SERVICE_URL (the service's url in the hub config), else http://127.0.0.1:10101. Empty string: no endpoint."
+        help="Where /metrics (a hub token with read:metrics), /warnings (every warned server; a hub token with read:servers) and /api/warning (the caller's own warned servers; a hub token) are served, also under the service's prefix. Default: $JUPYTERHUB_SERVICE_URL (the service's url in the hub config), else http://127.0.0.1:10101. Empty string: no endpoint."
     ).tag(config=True)
 
     @default("metrics_url")
@@ -261,9 +271,13 @@ class GPUCuller(
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.metrics = CullerMetrics()
+        #: The warnings standing (in a dry run: that would stand), carried to the next pass.
         self.warned: dict[tuple[str, str], P.WarningMark] = {}
-        #: Servers whose pod carries our cull-warning annotation.
-        self.annotated: set[tuple[str, str]] = set()
+        #: Servers whose pod carries a cull warning, and its cull time (None: unreadable),
+        #: as the last pod list showed and this culler's writes since changed it.
+        self.annotated: dict[tuple[str, str], float | None] = {}
+        #: The servers of the last pass: a warning on their pods is not taken up again.
+        self._seen: set[tuple[str, str]] = set()
         self.last_decisions: list[P.Decision] = []
         self.hub: HubClient | None = None
         self.prometheus: PrometheusClient | None = None
@@ -370,14 +384,20 @@ class GPUCuller(
             self.log.error("Pass abandoned, the hub's users could not be listed: %s", e)
             return None
         pending: list[P.Request] | None = None
+        on_pods: dict[tuple[str, str], CullWarning | None] = {}
         if self.pods is not None:
             try:
-                pods = await self.pods.list_pods(selector())
-                servers = with_pods(servers, pods_by_server(pods))
-                pending = waiting_requests(pods)
+                pods = await self._list_pods()
             except KubeError as e:
                 self.metrics.errors.labels(source="kubernetes").inc()
                 self.log.warning("%s; no pressure mode this pass.", e)
+            else:
+                servers = with_pods(servers, pods_by_server(pods))
+                pending = waiting_requests(pods)
+                on_pods = warnings_on_pods(pods)
+                self.annotated = {
+                    key: None if w is None else w.cull_after for key, w in on_pods.items()
+                }
         pressure = None
         # Without the pods there are no nodes to free GPUs on: no pressure mode.
         if pending is not None:
@@ -396,17 +416,32 @@ class GPUCuller(
                 "service the read:users:groups scope; until then no server is culled."
             )
         gpu = await self._gpu_view(now)
-        result = P.decide_pass(
-            servers, now, self.policy, gpu=gpu, pressure=pressure, warned=self.warned
-        )
+        # Warnings on the pods of servers this culler has not decided on yet (all of
+        # them after a restart) are taken up; its own, in memory, win.
+        fresh = {key: w for key, w in on_pods.items() if key not in self._seen}
+        marks = {
+            **N.adopt(fresh, now, self.policy.warning_period, grace=self.cull_every),
+            **self.warned,
+        }
+        result = P.decide_pass(servers, now, self.policy, gpu=gpu, pressure=pressure, warned=marks)
         decisions, self.warned = result.decisions, result.warned
         self.last_decisions = decisions
         self.last_pressure = result.pressure
-        await self._act(decisions)
+        self._seen = {d.server.key for d in decisions}
+        await self._act(decisions, marks)
         self._record(decisions, pressure, result.pressure)
         self.metrics.pass_duration.observe(time.monotonic() - started)
         self.metrics.last_success.set(time.time())
         return decisions
+
+    async def _list_pods(self) -> list[dict]:
+        """GPUSpawner's pods; raises KubeError."""
+        try:
+            return await self.pods.list_pods(selector())
+        except Expired as e:
+            # the list outlived its continue token (410 Gone): it starts again, once
+            self.log.info("%s; listing the pods again from the start.", e)
+            return await self.pods.list_pods(selector())
 
     async def _hub_demand(self) -> HubDemand:
         """The requests the hub holds back and the free GPUs per node; empty if unreadable."""
@@ -426,7 +461,10 @@ class GPUCuller(
                 )
             return HubDemand()
 
-    async def _act(self, decisions: list[P.Decision]) -> None:
+    async def _act(
+        self, decisions: list[P.Decision], marks: dict[tuple[str, str], P.WarningMark]
+    ) -> None:
+        """Stop, warn and annotate as decided; ``marks``: the warnings the pass started from."""
         semaphore = asyncio.Semaphore(max(1, self.concurrency))
 
         async def stop(d: P.Decision) -> None:
@@ -438,13 +476,15 @@ class GPUCuller(
             async with semaphore:
                 self.log.info(P.log_line(d))
                 # Before the stop: GPUSpawner reads it when the hub stops the server.
-                await self._annotate(d.server, N.stop_annotations(d, time.time()))
+                noted = await self._annotate(d.server, N.stop_annotations(d, time.time()))
                 try:
                     await self.hub.stop_server(d.server.user, d.server.name)
                 except HubError as e:
                     self.metrics.errors.labels(source="hub").inc()
-                    self.log.error("Could not stop %s: %s", d.server.display, e)
+                    self.log.error("Could not stop %r: %s", d.server.display, e)
+                    await self._stop_failed(d, marks.get(d.server.key), noted)
                     return
+            self.annotated.pop(d.server.key, None)
             self.metrics.culls.labels(reason=d.reason, profile=profile).inc()
             if d.server.gpus > 0:
                 gpu_type = d.server.gpu_type or "unknown"
@@ -455,15 +495,40 @@ class GPUCuller(
         for d in decisions:
             if d.action == P.WARN:
                 self.log.warning(P.log_line(d, dry_run=self.dry_run))
-                self.metrics.warnings.labels(
-                    reason=d.reason, profile=d.server.profile or "none"
-                ).inc()
+                counter = self.metrics.would_warnings if self.dry_run else self.metrics.warnings
+                counter.labels(reason=d.reason, profile=d.server.profile or "none").inc()
         await asyncio.gather(
             *(stop(d) for d in decisions if d.action == P.CULL), self._annotate_warnings(decisions)
         )
 
+    async def _stop_failed(self, d: P.Decision, mark: P.WarningMark | None, noted: bool) -> None:
+        """The hub did not stop ``d``'s server: its user must not read that the culler did.
+
+        The stop reason comes off the pod again; a warned server keeps its
+        warning (on the pod too), so the next pass tries again if it is still idle.
+        """
+        key = d.server.key
+        cull_after = None
+        if mark is not None:
+            self.warned[key] = mark
+            cull_after = mark.warned_at + self.policy.warning_period
+        if not noted:
+            return
+        if await self._annotate(d.server, N.stop_failed_annotations(d, cull_after)):
+            if cull_after is None:
+                self.annotated.pop(key, None)
+            else:
+                self.annotated[key] = cull_after
+        else:
+            self.log.error(
+                "The pod of %r still says the culler stopped it, which it did not: its "
+                "user may later read so.",
+                d.server.display,
+            )
+
     async def _annotate(self, server: P.Server, annotations: N.Annotations) -> bool:
-        """Write ``annotations`` on the server's pod; False (logged) when it cannot."""
+        """Write ``annotations`` on the server's pod; True when done or there is no pod any
+        more, False (logged where it is an error) when they could not be written."""
         if self.pods is None or not server.pod:
             return False
         try:
@@ -471,11 +536,11 @@ class GPUCuller(
                 server.pod, server.namespace or self.pods.namespace, annotations
             )
         except NotFound:
-            return False  # no pod (any more): nobody to tell
+            return True  # no pod (any more): nobody to tell, nothing left on it
         except KubeError as e:
             self.metrics.errors.labels(source="kubernetes").inc()
             self.log.warning(
-                "Could not annotate the pod of %s, so its user is not told why or when: %s "
+                "Could not annotate the pod of %r, so its user is not told why or when: %s "
                 "(the culler needs 'patch' on pods)",
                 server.display,
                 e,
@@ -484,20 +549,25 @@ class GPUCuller(
         return True
 
     async def _annotate_warnings(self, decisions: list[P.Decision]) -> None:
-        """Put each new warning on its pod for the hub's home page; remove withdrawn ones."""
+        """Make the pods' warnings match the decisions: new ones on, withdrawn and stale ones off.
+
+        A dry run writes nothing: it warns nobody, and another culler's warnings are not its own.
+        """
         if self.dry_run or self.pods is None:
             return
-        warned = {d.server.key: d for d in decisions if d.action == P.WARN}
-        jobs: dict[tuple[str, str], Any] = {}
-        for key, d in warned.items():
-            mark = self.warned.get(key)
-            if key not in self.annotated and mark is not None:
-                cull_after = mark.warned_at + self.policy.warning_period
-                jobs[key] = self._annotate(d.server, N.warning_annotations(d, cull_after))
-        for server in N.withdrawn(decisions, self.annotated, self.warned):
-            jobs[server.key] = self._annotate(server, {labels.ANNOTATION_CULL_WARNING: None})
-        done = dict(zip(jobs, await asyncio.gather(*jobs.values()), strict=True))
-        self.annotated = {key for key in warned if done.get(key, key in self.annotated)}
+        writes = N.warning_writes(
+            decisions, self.warned, self.annotated, self.policy.warning_period
+        )
+        done = await asyncio.gather(
+            *(self._annotate(w.server, w.annotations) for w in writes.values())
+        )
+        for (key, write), ok in zip(writes.items(), done, strict=True):
+            if not ok:
+                continue
+            if write.cull_after is None:
+                self.annotated.pop(key, None)
+            else:
+                self.annotated[key] = write.cull_after
 
     def _record(
         self,
@@ -511,13 +581,13 @@ class GPUCuller(
         self.metrics.idle_servers.clear()
         for gpu_type, count in idle.items():
             self.metrics.idle_servers.labels(gpu_type=gpu_type).set(count)
-        self.metrics.warned_servers.set(len(self.warned))
+        self.metrics.warned_servers.set(len(self.standing_warnings()))
         missing = [
             d for d in decisions if d.reason in (P.REASON_GPU_MISSING, P.REASON_GPU_UNAVAILABLE)
         ]
         self.metrics.gpu_missing.set(len(missing))
         for d in missing:
-            self.log.info("Not culling %s: %s", d.server.display, d.detail)
+            self.log.info("Not culling %r: %s", d.server.display, d.detail)
         self._record_pressure(decisions, pressure, outcomes)
 
     def _record_pressure(
@@ -554,10 +624,14 @@ class GPUCuller(
         for gpu_type, gpus in unserved.items():
             self.metrics.unserved_demand.labels(gpu_type=gpu_type).set(gpus)
 
+    def standing_warnings(self) -> dict[tuple[str, str], P.WarningMark]:
+        """The warnings users are told about: none in a dry run, which will stop nothing."""
+        return {} if self.dry_run else self.warned
+
     def warnings_json(self) -> list[dict]:
         by_key = {d.server.key: d for d in self.last_decisions}
         result = []
-        for key, mark in sorted(self.warned.items()):
+        for key, mark in sorted(self.standing_warnings().items()):
             d = by_key.get(key)
             result.append(
                 {
@@ -594,19 +668,14 @@ class GPUCuller(
         culler = self
         auth = self.hub_auth()
 
-        class MetricsHandler(web.RequestHandler):
-            def get(self):
-                self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-                self.write(generate_latest(culler.metrics.registry))
-
         class TokenHandler(web.RequestHandler):
-            """A request authenticated by a hub token (Authorization: token ...)."""
+            """A request authenticated by a hub token (Authorization: token ..., or Bearer)."""
 
-            async def caller(self) -> dict:
+            async def caller(self, need: str = "a valid JupyterHub token is needed") -> dict:
                 token = auth.get_token(self, in_cookie=False)
                 model = await auth.user_for_token(token, sync=False) if token else None
                 if model is None:
-                    raise web.HTTPError(403, "a valid JupyterHub token is needed")
+                    raise web.HTTPError(403, need)
                 return model
 
             def write_error(self, status_code, **kwargs):
@@ -614,6 +683,18 @@ class GPUCuller(
                 reason = kwargs.get("exc_info", (None, None))[1]
                 message = getattr(reason, "log_message", None) or self._reason
                 self.finish(json.dumps({"status": status_code, "message": message}))
+
+        class MetricsHandler(TokenHandler):
+            """The metrics, for tokens with read:metrics: once the service has a url, the
+            hub's proxy forwards anyone's request here."""
+
+            async def get(self):
+                need = f"a JupyterHub token with the {METRICS_SCOPE} scope is needed"
+                model = await self.caller(need)
+                if not auth.check_scopes({METRICS_SCOPE}, model):
+                    raise web.HTTPError(403, need)
+                self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+                self.write(generate_latest(culler.metrics.registry))
 
         class WarningHandler(TokenHandler):
             """The caller's own warned servers: what a single-user server asks about itself."""
@@ -631,7 +712,10 @@ class GPUCuller(
                 self.write(
                     json.dumps(
                         warning_answer(
-                            model, culler.warned, culler.policy.warning_period, culler.cull_every
+                            model,
+                            culler.standing_warnings(),
+                            culler.policy.warning_period,
+                            culler.cull_every,
                         )
                     )
                 )

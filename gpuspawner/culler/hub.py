@@ -25,8 +25,12 @@ def servers_from_user(user: Mapping[str, Any]) -> list[Server]:
     # without read:users:groups the model has no "groups": unknown, not "none"
     groups = frozenset(user["groups"]) if "groups" in user else None
     for name, model in (user.get("servers") or {}).items():
-        options = model.get("user_options") or {}
-        state = model.get("state") or {}
+        # user_options are whatever the user sent: only strings are read from them
+        options = model.get("user_options")
+        options = options if isinstance(options, Mapping) else {}
+        state = model.get("state")
+        state = state if isinstance(state, Mapping) else {}
+        profile = options.get(OPTION_PROFILE)
         gpu_type = options.get(OPTION_GPU_TYPE)
         gpu_type = gpu_type if isinstance(gpu_type, str) and gpu_type else None
         gpus = parse_count(options.get(OPTION_GPUS))
@@ -43,7 +47,7 @@ def servers_from_user(user: Mapping[str, Any]) -> list[Server]:
                 pending=model.get("pending"),
                 started=parse_time(model.get("started")),
                 last_activity=parse_time(model.get("last_activity")),
-                profile=options.get(OPTION_PROFILE) or None,
+                profile=profile if isinstance(profile, str) and profile else None,
                 gpu_type=gpu_type if gpus > 0 else None,
                 gpus=gpus,
                 pod=state.get("pod_name"),

@@ -2,15 +2,22 @@
 
 Before asking the hub to stop a server, the culler annotates its pod with the
 reason (``gpuspawner.io/stop-reason``), which GPUSpawner keeps for the user's
-next visit. While a warning stands, the pod carries it
-(``gpuspawner.io/cull-warning``) for the hub's home page; it is removed when
-the warning is withdrawn. See :mod:`gpuspawner.stopnotice`.
+next visit; if the hub does not stop it, the reason is taken off again. While
+a warning stands, the pod carries it (``gpuspawner.io/cull-warning``) for the
+hub's home page; it is removed when the warning is withdrawn. See
+:mod:`gpuspawner.stopnotice`.
+
+The pods are where warnings live between passes, not the culler's memory: each
+pass reads the warnings on the pods it lists, so a culler that restarts takes
+up the warnings its predecessor gave (:func:`adopt`) and clears those that no
+longer stand (:func:`warning_writes`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from .. import labels, stopnotice
 from . import policy as P
@@ -50,15 +57,84 @@ def warning_annotations(d: P.Decision, cull_after: float) -> Annotations:
     return {labels.ANNOTATION_CULL_WARNING: json.dumps(warning.to_state())}
 
 
-def withdrawn(
+def stop_failed_annotations(d: P.Decision, cull_after: float | None) -> Annotations:
+    """What ``d``'s pod carries again when the hub did not stop the server: no stop
+    reason (its user did not lose it to the culler), and its warning if it had one."""
+    warning = None if cull_after is None else warning_annotations(d, cull_after)
+    return {
+        labels.ANNOTATION_STOP_REASON: None,
+        labels.ANNOTATION_CULL_WARNING: warning and warning[labels.ANNOTATION_CULL_WARNING],
+    }
+
+
+#: The stop notice's reasons as the culler's policy names them (the same words today).
+_POLICY_REASONS = {notice: policy for policy, notice in _REASONS.items()}
+
+#: A warning on a pod is already what the culler would write if its time is this close, in seconds.
+SAME_TIME = 1.0
+
+
+def adopt(
+    on_pods: Mapping[tuple[str, str], stopnotice.CullWarning | None],
+    now: float,
+    warning_period: float,
+    grace: float,
+) -> dict[tuple[str, str], P.WarningMark]:
+    """The warnings standing on pods that a culler takes up as its own.
+
+    A warning is taken up when its cull time is still ahead, no further than
+    ``warning_period`` (a later time is not one this culler would have given,
+    and would put the cull off), or passed less than ``grace`` seconds ago
+    (one pass interval: the culler was there to act on it). One whose time
+    passed longer ago was not acted on when announced: it is stale, and the
+    server gets a new warning, with a new time, if it is still eligible.
+    """
+    if warning_period <= 0:
+        return {}
+    marks = {}
+    for key, warning in on_pods.items():
+        if warning is None or warning.reason not in _POLICY_REASONS:
+            continue
+        if now - grace < warning.cull_after <= now + warning_period:
+            marks[key] = P.WarningMark(
+                warned_at=warning.cull_after - warning_period,
+                reason=_POLICY_REASONS[warning.reason],
+            )
+    return marks
+
+
+@dataclass(frozen=True)
+class WarningWrite:
+    """One annotation patch of a warned (or no longer warned) server's pod."""
+
+    server: P.Server
+    annotations: Annotations
+    #: The cull time the pod's warning says once this is written; None: no warning left.
+    cull_after: float | None
+
+
+def warning_writes(
     decisions: Iterable[P.Decision],
-    before: Iterable[tuple[str, str]],
-    now_warned: Mapping[tuple[str, str], P.WarningMark],
-) -> list[P.Server]:
-    """Servers whose pod carries a warning no longer standing (neither warned nor culled now)."""
-    before = set(before)
-    return [
-        d.server
-        for d in decisions
-        if d.server.key in before and d.server.key not in now_warned and d.action != P.CULL
-    ]
+    marks: Mapping[tuple[str, str], P.WarningMark],
+    on_pods: Mapping[tuple[str, str], float | None],
+    warning_period: float,
+) -> dict[tuple[str, str], WarningWrite]:
+    """The patches that make the pods' warnings match this pass's decisions.
+
+    ``on_pods``: the cull time of the warning each server's pod carries (None:
+    one that does not parse). A warned server's pod gets its warning unless it
+    carries that time already; a warning on the pod of a server that is neither
+    warned nor culled now (used again, exempt, stale, or warnings turned off) is
+    removed. A culled server's warning goes with its stop annotations.
+    """
+    writes = {}
+    for d in decisions:
+        key = d.server.key
+        current = on_pods.get(key)
+        if d.action == P.WARN and key in marks:
+            cull_after = marks[key].warned_at + warning_period
+            if current is None or abs(current - cull_after) > SAME_TIME:
+                writes[key] = WarningWrite(d.server, warning_annotations(d, cull_after), cull_after)
+        elif d.action != P.CULL and key in on_pods:
+            writes[key] = WarningWrite(d.server, {labels.ANNOTATION_CULL_WARNING: None}, None)
+    return writes

@@ -7,6 +7,8 @@ read with :class:`~gpuspawner.serverpod.ServerPod`:
   so GPU metrics (labelled by pod) can be matched to servers;
 * which node each server's pod runs on, so pressure mode frees GPUs where a
   waiting request can use them;
+* the culler's own warnings on the pods (``gpuspawner.io/cull-warning``), so
+  that a restarted culler knows which servers were warned and when;
 * the pods the scheduler could not place for lack of GPUs (``PodScheduled``
   False, reason ``Unschedulable``, message ``... Insufficient nvidia.com/gpu
   ...``): one waiting request each.
@@ -17,13 +19,32 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from .. import labels
 from ..serverpod import ServerPod, server_pods
+from ..stopnotice import CullWarning
 from .policy import Request
 
 
 def pods_by_server(pods: Iterable[Mapping]) -> dict[tuple[str, str], ServerPod]:
     """``(user, server name)`` -> the server's pod; pods being deleted or without a user are left out."""
     return {pod.key: pod for pod in server_pods(pods) if pod.user and not pod.deleting}
+
+
+def warnings_on_pods(pods: Iterable[Mapping]) -> dict[tuple[str, str], CullWarning | None]:
+    """``(user, server name)`` -> the cull warning its pod carries (None: one that does not parse).
+
+    Servers whose pod carries no ``gpuspawner.io/cull-warning`` are left out;
+    so are pods being deleted or without a user, as in :func:`pods_by_server`.
+    """
+    result = {}
+    for pod in pods:
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        if labels.ANNOTATION_CULL_WARNING not in annotations:
+            continue
+        server = ServerPod.from_pod(pod)
+        if server.user and not server.deleting:
+            result[server.key] = server.cull_warning
+    return result
 
 
 def waiting_requests(pods: Iterable[Mapping]) -> list[Request]:

@@ -638,11 +638,13 @@ def decide(
 
 
 def log_line(decision: Decision, dry_run: bool = False) -> str:
-    """One line per cull or would-cull: user, server, GPUs reclaimed, idle time and reason."""
+    """One line per cull or warning (or, in a dry run, would-cull and would-warn): user,
+    server, GPUs reclaimed, idle time and reason."""
     s = decision.server
-    verb = {CULL: "would cull" if dry_run else "culling", WARN: "warning"}.get(
-        decision.action, decision.action
-    )
+    verb = {
+        CULL: "would cull" if dry_run else "culling",
+        WARN: "would warn" if dry_run else "warning",
+    }.get(decision.action, decision.action)
     gpus = f"{s.gpus} x {s.gpu_type}" if s.gpus > 0 else "no GPUs"
     return (
         f"{verb} {s.display!r} (user {s.user!r}, server {s.name!r}, profile "

@@ -38,6 +38,15 @@ def parse_time(value: str | None) -> float | None:
     return datetime.fromisoformat(value).timestamp()
 
 
+def _users(items: Any, path: str) -> list[Mapping[str, Any]]:
+    """A page's user models, each checked to be a model with a name; else HubError."""
+    if not isinstance(items, list) or not all(
+        isinstance(u, Mapping) and isinstance(u.get("name"), str) for u in items
+    ):
+        raise HubError(f"The hub answered GET {path} with something other than user models.")
+    return items
+
+
 class HubClient:
     """A small async client for the hub API with retries, backoff and a request count."""
 
@@ -117,7 +126,8 @@ class HubClient:
                 response = await AsyncHTTPClient().fetch(request)
             except HTTPClientError as e:
                 if e.code in _RETRY_STATUSES:
-                    last = f"HTTP {e.code}"
+                    # tornado's 599 is a timeout or a dropped connection, not the hub's answer
+                    last = str(e) if e.code == 599 else f"HTTP {e.code}"
                     continue
                 message = ""
                 if e.response is not None and e.response.body:
@@ -135,7 +145,14 @@ class HubClient:
                 continue
             if not accept.endswith("json"):
                 return response.code, response.body.decode("utf-8", "replace")
-            payload = json.loads(response.body) if response.body else None
+            try:
+                payload = json.loads(response.body) if response.body else None
+            # RecursionError: JSON nested deeper than the parser goes
+            except (ValueError, RecursionError):
+                raise HubError(
+                    f"The hub answered {method} {path} with something that is not JSON.",
+                    status=response.code,
+                ) from None
             return response.code, payload
         raise HubError(
             f"The hub API did not answer {method} {path} after {self.max_retries + 1} attempts "
@@ -147,18 +164,28 @@ class HubClient:
         offset = 0
         while True:
             query = urlencode({"state": state, "offset": offset, "limit": self.page_size})
-            _, page = await self.request("GET", f"/users?{query}", accept=PAGINATION_MEDIA_TYPE)
+            path = f"/users?{query}"
+            _, page = await self.request("GET", path, accept=PAGINATION_MEDIA_TYPE)
             if isinstance(page, list):
                 # a hub without pagination answers a plain list
-                for user in page:
+                for user in _users(page, path):
                     yield user
                 return
-            for user in page.get("items") or []:
+            if not isinstance(page, Mapping):
+                raise HubError(f"The hub answered GET {path} with no list of users.")
+            for user in _users(page.get("items") or [], path):
                 yield user
-            following = (page.get("_pagination") or {}).get("next")
+            following = page.get("_pagination")
+            following = following.get("next") if isinstance(following, Mapping) else None
             if not following:
                 return
-            offset = following["offset"]
+            next_offset = following.get("offset") if isinstance(following, Mapping) else None
+            if isinstance(next_offset, bool) or not isinstance(next_offset, int):
+                raise HubError(f"The hub answered GET {path} with no offset for the next page.")
+            if next_offset <= offset:
+                # a page that points back would be read for ever
+                raise HubError(f"The hub answered GET {path} with a next page that is not later.")
+            offset = next_offset
 
     async def metrics(self) -> str:
         """The hub's Prometheus metrics (``/hub/metrics``, beside the API; scope ``read:metrics``)."""

@@ -21,13 +21,18 @@ number of queries does not depend on the number of servers.
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlencode
+
+from ..options import shown
 
 
 class PrometheusError(Exception):
-    """Prometheus did not answer, or answered with an error."""
+    """Prometheus did not answer, answered with an error, or answered something unreadable."""
 
 
 _LABEL_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
@@ -89,23 +94,124 @@ class GPUQueries:
         )
 
 
-def parse_vector(body: Mapping, queries: GPUQueries | None = None) -> dict[tuple[str, str], float]:
-    """An instant-vector answer -> ``{(namespace, pod): value}``, read from the queries' label names."""
+#: Longest label value read from an answer: a Kubernetes name has at most 253
+#: characters, so a longer one names none of our pods.
+MAX_LABEL_LENGTH = 253
+#: Longest sample value text read: Prometheus writes a timestamp or a ratio in
+#: well under this; anything longer is not a number we asked for.
+MAX_VALUE_LENGTH = 64
+
+# How Prometheus writes a finite sample value (Go's strconv.FormatFloat, 'f' or 'e').
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def _malformed(what: str) -> PrometheusError:
+    return PrometheusError(f"Prometheus answered a malformed query result: {what}")
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value is, in words ("a list", "null")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    for types, name in (
+        (str, "a string"),
+        ((int, float), "a number"),
+        ((list, tuple), "a list"),
+        (Mapping, "an object"),
+    ):
+        if isinstance(value, types):
+            return name
+    return f"a {type(value).__name__}"
+
+
+def _label(metric: Mapping, name: str) -> str:
+    value = metric.get(name, "")
+    if not isinstance(value, str):
+        raise _malformed(f"label {name} is {_kind(value)}, not a string")
+    if len(value) > MAX_LABEL_LENGTH:
+        raise _malformed(f"label {name} is {len(value)} characters long, {shown(value, 40)}")
+    return value
+
+
+def _finite(value: Any, what: str) -> float:
+    """A JSON number, or a number's text as Prometheus writes it, that is finite."""
+    if isinstance(value, str):
+        if len(value) > MAX_VALUE_LENGTH or not _NUMBER.fullmatch(value):
+            raise _malformed(f"the {what} {shown(value, 40)} is not a finite number")
+        number = float(value)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer too large for a float
+            raise _malformed(f"the {what} is out of range") from None
+    else:
+        raise _malformed(f"the {what} is {_kind(value)}, not a number")
+    if not math.isfinite(number):
+        raise _malformed(f"the {what} {shown(value, 40)} is not a finite number")
+    return number
+
+
+def parse_vector(body: Any, queries: GPUQueries | None = None) -> dict[tuple[str, str], float]:
+    """An instant-vector answer -> ``{(namespace, pod): value}``, read from the queries' label names.
+
+    Everything is checked, since a wrong shape must never read as data: any
+    answer other than a vector of ``{"metric": {...}, "value": [time, "number"]}``
+    items with finite numbers and string labels raises :class:`PrometheusError`.
+    Two samples of one pod (which the queries' ``max by`` rules out) keep the
+    larger value: the later last-busy time, the busier GPU.
+    """
     queries = queries or GPUQueries()
-    if body.get("status") != "success":
+    if not isinstance(body, Mapping):
+        raise _malformed(f"the answer is {_kind(body)}, not an object")
+    status = body.get("status")
+    if status == "error":
+        kind, error = body.get("errorType"), body.get("error")
         raise PrometheusError(
-            f"Prometheus answered {body.get('errorType', 'an error')}: {body.get('error', '')}"
+            "Prometheus answered an error"
+            + (f" ({shown(kind)})" if isinstance(kind, str) and kind else "")
+            + (f": {shown(error)}" if isinstance(error, str) and error else "")
         )
-    data = body.get("data") or {}
-    if data.get("resultType") != "vector":
-        raise PrometheusError(f"Prometheus answered a {data.get('resultType')}, not a vector")
-    result = {}
-    for item in data.get("result") or []:
-        metric = item.get("metric") or {}
-        value = item.get("value") or [None, "NaN"]
-        key = (metric.get(queries.namespace_label, ""), metric.get(queries.pod_label, ""))
-        result[key] = float(value[1])
+    if status != "success":
+        raise _malformed(f"status {shown(status)}")
+    data = body.get("data")
+    if not isinstance(data, Mapping):
+        raise _malformed(f"data is {_kind(data)}, not an object")
+    result_type = data.get("resultType")
+    if not isinstance(result_type, str):
+        raise _malformed(f"resultType is {_kind(result_type)}, not a string")
+    if result_type != "vector":
+        raise PrometheusError(f"Prometheus answered a {shown(result_type)} result, not a vector")
+    items = data.get("result")
+    if not isinstance(items, list):
+        raise _malformed(f"the result is {_kind(items)}, not a list")
+    result: dict[tuple[str, str], float] = {}
+    for item in items:
+        if not isinstance(item, Mapping):
+            raise _malformed(f"a sample is {_kind(item)}, not an object")
+        metric, value = item.get("metric"), item.get("value")
+        if not isinstance(metric, Mapping):
+            raise _malformed(f"a sample's metric is {_kind(metric)}, not an object")
+        if not isinstance(value, (list, tuple)) or len(value) != 2:
+            raise _malformed("a sample's value is not a [time, value] pair")
+        _finite(value[0], "sample time")
+        number = _finite(value[1], "sample value")
+        key = (_label(metric, queries.namespace_label), _label(metric, queries.pod_label))
+        result[key] = max(number, result.get(key, number))
     return result
+
+
+def _error_detail(body: bytes | None) -> str:
+    """The ``error`` of Prometheus's JSON error answer, quoted and short; "" when there is none."""
+    if not body:
+        return ""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return ""
+    error = data.get("error") if isinstance(data, Mapping) else None
+    return shown(error) if isinstance(error, str) and error else ""
 
 
 class PrometheusClient:
@@ -126,7 +232,11 @@ class PrometheusClient:
         #: queries sent since start (the benchmark reports it per pass)
         self.requests = 0
 
-    async def query(self, promql: str, at: float) -> Mapping:
+    async def query(self, promql: str, at: float) -> Any:
+        """The decoded JSON answer to one instant query; raises PrometheusError.
+
+        The answer's shape is not checked here (see :func:`parse_vector`).
+        """
         from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
         self.requests += 1
@@ -140,17 +250,23 @@ class PrometheusClient:
                 request_timeout=self.timeout,
                 connect_timeout=self.timeout,
             )
-            return json.loads(response.body)
         except HTTPClientError as e:
-            detail = ""
-            if e.response is not None and e.response.body:
-                try:
-                    detail = json.loads(e.response.body).get("error", "")
-                except ValueError:
-                    detail = ""
-            raise PrometheusError(f"Prometheus at {self.url} answered {e.code} {detail}") from e
+            if e.code == 599:  # tornado's code for a timeout or a dropped connection
+                raise PrometheusError(f"Prometheus at {self.url} did not answer: {e}") from e
+            detail = _error_detail(e.response.body if e.response is not None else None)
+            raise PrometheusError(
+                f"Prometheus at {self.url} answered {e.code}" + (f": {detail}" if detail else "")
+            ) from e
         except (OSError, ValueError) as e:
             raise PrometheusError(f"Prometheus at {self.url} could not be reached: {e}") from e
+        try:
+            return json.loads(response.body)
+        # RecursionError: JSON nested deeper than the parser goes
+        except (ValueError, RecursionError):
+            raise PrometheusError(
+                f"Prometheus at {self.url} answered something that is not JSON: "
+                f"{shown(response.body[:60])}"
+            ) from None
 
     async def per_pod(self, promql: str, at: float) -> dict[tuple[str, str], float]:
         """``{(namespace, pod): value}`` of a query by pod; raises PrometheusError."""

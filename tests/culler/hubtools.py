@@ -15,6 +15,15 @@ from ..hub.hubprocess import Hub, start_hub
 from .spawners import NAMESPACE, pod_name
 
 CULLER_SERVICE = "gpuspawner-culler"
+#: A service standing for the site's Prometheus: it scrapes with a token of the
+#: read:metrics scope, as it scrapes the hub's own /hub/metrics (docs/culler.md, "Metrics").
+PROMETHEUS_SERVICE = "prometheus"
+PROMETHEUS_ROLE = {"name": "prometheus", "scopes": ["read:metrics"], "services": ["prometheus"]}
+
+
+def prometheus_token(culler_token: str) -> str:
+    """The Prometheus service's token in a hub started with ``culler_token``."""
+    return f"{culler_token}-prometheus"
 
 
 def shipped_config():
@@ -106,6 +115,8 @@ c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}
 c.JupyterHub.services.append({service!r})
 c.JupyterHub.load_roles.append({{"name": "culler-test", "scopes": {scopes!r}, "services": [{CULLER_SERVICE!r}]}})
 c.JupyterHub.load_roles.append({shipped_user_role()!r})
+c.JupyterHub.services.append({{"name": {PROMETHEUS_SERVICE!r}, "api_token": {prometheus_token(token)!r}}})
+c.JupyterHub.load_roles.append({PROMETHEUS_ROLE!r})
 """
 
 

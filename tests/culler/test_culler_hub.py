@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import logging
 import threading
 import time
 import urllib.request
@@ -30,6 +31,7 @@ from .hubtools import (
     NAMESPACE,
     make_culler,
     pod_name,
+    prometheus_token,
     server_state,
     spawn,
     stop_all,
@@ -356,7 +358,7 @@ async def test_dry_run_and_warning_period(hub, culler_token):
     d = by_name(await app.cull_pass())
     assert d["warnme"].action == P.WARN  # not yet: the period has not passed
     assert server_state(hub, "warnme") == "running"
-    text = await fetch(f"http://127.0.0.1:{port}/metrics")
+    text = await fetch(f"http://127.0.0.1:{port}/metrics", prometheus_token(culler_token))
     assert "gpuspawner_culler_warned_servers 1.0" in text
     await asyncio.sleep(3)
     d = by_name(await app.cull_pass())
@@ -366,10 +368,12 @@ async def test_dry_run_and_warning_period(hub, culler_token):
     assert json.loads(body) == []
 
 
-async def fetch(url: str) -> str:
+async def fetch(url: str, token: str) -> str:
+    """The body of a GET with a hub token, sent as Prometheus sends one (Bearer)."""
     from tornado.httpclient import AsyncHTTPClient
 
-    return (await AsyncHTTPClient().fetch(url)).body.decode()
+    headers = {"Authorization": f"Bearer {token}"}
+    return (await AsyncHTTPClient().fetch(url, headers=headers)).body.decode()
 
 
 async def fetch_status(url: str, token: str | None = None) -> tuple[int, str]:
@@ -485,14 +489,15 @@ async def test_hub_errors_are_retried_and_never_crash(hub, culler_token):
         proxy.stop()
 
 
-async def test_managed_service_serves_metrics_through_the_proxy(hub):
-    """The hub starts the culler as a service (python -m gpuspawner.culler); its /metrics answers."""
+async def test_managed_service_serves_metrics_through_the_proxy(hub, culler_token):
+    """The hub starts the culler as a service (python -m gpuspawner.culler); its /metrics
+    answers a token with read:metrics (Prometheus's), and nobody else through the proxy."""
     url = f"{hub.public_url}/services/gpuspawner-culler/metrics"
     deadline = time.monotonic() + 30
     text = ""
     while time.monotonic() < deadline:
         try:
-            text = await fetch(url)
+            text = await fetch(url, prometheus_token(culler_token))
             if "gpuspawner_culler_last_success_timestamp_seconds" in text:
                 value = [
                     line
@@ -507,6 +512,15 @@ async def test_managed_service_serves_metrics_through_the_proxy(hub):
     else:
         pytest.fail(f"no successful pass reported at {url}:\n{text[-1000:]}\n{hub.log()[-2000:]}")
     assert 'gpuspawner_culler_errors_total{source="hub"} 0.0' in text
+    # anyone reaching the proxy, and a token that may do much but not read metrics: refused
+    need = "a JupyterHub token with the read:metrics scope is needed"
+    for token in (None, "not-a-token", hub.token):
+        status, body = await fetch_status(url, token)
+        assert (status, json.loads(body)["message"]) == (403, need), (token, body)
+    # the service's own port refuses them too: with a url, it is what the proxy forwards to
+    direct = f"http://127.0.0.1:{hub.managed_culler_port}/metrics"
+    assert (await fetch_status(direct))[0] == 403
+    assert (await fetch_status(direct, prometheus_token(culler_token)))[0] == 200
 
 
 def fixture_pod_of(user: str) -> dict:
@@ -578,3 +592,380 @@ async def test_the_pod_carries_the_warning_then_the_reason_before_the_stop(
     writes = [r for r in kubeapi.requests if r[0] in ("PATCH", "hub DELETE") and "noted" in str(r)]
     assert [w[0] for w in writes] == ["PATCH", "PATCH", "hub DELETE"]
     assert labels.ANNOTATION_STOP_REASON in json.dumps(writes[1][3])
+
+
+def annotations_of(kubeapi, user: str) -> dict:
+    pod = next(p for p in kubeapi.objects["pods"] if p["metadata"]["name"] == pod_name(user))
+    return pod["metadata"]["annotations"]
+
+
+def cull_after_on(kubeapi, user: str) -> float | None:
+    from gpuspawner import labels, stopnotice
+
+    raw = annotations_of(kubeapi, user).get(labels.ANNOTATION_CULL_WARNING)
+    warning = stopnotice.CullWarning.from_state(raw)
+    return None if warning is None else warning.cull_after
+
+
+def put_warning(kubeapi, user: str, raw) -> None:
+    """A warning left on the pod by an earlier culler process (raw: a cull time, or text)."""
+    from gpuspawner import labels, stopnotice
+
+    if not isinstance(raw, str):
+        raw = json.dumps(stopnotice.CullWarning("idle", raw, seconds=60).to_state())
+    annotations_of(kubeapi, user)[labels.ANNOTATION_CULL_WARNING] = raw
+
+
+async def test_a_dry_run_warns_nobody(hub, culler_token, kubeapi, capfd):
+    """A dry run stops nothing, so it tells no user that it will: no /api/warning answer,
+    no /warnings entry, no annotation; it logs and counts what it would warn."""
+    start_servers(hub, {"drywarn": A100})
+    kubeapi.objects["pods"] = [fixture_pod_of("drywarn")]
+    await asyncio.sleep(1.2)
+    port = free_port()
+    app = make_culler(
+        hub,
+        culler_token,
+        timeout=1,
+        warning_period=600,
+        dry_run=True,
+        kubernetes="on",
+        metrics_url=f"http://127.0.0.1:{port}",
+    )
+    app._listen()
+    capfd.readouterr()
+    try:
+        for _ in range(2):
+            d = by_name(await app.cull_pass())
+            assert d["drywarn"].action == P.WARN
+    finally:
+        await app.pods.close()
+    base = f"http://127.0.0.1:{port}"
+    access = "access:services!service=gpuspawner-culler"
+    own = user_token(hub, "drywarn", ["access:servers!server=drywarn/", access])
+    status, body = await fetch_status(f"{base}/api/warning", own)
+    assert status == 200 and json.loads(body)["warnings"] == [], body
+    status, body = await fetch_status(f"{base}/warnings", hub.token)
+    assert status == 200 and json.loads(body) == [], body
+    assert patches_of(kubeapi, "drywarn") == []
+    from gpuspawner import labels
+
+    assert labels.ANNOTATION_CULL_WARNING not in annotations_of(kubeapi, "drywarn")
+    assert server_state(hub, "drywarn") == "running"
+    log = capfd.readouterr().err
+    assert "would warn 'drywarn'" in log, log[-2000:]
+    assert (
+        metric(app, "gpuspawner_culler_would_warnings_total", reason="idle", profile="pytorch") == 2
+    )
+    assert metric(app, "gpuspawner_culler_warnings_total", reason="idle", profile="pytorch") == 0
+    assert metric(app, "gpuspawner_culler_warned_servers") == 0
+
+
+async def test_a_restarted_culler_takes_up_and_clears_the_warnings_on_pods(
+    hub, culler_token, kubeapi
+):
+    """Warnings live on the pods, so a new culler process converges: it keeps a warning still
+    ahead to its time, replaces stale and unreadable ones, and removes those of servers
+    used since."""
+    users = ("wkeep", "wused", "wstale", "wjunk")
+    start_servers(hub, dict.fromkeys(users, A100))
+    kubeapi.objects["pods"] = [fixture_pod_of(u) for u in users]
+    await asyncio.sleep(IDLE_TIMEOUT + 0.2)
+    now = time.time()
+    put_warning(kubeapi, "wkeep", now + 3)  # announced by the culler before the restart
+    put_warning(kubeapi, "wused", now + 300)
+    put_warning(kubeapi, "wstale", now - 3600)  # its time passed long ago, and nobody acted
+    put_warning(kubeapi, "wjunk", "{not a warning")
+    set_activity(hub, "wused")
+    settings = dict(timeout=IDLE_TIMEOUT, warning_period=600, kubernetes="on")
+
+    first = make_culler(hub, culler_token, **settings)
+    try:
+        d = by_name(await first.cull_pass())
+    finally:
+        await first.pods.close()
+    assert {u: d[u].action for u in users} == {
+        "wkeep": P.WARN,
+        "wused": P.KEEP,
+        "wstale": P.WARN,
+        "wjunk": P.WARN,
+    }
+    assert patches_of(kubeapi, "wkeep") == []  # it carries the right time already
+    assert cull_after_on(kubeapi, "wkeep") == pytest.approx(now + 3)
+    assert first.warned[("wkeep", "")].warned_at == pytest.approx(now + 3 - 600)
+    assert cull_after_on(kubeapi, "wused") is None
+    from gpuspawner import labels
+
+    assert labels.ANNOTATION_CULL_WARNING not in annotations_of(kubeapi, "wused")
+    for user in ("wstale", "wjunk"):  # a new warning: a whole period from now
+        assert cull_after_on(kubeapi, user) == pytest.approx(
+            first.warned[(user, "")].warned_at + 600
+        )
+        assert cull_after_on(kubeapi, user) > now + 590
+
+    # Another restart after wkeep's time: it is culled then, as its user was told;
+    # the others' warnings are taken up as they are, not written again.
+    await asyncio.sleep(max(0.0, now + 3.5 - time.time()))
+    before = {u: len(patches_of(kubeapi, u)) for u in ("wstale", "wjunk")}
+    second = make_culler(hub, culler_token, **settings)
+    try:
+        d = by_name(await second.cull_pass())
+    finally:
+        await second.pods.close()
+    assert d["wkeep"].action == P.CULL, d["wkeep"]
+    wait_stopped(hub, "wkeep")
+    assert labels.ANNOTATION_STOP_REASON in annotations_of(kubeapi, "wkeep")
+    assert (d["wstale"].action, d["wjunk"].action) == (P.WARN, P.WARN)
+    assert {u: len(patches_of(kubeapi, u)) for u in ("wstale", "wjunk")} == before
+
+
+async def test_a_failed_stop_leaves_no_stop_reason(hub, culler_token, kubeapi):
+    """A user who later stops the server themselves must not read that the culler did; a
+    warned server keeps its warning, due as it was, and the next pass stops it."""
+    from gpuspawner import labels, stopnotice
+
+    start_servers(hub, {"stopfail": A100, "warnfail": A100})
+    kubeapi.objects["pods"] = [fixture_pod_of("stopfail"), fixture_pod_of("warnfail")]
+    await asyncio.sleep(1.2)
+    proxy = FaultProxy(hub.public_url)
+    proxy.start()
+    failing = {"stopfail", "warnfail"}
+    proxy.fault = lambda method, path: (
+        500 if method == "DELETE" and any(f"/users/{u}/" in path for u in failing) else None
+    )
+    settings = dict(timeout=1, kubernetes="on", hub_api_url=f"{proxy.url}/hub/api", max_retries=1)
+    # one culler without a warning period (stopfail), one with (warnfail), each leaving
+    # the other's server alone
+    plain = make_culler(hub, culler_token, exempt_users=["warnfail"], **settings)
+    warning = make_culler(
+        hub, culler_token, exempt_users=["stopfail"], warning_period=600, **settings
+    )
+
+    def stop_reason_writes(user: str) -> list:
+        patches = [r[3]["metadata"]["annotations"] for r in patches_of(kubeapi, user)]
+        return [
+            p[labels.ANNOTATION_STOP_REASON] for p in patches if labels.ANNOTATION_STOP_REASON in p
+        ]
+
+    try:
+        assert by_name(await plain.cull_pass())["stopfail"].action == P.CULL
+        put_warning(kubeapi, "warnfail", time.time() - 1)  # due: this pass culls it
+        assert by_name(await warning.cull_pass())["warnfail"].action == P.CULL
+        for app in (plain, warning):
+            assert metric(app, "gpuspawner_culler_errors_total", source="hub") == 1
+            assert (
+                metric(app, "gpuspawner_culler_culls_total", reason="idle", profile="pytorch") == 0
+            )
+        for user in ("stopfail", "warnfail"):
+            assert server_state(hub, user) == "running"
+            assert labels.ANNOTATION_STOP_REASON not in annotations_of(kubeapi, user), user
+            written, removed = stop_reason_writes(user)  # before the stop, and after it failed
+            assert stopnotice.StopNotice.from_state(written) is not None and removed is None
+        assert cull_after_on(kubeapi, "stopfail") is None  # it had no warning
+        restored = cull_after_on(kubeapi, "warnfail")
+        assert restored == pytest.approx(warning.warned[("warnfail", "")].warned_at + 600)
+        assert restored < time.time()  # as due as before: no new warning period
+
+        failing.clear()  # the hub stops servers again: the next passes stop both
+        assert by_name(await plain.cull_pass())["stopfail"].action == P.CULL
+        assert by_name(await warning.cull_pass())["warnfail"].action == P.CULL
+        for user in ("stopfail", "warnfail"):
+            wait_stopped(hub, user)
+            notice = stopnotice.StopNotice.from_state(
+                annotations_of(kubeapi, user)[labels.ANNOTATION_STOP_REASON]
+            )
+            assert notice.reason == stopnotice.REASON_IDLE
+    finally:
+        await plain.pods.close()
+        await warning.pods.close()
+        proxy.stop()
+
+
+@pytest.fixture
+async def garbage_prometheus():
+    """A "Prometheus" whose query API answers 200 with the body the test sets."""
+    from tornado import httpserver, netutil, web
+
+    answer = {"body": b""}
+
+    class Query(web.RequestHandler):
+        def post(self):
+            self.set_header("Content-Type", "application/json")
+            self.finish(answer["body"])
+
+    server = httpserver.HTTPServer(web.Application([(r"/api/v1/query", Query)]))
+    [sock] = netutil.bind_sockets(0, "127.0.0.1")
+    server.add_sockets([sock])
+    answer["url"] = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    yield answer
+    server.stop()
+
+
+GARBAGE_ANSWERS = [
+    b"[]",
+    b"<html>a login page</html>",
+    b'{"status": "success", "data": []}',
+    b'{"status": "success", "data": {"resultType": "vector", "result": {}}}',
+    b'{"status": "success", "data": {"resultType": "vector", "result": [["x"]]}}',
+    b'{"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}}]}}',
+    b'{"status": "success", "data": {"resultType": "vector", '
+    b'"result": [{"metric": {"pod": 1}, "value": [1, "1"]}]}}',
+    b'{"status": "success", "data": {"resultType": "vector", '
+    b'"result": [{"metric": {}, "value": [1, "NaN"]}]}}',
+]
+
+
+async def test_wrong_prometheus_answers_never_end_the_pass(
+    hub, culler_token, kubeapi, garbage_prometheus, capfd
+):
+    """Without GPU data the pass goes on: CPU servers are culled when idle, max_age holds,
+    pressure sees the demand, and GPU servers count as busy."""
+    start_servers(hub, {"gcpu": CPU, "ga100": A100})
+    kubeapi.objects["pods"] = [
+        running_pod("ga100", "a100", "n0"),
+        *[
+            in_namespace(p, NAMESPACE)
+            for p in PODS
+            if p["metadata"]["name"] == "jupyter-wait1"  # one a100 GPU waited for
+        ],
+    ]
+    await asyncio.sleep(1.2)
+    settings = dict(
+        prometheus_url=garbage_prometheus["url"],
+        timeout=1,
+        pressure_timeout=1,
+        kubernetes="on",
+        namespace=NAMESPACE,
+        dry_run=True,
+        hub_demand=False,
+    )
+    for body in GARBAGE_ANSWERS:
+        garbage_prometheus["body"] = body
+        capfd.readouterr()
+        idle = make_culler(hub, culler_token, **settings)
+        aged = make_culler(hub, culler_token, max_age=1, **settings)
+        try:
+            d = by_name(await idle.cull_pass())
+            old = by_name(await aged.cull_pass())
+        finally:
+            await idle.pods.close()
+            await aged.pods.close()
+        assert (d["gcpu"].action, d["gcpu"].reason) == (P.CULL, P.REASON_IDLE), body
+        assert (d["ga100"].action, d["ga100"].reason) == (P.KEEP, P.REASON_GPU_UNAVAILABLE), body
+        assert metric(idle, "gpuspawner_culler_pressure_waiting_gpus", gpu_type="a100") == 1
+        assert metric(idle, "gpuspawner_culler_errors_total", source="prometheus") == 1
+        assert metric(idle, "gpuspawner_culler_errors_total", source="internal") == 0
+        assert metric(idle, "gpuspawner_culler_last_success_timestamp_seconds") > 0
+        assert {u: x.reason for u, x in old.items() if u in ("gcpu", "ga100")} == {
+            "gcpu": P.REASON_MAX_AGE,
+            "ga100": P.REASON_MAX_AGE,
+        }
+        log = capfd.readouterr().err
+        lines = [line for line in log.splitlines() if "every GPU server counts as busy" in line]
+        assert lines and "Prometheus" in lines[0], log[-2000:]
+        assert "Traceback" not in log
+    for user in ("gcpu", "ga100"):
+        assert server_state(hub, user) == "running"  # dry run
+
+
+def pods_for_pressure() -> list[dict]:
+    """One running a100 server pod of 'kfault' and one pod waiting for an a100 GPU."""
+    return [
+        running_pod("kfault", "a100", "n0"),
+        *[in_namespace(p, NAMESPACE) for p in PODS if p["metadata"]["name"] == "jupyter-wait1"],
+    ]
+
+
+async def test_kubernetes_faults_never_end_the_pass(hub, culler_token, kubeapi, capfd):
+    """429 and 5xx are retried; when they last, the pass goes on without pressure and says
+    so; a list whose continue token expired (410 Gone) is read again from the start."""
+    from gpuspawner.kube import Reader, RetryPolicy
+
+    start_servers(hub, {"kfault": A100})
+    kubeapi.objects["pods"] = pods_for_pressure()
+    app = make_culler(
+        hub,
+        culler_token,
+        kubernetes="on",
+        namespace=NAMESPACE,
+        pressure_timeout=1,
+        hub_demand=False,
+        dry_run=True,  # pressure picks kfault: it stays for the next pass
+    )
+    # pages of one pod (a continue token to expire), retries for a second, not thirty
+    app.pods.reader = Reader(
+        retry=RetryPolicy(timeout=1, first_delay=0.05, max_delay=0.1), page_size=1, logger=app.log
+    )
+
+    def waiting() -> float:
+        return metric(app, "gpuspawner_culler_pressure_waiting_gpus", gpu_type="a100")
+
+    try:
+        kubeapi.fail = [429, 500, 503]  # then the answers
+        assert await app.cull_pass() is not None
+        assert waiting() == 1
+        assert metric(app, "gpuspawner_culler_errors_total", source="kubernetes") == 0
+
+        kubeapi.fail = [None, 410]  # the second page: "the continue token is too old"
+        app.log_level = logging.INFO  # the list read again is logged, as a matter of course
+        capfd.readouterr()
+        d = by_name(await app.cull_pass())
+        assert waiting() == 1 and d["kfault"].server.node == "n0"
+        assert metric(app, "gpuspawner_culler_errors_total", source="kubernetes") == 0
+        assert "listing the pods again from the start" in capfd.readouterr().err
+
+        for status in (500, 429):
+            kubeapi.always = status
+            capfd.readouterr()
+            assert await app.cull_pass() is not None
+            kubeapi.always = None
+            assert waiting() == 0
+            log = capfd.readouterr().err
+            assert f"failed with HTTP {status}" in log and "no pressure mode this pass" in log
+            assert "Traceback" not in log
+        assert metric(app, "gpuspawner_culler_errors_total", source="kubernetes") == 2
+    finally:
+        await app.pods.close()
+
+
+async def test_hub_faults_never_end_the_service(hub, culler_token, kubeapi, capfd):
+    """The hub's metrics answering 500: pressure counts pending pods only; the user list
+    timing out on every try: the pass is abandoned with one sentence, the next one works."""
+    start_servers(hub, {"hfault": CPU})
+    kubeapi.objects["pods"] = [
+        in_namespace(p, NAMESPACE) for p in PODS if p["metadata"]["name"] == "jupyter-wait1"
+    ]
+    proxy = FaultProxy(hub.public_url)
+    proxy.start()
+    app = make_culler(
+        hub,
+        culler_token,
+        kubernetes="on",
+        namespace=NAMESPACE,
+        pressure_timeout=1,
+        hub_api_url=f"{proxy.url}/hub/api",
+        max_retries=1,
+    )
+    try:
+        proxy.fault = lambda method, path: 500 if path == "/hub/metrics" else None
+        capfd.readouterr()
+        assert await app.cull_pass() is not None
+        assert metric(app, "gpuspawner_culler_errors_total", source="hub-metrics") == 1
+        assert metric(app, "gpuspawner_culler_pressure_waiting_gpus", gpu_type="a100") == 1
+        assert "pressure mode counts only Pending pods" in capfd.readouterr().err
+
+        proxy.fault = lambda method, path: 0 if path.startswith("/hub/api/users") else None
+        app.hub.timeout = 0.5  # each try hangs until abandoned
+        assert await app.cull_pass() is None
+        log = capfd.readouterr().err
+        [line] = [line for line in log.splitlines() if "Pass abandoned" in line]
+        assert "did not answer GET /users" in line and "Timeout" in line, line
+        assert metric(app, "gpuspawner_culler_errors_total", source="hub") == 1
+
+        proxy.fault = lambda method, path: None
+        app.hub.timeout = 30
+        d = by_name(await app.cull_pass())
+        assert "hfault" in d
+    finally:
+        await app.pods.close()
+        proxy.stop()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpuspawner.services.hub import HubClient, HubError, parse_time
@@ -49,3 +51,46 @@ async def test_a_server_stopped_meanwhile_is_not_an_error(proxy):
     client = HubClient(f"{proxy.url}/hub/api", "t", max_retries=3, backoff_base=0.01)
     assert await client.stop_server("alice", "") == 400
     assert proxy.counts["DELETE"] == 1
+
+
+@pytest.fixture
+async def fake_hub():
+    """A "hub" on 127.0.0.1 whose /hub/api/users answers 200 with the body the test sets."""
+    from tornado import httpserver, netutil, web
+
+    answer = {"body": b""}
+
+    class Users(web.RequestHandler):
+        def get(self):
+            self.set_header("Content-Type", "application/json")
+            self.finish(answer["body"])
+
+    server = httpserver.HTTPServer(web.Application([(r"/hub/api/users", Users)]))
+    [sock] = netutil.bind_sockets(0, "127.0.0.1")
+    server.add_sockets([sock])
+    answer["url"] = f"http://127.0.0.1:{sock.getsockname()[1]}/hub/api"
+    yield answer
+    server.stop()
+
+
+async def test_answers_that_are_not_user_pages_are_hub_errors(fake_hub):
+    """The culler abandons a pass on HubError with one logged sentence; anything else was
+    an unexpected error with a traceback."""
+    client = HubClient(fake_hub["url"], "t", max_retries=0)
+    user = {"name": "ann", "servers": {}}
+    for body in (
+        b"<html>a login page</html>",
+        b"[" * 100_000 + b"]" * 100_000,  # deeper than the parser goes
+        json.dumps("users").encode(),
+        json.dumps({"items": {"ann": user}}).encode(),
+        json.dumps({"items": ["ann"]}).encode(),
+        json.dumps([{"servers": {}}]).encode(),
+        json.dumps({"items": [user], "_pagination": {"next": {"offset": "x"}}}).encode(),
+        json.dumps({"items": [user], "_pagination": {"next": {"offset": 0}}}).encode(),
+    ):
+        fake_hub["body"] = body
+        with pytest.raises(HubError) as e:
+            [u async for u in client.iter_users()]
+        message = str(e.value)
+        assert message.startswith("The hub answered GET /users?") and "\n" not in message, message
+        assert len(message) < 200
