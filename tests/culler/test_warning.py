@@ -1,7 +1,11 @@
 """The pure answer of the culler's /api/warning: whose servers a token may hear about."""
 
+import pytest
+
 from gpuspawner.culler.policy import WarningMark
 from gpuspawner.culler.warning import token_servers, warning_answer
+
+from ..security.payloads import PAYLOADS
 
 WARNED = {
     ("ada", ""): WarningMark(warned_at=1000.0, reason="idle"),
@@ -65,3 +69,16 @@ def test_nobody_else_hears_of_them():
         "user": None,
         "warnings": [],
     }
+
+
+@pytest.mark.parametrize(("name", "value"), PAYLOADS, ids=[n for n, _ in PAYLOADS])
+def test_the_notification_text_holds_nothing_a_user_chose(name, value):
+    # JupyterLab's notification is built from cull_at, why and keep (src/index.js,
+    # warningMessage): the culler's own sentences, never the server's name.
+    warned = {("ada", value): WarningMark(warned_at=1000.0, reason="gpu-idle")}
+    [w] = warning_answer(user("ada", "access:servers!user=ada"), warned, 600, 300)["warnings"]
+    assert w["server"] == value  # data, for the extension to match its own server
+    for text in (w["why"], w["keep"]):
+        assert value not in text
+    # the plain-text message quotes it, with every unprintable character escaped
+    assert w["message"].isprintable()
