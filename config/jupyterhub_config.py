@@ -184,11 +184,15 @@ c.JupyterHub.load_groups.setdefault("gpu-admins", {"users": []})
 
 # --- the gpuspawner service: live GPU figures on the spawn form (docs/capacity.md) ---
 # A hub-managed service at /services/gpuspawner/ that the form polls
-# (GET /services/gpuspawner/availability). It keeps its own watch of nodes and
-# pods with the hub pod's service account (config/rbac.yaml's ClusterRole) and
-# is handed the catalog and pod placement set above, so it counts as the
-# spawner does. add_service also grants every user its access scope,
-# access:services!service=gpuspawner, through the hub's 'user' role.
+# (GET /services/gpuspawner/availability) and that tells a user why their servers
+# stopped (GET /services/gpuspawner/stop-notices). It keeps its own watch of nodes
+# and pods with the hub pod's service account (nodes cluster-wide, pods of this
+# namespace: config/rbac.yaml) and is handed the catalog, the pod placement and
+# c.GPUSpawner.gpu_inventory_all_namespaces set above, so it counts as the
+# spawner does. It gets no hub scope of its own: it reads a user's servers with
+# that user's token. add_service grants, through the hub's 'user' role, its
+# access scope (access:services!service=gpuspawner) and the user's own
+# read:servers!user and admin:server_state!user, which its OAuth tokens carry.
 from gpuspawner.userservice.hubconfig import add_service  # noqa: E402
 
 add_service(c, url="http://127.0.0.1:10103")

@@ -49,18 +49,27 @@ class CapacityConfig(Configurable):
         of pods per hub, shared by all servers) to show free GPUs per type on
         the spawn form and to refuse requests no node can hold.
 
-        Needs cluster-wide list/watch on nodes and pods (the ClusterRole in
-        config/rbac.yaml). Without them the hub logs one warning naming the
-        missing permission and works without figures.
+        Needs cluster-wide list/watch on nodes (the ClusterRole in
+        config/rbac.yaml) and list/watch on pods in the hub's namespace (its
+        Role; in every namespace with ``gpu_inventory_all_namespaces``).
+        Without them the hub logs one warning naming the missing permission and
+        works without figures.
         """,
     ).tag(config=True)
 
     gpu_inventory_all_namespaces = Bool(
-        True,
+        False,
         help="""
         Count the GPUs held by pods in every namespace (other hubs, batch jobs),
-        not only in the hub's own. Turn off only if GPU nodes run nothing but
-        this hub's servers and the hub may not watch pods cluster-wide.
+        not only in the hub's own. Off by default: a pod list returns every
+        container's environment, often other workloads' credentials, so the
+        shipped RBAC lets the hub read pods in its own namespace only. Off, GPUs
+        held by other namespaces' pods look free: the figures can overstate
+        what is free and a request admitted on them may wait Pending until
+        gpu_unschedulable_timeout. Turn on only together with the opt-in
+        cluster-wide pod read (config/rbac-opt-in-all-namespaces.yaml, or
+        config/z2jh-rbac-opt-in-all-namespaces.yaml with zero-to-jupyterhub);
+        the gpuspawner service follows this setting.
         """,
     ).tag(config=True)
 

@@ -147,7 +147,12 @@ c.JupyterHub.load_roles.append(
 # A hub-managed service at /services/gpuspawner/ on a free loopback port, with
 # its own watch of nodes and pods (the hub's service account, KUBECONFIG) and
 # the hub's catalog and pod placement. Every user reaches it: add_service adds
-# access:services!service=gpuspawner to the 'user' role.
+# access:services!service=gpuspawner to the 'user' role. The service counts pods of
+# every namespace only when the hub does: the admin's opt-in, with the RBAC of
+# config/rbac-opt-in-all-namespaces.yaml (gpuspawner_sandbox's opt_in_all_namespaces
+# sets both), is set here, before add_service passes it on.
+if os.environ.get("GPUSPAWNER_SANDBOX_ALL_NAMESPACES") == "1":
+    c.GPUSpawner.gpu_inventory_all_namespaces = True
 from gpuspawner.userservice.hubconfig import add_service  # noqa: E402
 
 with socket.socket() as _s:

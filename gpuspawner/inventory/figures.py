@@ -57,9 +57,17 @@ def availability_payload(
     only their images, and only the GPU types those images may use.
     ``figures`` is None when the inventory is not available; ``problem`` then
     says why (shown to nobody but the form's console and admins).
+    Its ``pods_namespace`` is the one namespace whose pods were counted ("":
+    every namespace), so that the form can say GPUs held elsewhere look free.
     """
     if figures is None:
-        return {"available": False, "problem": problem, "types": {}, "images": {}}
+        return {
+            "available": False,
+            "problem": problem,
+            "pods_namespace": "",
+            "types": {},
+            "images": {},
+        }
     images = {
         key: [t.key for t in catalog.types_for_image(image)]
         for key, image in catalog.images.items()
@@ -78,4 +86,17 @@ def availability_payload(
                 str(n): count_mark(n, availability) for n in catalog.counts_for_type(gpu_type)
             },
         }
-    return {"available": True, "problem": "", "types": types, "images": images}
+    return {
+        "available": True,
+        "problem": "",
+        "pods_namespace": pods_namespace(figures),
+        "types": types,
+        "images": images,
+    }
+
+
+def pods_namespace(figures: Mapping[str, Availability]) -> str:
+    """The one namespace whose pods the figures counted; "" when they counted every namespace."""
+    # One inventory makes every type's figures, so they agree; a mix (never seen) is
+    # reported as the narrower view, which is the one that may overstate free GPUs.
+    return next((a.pods_namespace for a in figures.values() if a.pods_namespace), "")

@@ -326,6 +326,9 @@ class Availability:
     nodes: tuple[NodeFigures, ...]  # ready, schedulable nodes serving the type
     excluded: tuple[NodeFigures, ...] = ()  # cordoned or NotReady nodes that would serve it
     pending: int = 0  # unbound pods waiting for this resource
+    #: The one namespace whose pods were counted; "" when pods of every namespace were.
+    #: With one namespace, GPUs held by pods elsewhere look free (see Inventory.pods_namespace).
+    pods_namespace: str = ""
 
     @cached_property
     def allocatable(self) -> int:
@@ -368,6 +371,7 @@ class Availability:
             "pending": self.pending,
             "nodes": len(self.nodes),
             "excluded_nodes": len(self.excluded),
+            "pods_namespace": self.pods_namespace,
         }
 
 
@@ -393,8 +397,16 @@ class Inventory:
         self._nodes_generation = 0
         self._serving: dict[str, list[NodeRecord]] = {}
         self._serving_generation = -1
+        #: The one namespace whose pods are fed in ("": every namespace); the figures carry it.
+        self.pods_namespace = ""
 
     # -- updates --------------------------------------------------------
+
+    def count_pods_of(self, namespace: str) -> None:
+        """Say whose pods are fed in: one namespace's, or every namespace's ("")."""
+        if namespace != self.pods_namespace:
+            self.pods_namespace = namespace
+            self.generation += 1
 
     def set_node(self, node: Mapping[str, Any]) -> None:
         record = node_record(node, self.extra_resources)
@@ -517,6 +529,7 @@ class Inventory:
             nodes=tuple(sorted(usable, key=lambda n: n.node)),
             excluded=tuple(sorted(excluded, key=lambda n: n.node)),
             pending=self._pending.get(demand.resource, 0),
+            pods_namespace=self.pods_namespace,
         )
 
     def by_resource(self) -> dict[str, Availability]:

@@ -40,8 +40,9 @@ NODES_PERMISSION = (
 FOREVER = kube.RetryPolicy(timeout=None, first_delay=0.5, max_delay=30)
 
 PODS_PERMISSION = (
-    "cluster-wide 'list' and 'watch' on 'pods' (the ClusterRole gpuspawner-hub-inventory "
-    "in config/rbac.yaml)"
+    "cluster-wide 'list' and 'watch' on 'pods' (the opt-in ClusterRole "
+    "gpuspawner-hub-all-namespaces-pods in config/rbac-opt-in-all-namespaces.yaml), or "
+    "c.GPUSpawner.gpu_inventory_all_namespaces = False"
 )
 
 
@@ -198,6 +199,7 @@ class InventoryReflector:
         self.all_namespaces = all_namespaces
         self.log = log or logging.getLogger("gpuspawner.inventory")
         self.inventory = Inventory(extra_resources)
+        self.inventory.count_pods_of("" if all_namespaces else namespace)
         #: One sentence per permission the hub lacks, logged once each.
         self.missing_permissions: list[str] = []
         self.pods_scope = "all namespaces" if all_namespaces else f"namespace {namespace}"
@@ -345,6 +347,7 @@ class InventoryReflector:
             )
             self.all_namespaces = False
             self.pods_scope = f"namespace {self.namespace}"
+            self.inventory.count_pods_of(self.namespace)
             self.pods_watch = self._pods_watch(
                 False, self.pods_watch.page_size, self.pods_watch.watch_timeout
             )

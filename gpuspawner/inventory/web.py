@@ -22,6 +22,12 @@ POLL_INTERVAL_MS = 10_000
 LIVE_NOTE = "Free GPUs are counted live on the cluster's ready nodes."
 #: The form's note when they do not (the browser's time follows).
 AS_OF_NOTE = "Free GPUs on the cluster's ready nodes, as counted at"
+#: Added to either note when only the hub's own namespace is counted
+#: (c.GPUSpawner.gpu_inventory_all_namespaces off, the default).
+OWN_NAMESPACE_NOTE = (
+    "GPUs used outside this hub are not seen, so fewer may be free than shown; "
+    "a server that asks for them waits until they are."
+)
 
 
 def form_script(payload: dict[str, Any], url: str) -> str:
@@ -38,6 +44,7 @@ def form_script(payload: dict[str, Any], url: str) -> str:
         f"  var never = {json.dumps(MARK_NEVER)};\n"
         f"  var marks = {json.dumps([MARK_NOT_FREE, MARK_NEVER])};\n"
         f"  var liveNote = {json.dumps(LIVE_NOTE)}, asOfNote = {json.dumps(AS_OF_NOTE)};\n"
+        f"  var ownNamespaceNote = {json.dumps(OWN_NAMESPACE_NOTE)};\n"
         + _FORM_JS
         + "})();\n</script>\n"
     )
@@ -86,7 +93,8 @@ _FORM_JS = r"""
       });
     });
     if (note) {
-      note.textContent = live ? liveNote : asOfNote + " " + countedAt.toLocaleTimeString() + ".";
+      note.textContent = (live ? liveNote : asOfNote + " " + countedAt.toLocaleTimeString() + ".")
+        + (data.pods_namespace ? " " + ownNamespaceNote : "");
     }
   }
   var current = initial, countedAt = new Date(), live = !!url;

@@ -4,8 +4,10 @@ The hub starts it (``c.JupyterHub.services``, see
 :mod:`~gpuspawner.userservice.hubconfig`) and hands it its URL, prefix and
 OAuth client through the environment. It keeps its own watch of nodes and
 pods (:class:`~gpuspawner.inventory.reflectors.InventoryReflector`, with the
-hub's service account: the cluster-wide list/watch of config/rbac.yaml's
-ClusterRole) and reads the hub's catalog file, re-read when it changes.
+hub's service account: nodes cluster-wide, pods of the hub's namespace only
+unless the hub counts every namespace, c.GPUSpawner.gpu_inventory_all_namespaces)
+and reads the hub's catalog file, re-read when it changes. It holds no hub
+API scope of its own.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from traitlets import Bool, Dict, List, default
 from traitlets.config import Application, catch_config_error
 
 from .. import capacity, kube, podspec
+from ..capacity import CapacityConfig
 from ..catalog import Catalog, CatalogError, CatalogFile, parse_catalog
 from ..services.settings import CatalogFileSettings, KubernetesSettings, ServiceEndpointSettings
 from . import SERVICE_NAME
@@ -28,6 +31,23 @@ from . import SERVICE_NAME
 PLACEMENT_ENV = "GPUSPAWNER_PLACEMENT"
 #: The variable an inline catalog (c.GPUSpawner.catalog) is passed in (JSON).
 CATALOG_JSON_ENV = "GPUSPAWNER_CATALOG_JSON"
+#: The variable that says whether the hub counts pods of every namespace ("1") or of
+#: its own ("0"): c.GPUSpawner.gpu_inventory_all_namespaces, which the service follows.
+ALL_NAMESPACES_ENV = "GPUSPAWNER_ALL_NAMESPACES"
+#: The hub's own default, so that a service started without the variable agrees with it.
+ALL_NAMESPACES_DEFAULT: bool = CapacityConfig.class_traits()[
+    "gpu_inventory_all_namespaces"
+].default_value
+
+
+def all_namespaces_from_env(value: str | None) -> bool:
+    """$GPUSPAWNER_ALL_NAMESPACES as a setting: "1"/"true" on, "0"/"false" off, else the hub's default."""
+    text = (value or "").strip().lower()
+    if text in ("1", "true"):
+        return True
+    if text in ("0", "false"):
+        return False
+    return ALL_NAMESPACES_DEFAULT
 
 
 def _placement_from_env() -> dict[str, Any]:
@@ -76,9 +96,12 @@ class UserService(ServiceEndpointSettings, CatalogFileSettings, KubernetesSettin
         return list(_placement_from_env().get("tolerations") or [])
 
     all_namespaces = Bool(
-        True,
-        help="Count GPUs held by pods in every namespace (as c.GPUSpawner.gpu_inventory_all_namespaces).",
+        help="Count GPUs held by pods in every namespace, which needs the opt-in cluster-wide pod read (config/rbac-opt-in-all-namespaces.yaml). Default: $GPUSPAWNER_ALL_NAMESPACES, which the hub configuration sets from c.GPUSpawner.gpu_inventory_all_namespaces, else off (the hub's namespace only)."
     ).tag(config=True)
+
+    @default("all_namespaces")
+    def _default_all_namespaces(self):
+        return all_namespaces_from_env(os.environ.get(ALL_NAMESPACES_ENV))
 
     aliases = {
         "ip": "UserService.ip",
@@ -91,7 +114,11 @@ class UserService(ServiceEndpointSettings, CatalogFileSettings, KubernetesSettin
         "own-namespace": (
             {"UserService": {"all_namespaces": False}},
             "Count only the pods of the hub's namespace.",
-        )
+        ),
+        "all-namespaces": (
+            {"UserService": {"all_namespaces": True}},
+            "Count the pods of every namespace (needs the opt-in cluster-wide pod read).",
+        ),
     }
 
     @catch_config_error
@@ -186,11 +213,11 @@ def handlers(service: UserService, prefix: str) -> list[tuple]:
     from jupyterhub.utils import url_path_join
 
     from .availability import AVAILABILITY_PATH, AvailabilityHandler
-    from .stopnotices import STOP_NOTICES_PATH, StopNoticesHandler, hub_client
+    from .stopnotices import STOP_NOTICES_PATH, StopNoticesHandler
 
     return [
         (url_path_join(prefix, AVAILABILITY_PATH), AvailabilityHandler, {"service": service}),
-        (url_path_join(prefix, STOP_NOTICES_PATH), StopNoticesHandler, {"hub": hub_client()}),
+        (url_path_join(prefix, STOP_NOTICES_PATH), StopNoticesHandler),
         (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
     ]
 

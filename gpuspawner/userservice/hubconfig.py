@@ -6,12 +6,16 @@ In ``jupyterhub_config.py``, after the GPUSpawner and KubeSpawner settings::
     add_service(c, url="http://127.0.0.1:10103")
 
 adds the service (or completes an entry of the same name, as
-zero-to-jupyterhub's ``hub.services`` makes) and grants every user its access
-scope through the hub's ``user`` role, and the service the scopes its
-``/stop-notices`` endpoint reads users' servers with (role ``gpuspawner-service``). The service gets what it must agree
-with the hub on, read from the same config: the catalog, the pod placement
-(node selector and tolerations every server pod gets, which the figures count
-with) and whether pods of every namespace count.
+zero-to-jupyterhub's ``hub.services`` makes) and grants every user, through
+the hub's ``user`` role, its access scope and what the ``/stop-notices``
+endpoint reads with the user's own token: their own servers with their state
+(:data:`~gpuspawner.userservice.stopnotices.USER_SCOPES`, also the scopes of
+the service's OAuth tokens). The service itself gets no role: it holds no
+scope on any user. It gets what it must agree with the hub on, read from the
+same config: the catalog, the pod placement (node selector and tolerations
+every server pod gets, which the figures count with) and whether pods of
+every namespace count (through the environment, so that it follows the hub's
+setting whatever the entry's command).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from typing import Any
 from traitlets.config import Config, LazyConfigValue
 
 from . import SERVICE_NAME, access_scope
-from .app import CATALOG_JSON_ENV, PLACEMENT_ENV
+from .app import ALL_NAMESPACES_DEFAULT, ALL_NAMESPACES_ENV, CATALOG_JSON_ENV, PLACEMENT_ENV
+from .stopnotices import USER_SCOPES
 
 #: What the hub passes on from its own environment: the cluster and the namespace.
 PASSED_ON = ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "POD_NAMESPACE")
@@ -61,6 +66,8 @@ def service_environment(c: Config, environ: dict[str, str] | None = None) -> dic
             "tolerations": spawner_setting(c, "tolerations", []),
         }
     )
+    all_namespaces = spawner_setting(c, "gpu_inventory_all_namespaces", ALL_NAMESPACES_DEFAULT)
+    env[ALL_NAMESPACES_ENV] = "1" if all_namespaces else "0"
     return env
 
 
@@ -68,8 +75,6 @@ def service_command(c: Config, python: str = sys.executable, ip: str = "") -> li
     command = [python, "-m", "gpuspawner.userservice"]
     if ip:
         command.append(f"--ip={ip}")
-    if not spawner_setting(c, "gpu_inventory_all_namespaces", True):
-        command.append("--own-namespace")
     namespace = spawner_setting(c, "namespace", "")
     if namespace:
         command.append(f"--namespace={namespace}")
@@ -94,32 +99,37 @@ def _entries(c: Config, name: str) -> list:
     )
 
 
+def user_scopes(service: str = SERVICE_NAME) -> list[str]:
+    """What the hub's ``user`` role needs for the service: reach it, and let it read the
+    user's own servers with their state with the user's token (stop notices)."""
+    return [access_scope(service), *USER_SCOPES]
+
+
+def _add_missing(scopes: list[str], wanted: list[str]) -> None:
+    scopes.extend(scope for scope in wanted if scope not in scopes)
+
+
 def grant_access(c: Config, service: str = SERVICE_NAME) -> None:
-    """Every user may reach the service: its access scope joins the hub's ``user`` role."""
+    """Every user may reach the service, and it may read their own servers with their token.
+
+    The scopes join the hub's ``user`` role; each is filtered to the user's own
+    (``!user``), so no token of one user reaches another user's servers.
+    """
     user_role = next((r for r in _entries(c, "load_roles") if r.get("name") == "user"), None)
     if user_role is None:
         # the hub's default 'user' role is scopes ["self"]; redefining it keeps that
-        c.JupyterHub.load_roles.append({"name": "user", "scopes": ["self", access_scope(service)]})
+        c.JupyterHub.load_roles.append({"name": "user", "scopes": ["self", *user_scopes(service)]})
         return
-    scopes = user_role.setdefault("scopes", ["self"])
-    if access_scope(service) not in scopes:
-        scopes.append(access_scope(service))
+    _add_missing(user_role.setdefault("scopes", ["self"]), user_scopes(service))
 
 
-def grant_service_scopes(c: Config, service: str = SERVICE_NAME) -> None:
-    """The service's own token may read users' servers with their state (for stop notices)."""
-    from .stopnotices import STOP_NOTICE_SCOPES
+def oauth_scopes(entry: dict[str, Any]) -> None:
+    """The service's OAuth tokens (a browser's login to it) carry the user's own USER_SCOPES.
 
-    role_name = f"{service}-service"
-    if not any(r.get("name") == role_name for r in _entries(c, "load_roles")):
-        c.JupyterHub.load_roles.append(
-            {
-                "name": role_name,
-                "description": "Why users' servers stopped (gpuspawner service, /stop-notices)",
-                "scopes": list(STOP_NOTICE_SCOPES),
-                "services": [service],
-            }
-        )
+    The hub issues a token the intersection of these and what the user holds, so a
+    user's token never reads more than the user could.
+    """
+    _add_missing(entry.setdefault("oauth_client_allowed_scopes", []), list(USER_SCOPES))
 
 
 def add_service(
@@ -142,7 +152,7 @@ def add_service(
     entry.setdefault("url", url)
     entry.setdefault("command", service_command(c, ip=ip))
     entry.setdefault("oauth_no_confirm", True)
+    oauth_scopes(entry)
     entry["environment"] = {**service_environment(c, environ), **entry.get("environment", {})}
     grant_access(c, name)
-    grant_service_scopes(c, name)
     return entry

@@ -6,7 +6,8 @@ Builds what is missing (the control plane, the node components, the notebook
 image), starts the control plane and the topology's nodes as real nodes
 (kubelet, containerd, runc, CNI; GPU nodes with our device plugin, NVIDIA's
 runtime and the emulated driver), gives the hub the service account of
-config/rbac.yaml, and runs JupyterHub with GPUSpawner and
+config/rbac.yaml (pods of its own namespace only; nodes cluster-wide), and
+runs JupyterHub with GPUSpawner and
 configurable-http-proxy (the public side on 127.0.0.1). Ctrl-C stops
 everything and restores the host. The end-to-end tests start the same stack
 through :class:`SandboxStack`.
@@ -22,15 +23,21 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from . import build, nodebuild, nodeconfig, notebookimage
 from .controlplane import ControlPlane, ControlPlaneError
 from .hubprocess import REPO, Hub, proxy_command, start_hub
+from .kubeapi import ApiError
 from .nodes import NodeError, RealNodes
 from .prometheus import Prometheus, PrometheusMissing, start_prometheus
 
 HUB_NAMESPACE = "jupyterhub"
 HUB_SERVICE_ACCOUNT = "gpuspawner-hub"
 RBAC_MANIFEST = REPO / "config" / "rbac.yaml"
+#: The opt-in cluster-wide pod read (with c.GPUSpawner.gpu_inventory_all_namespaces = True);
+#: only SandboxStack.opt_in_all_namespaces applies it.
+ALL_NAMESPACES_RBAC_MANIFEST = REPO / "config" / "rbac-opt-in-all-namespaces.yaml"
 SANDBOX_HUB_CONFIG = REPO / "config" / "sandbox" / "jupyterhub_config.py"
 SANDBOX_CATALOG = REPO / "config" / "sandbox" / "catalog.yaml"
 #: Where the notebook image's layers (the private engine's data root) and archive are cached.
@@ -38,6 +45,9 @@ IMAGE_CACHE = REPO / ".cache" / "images"
 #: Tells config/sandbox/jupyterhub_config.py the address the hub listens on
 #: (nodeconfig.HUB_ADDRESS), which notebooks reach.
 HUB_ADDRESS_ENV = "GPUSPAWNER_SANDBOX_HUB_ADDRESS"
+#: Tells config/sandbox/jupyterhub_config.py that the admin opted in to counting every
+#: namespace's pods (SandboxStack.opt_in_all_namespaces).
+ALL_NAMESPACES_ENV = "GPUSPAWNER_SANDBOX_ALL_NAMESPACES"
 #: Tells config/sandbox/jupyterhub_config.py where the Prometheus over the DCGM exporters is.
 PROMETHEUS_URL_ENV = "GPUSPAWNER_SANDBOX_PROMETHEUS_URL"
 #: As often as the culler may look (its own checks are a minute apart), and cheap on 2 cores.
@@ -113,6 +123,8 @@ class SandboxStack:
         self.public_port = public_port
         self.binary = binary
         self.hub_env = dict(hub_env or {})
+        #: The admin's opt-in to counting every namespace's pods (opt_in_all_namespaces).
+        self.all_namespaces = False
         self.control_plane: ControlPlane | None = None
         self.hub: Hub | None = None
         self.hub_kubeconfig: Path | None = None
@@ -184,11 +196,42 @@ class SandboxStack:
         cp.wait_for_service_account(HUB_NAMESPACE, HUB_SERVICE_ACCOUNT)
         self.hub_kubeconfig = cp.service_account_kubeconfig(HUB_NAMESPACE, HUB_SERVICE_ACCOUNT)
 
+    def opt_in_all_namespaces(self, on: bool = True) -> None:
+        """Opt in, as an admin does, to figures that count every namespace's pods, or opt out.
+
+        Both halves: the cluster-wide pod read (config/rbac-opt-in-all-namespaces.yaml,
+        applied now, or deleted) and ``c.GPUSpawner.gpu_inventory_all_namespaces``, which
+        the hub and its gpuspawner service get from the hub's next start.
+        """
+        cp = self.control_plane
+        assert cp is not None, "start_cluster() first"
+        self.all_namespaces = on
+        if on:
+            cp.apply_manifests(ALL_NAMESPACES_RBAC_MANIFEST)
+            return
+        # The binding first: once it is gone nothing grants the read, whatever the role.
+        api = cp.admin_api()
+        docs = [d for d in yaml.safe_load_all(ALL_NAMESPACES_RBAC_MANIFEST.read_text()) if d]
+        for doc in sorted(docs, key=lambda d: d["kind"] != "ClusterRoleBinding"):
+            plural = (
+                "clusterrolebindings" if doc["kind"] == "ClusterRoleBinding" else "clusterroles"
+            )
+            try:
+                api.delete(f"/apis/rbac.authorization.k8s.io/v1/{plural}/{doc['metadata']['name']}")
+            except ApiError as e:
+                if e.status != 404:  # 404: never applied, or already taken back
+                    raise
+
     def _hub_settings(self, extra: str) -> tuple[str, dict[str, str]]:
         assert self.hub_kubeconfig is not None, "start_cluster() first"
         env = {**self.hub_env, "KUBECONFIG": str(self.hub_kubeconfig)}
         if self.catalog is not None:
             env["GPUSPAWNER_CATALOG"] = str(self.catalog)
+        if self.all_namespaces:
+            # The sandbox config sets c.GPUSpawner.gpu_inventory_all_namespaces from it
+            # before it adds the gpuspawner service, which follows the setting (a setting
+            # made here, outside that sub-config, would reach the hub but not the service).
+            env[ALL_NAMESPACES_ENV] = "1"
         config = (
             f"c.DummyAuthenticator.password = {DEMO_PASSWORD!r}\n"
             f"load_subconfig({str(SANDBOX_HUB_CONFIG)!r})\n{self.extra_hub_config}\n{extra}"

@@ -44,8 +44,18 @@ c.GPUSpawner.gpu_unschedulable_timeout = 10
 
 @pytest.fixture(scope="module")
 def capacity_hub(stack):
-    with hub_with(stack, CAPACITY_CONFIG) as hub:
-        yield hub
+    # Another namespace's pods (the batch jobs below) count only with the admin's opt-in:
+    # the cluster-wide pod read and the setting (docs/capacity.md, "Permissions").
+    stack.opt_in_all_namespaces()
+    try:
+        with hub_with(stack, CAPACITY_CONFIG) as hub:
+            try:
+                yield hub
+            finally:
+                # before hub_with restarts the session's hub, which does not count them
+                stack.opt_in_all_namespaces(on=False)
+    finally:
+        stack.opt_in_all_namespaces(on=False)
 
 
 def user_token(hub, name):

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,6 +12,10 @@ from gpuspawner.compat import SpawnException
 from gpuspawner_sandbox.demo import HUB_NAMESPACE
 
 from .conftest import ensure_user, stop_server, stop_servers, user_pods, wait_for, wait_ready
+
+#: Where pods of other workloads live (None: the cluster-wide list), whose environment
+#: the hub must not read unless the admin opts in.
+OTHER_NAMESPACES = ("default", "kube-system", None)
 
 
 def test_ten_concurrent_requests_start_exactly_two_and_a_restart_changes_nothing(stack, hub, kube):
@@ -121,6 +126,82 @@ def test_hub_service_account_has_the_permissions_it_needs_and_no_more(stack):
             verb,
             resource,
         )
+
+
+def pod_reads(stack, namespace):
+    """Whether the hub's account may list and may watch pods there (None: cluster-wide)."""
+    kubeconfig = stack.hub_kubeconfig
+    return [
+        access_allowed(stack, kubeconfig, verb, "pods", namespace) for verb in ("list", "watch")
+    ]
+
+
+def figures_for_a_user(hub):
+    """What the gpuspawner service (the hub's account too) answers a user's form."""
+    ensure_user(hub, "rbac-reader")
+    r = hub.api("POST", "/users/rbac-reader/tokens", {"note": "rbac test"})
+    assert r.status in (200, 201), r.body
+    request = urllib.request.Request(
+        f"{hub.public_url}/services/gpuspawner/availability",
+        headers={"Authorization": f"token {r.json()['token']}"},
+    )
+
+    def answered():
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                payload = json.loads(response.read())
+        except urllib.error.HTTPError as e:  # the service still starting
+            assert e.code in (502, 503), e.read()
+            return None
+        return payload if payload["available"] else None
+
+    return wait_for(answered, 60, what="the gpuspawner service's figures")
+
+
+def test_the_hub_reads_pods_only_in_its_namespace_unless_the_admin_opts_in(stack, hub):
+    """A pod list carries every container's environment (other workloads' credentials):
+    with config/rbac.yaml the hub, and the gpuspawner service running with its account,
+    may read pods of its own namespace only; config/rbac-opt-in-all-namespaces.yaml
+    adds the cluster-wide read. The real API server answers (SelfSubjectAccessReview)."""
+    assert pod_reads(stack, HUB_NAMESPACE) == [True, True]
+    for namespace in OTHER_NAMESPACES:
+        assert pod_reads(stack, namespace) == [False, False], namespace
+    # nodes hold no secrets: read cluster-wide, for the figures
+    assert access_allowed(stack, stack.hub_kubeconfig, "list", "nodes")
+    assert access_allowed(stack, stack.hub_kubeconfig, "watch", "nodes")
+
+    # The default settings ask for no more than that: the figures come, counted in the
+    # hub's namespace (and say so), and nothing was refused on the way.
+    assert figures_for_a_user(hub)["pods_namespace"] == HUB_NAMESPACE
+    log = hub.log()
+    assert "may not list" not in log, log[-3000:]
+
+    stack.opt_in_all_namespaces()
+    try:
+        for namespace in OTHER_NAMESPACES:
+            wait_for(
+                lambda n=namespace: pod_reads(stack, n) == [True, True],
+                30,
+                what=f"the opt-in to let the hub read pods in {namespace or 'every namespace'}",
+            )
+        # With the setting too (from the hub's next start), the hub and the service count
+        # every namespace's pods, and are refused nothing.
+        stack.stop_hub()
+        opted = stack.start_hub()
+        assert figures_for_a_user(opted)["pods_namespace"] == ""
+        log = opted.log()
+        assert "may not list" not in log, log[-3000:]
+    finally:
+        stack.opt_in_all_namespaces(on=False)
+        stack.stop_hub()
+        stack.start_hub()
+    for namespace in OTHER_NAMESPACES:
+        wait_for(
+            lambda n=namespace: pod_reads(stack, n) == [False, False],
+            30,
+            what=f"the opt-in's read in {namespace or 'every namespace'} to be taken back",
+        )
+    assert pod_reads(stack, HUB_NAMESPACE) == [True, True]
 
 
 REDUCED_RBAC = """

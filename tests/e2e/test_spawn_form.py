@@ -8,6 +8,8 @@ import re
 
 import pytest
 
+from gpuspawner.inventory.web import LIVE_NOTE, OWN_NAMESPACE_NOTE
+
 from .conftest import (
     browser_log_in,
     ensure_user,
@@ -80,9 +82,9 @@ def test_form_shows_the_users_choices_with_live_figures(browser, hub):
         f"{a100['free']} free of 8 (at most {a100['largest_free']} on one node)"
     )
     assert payload["images"] == {"pytorch": ["a100", "h100", "a100-1g"]}
-    assert page.inner_text("#gpuspawner-availability") == (
-        "Free GPUs are counted live on the cluster's ready nodes."
-    )
+    # the hub counts its own namespace's pods (the default), and says so
+    assert payload["pods_namespace"] == "jupyterhub"
+    assert page.inner_text("#gpuspawner-availability") == f"{LIVE_NOTE} {OWN_NAMESPACE_NOTE}"
     # the catalog default is pre-selected: A100, no GPU
     assert page.eval_on_selector(TYPES, "s => s.value") == "a100"
     assert page.eval_on_selector(COUNTS, "s => s.value") == "0"
@@ -128,7 +130,7 @@ def test_form_refusal_is_shown_on_the_form_and_a_valid_choice_starts(browser, hu
 
         wait_for(refreshed, 40, what="wendy's open form to show 2 fewer free A100s")
         assert watcher.inner_text("#gpuspawner-availability") == (
-            "Free GPUs are counted live on the cluster's ready nodes."
+            f"{LIVE_NOTE} {OWN_NAMESPACE_NOTE}"
         )
     finally:
         stop_server(hub, "dora")

@@ -107,15 +107,11 @@ def test_hub_image_is_the_one_the_image_tool_builds(matrix):
     assert image["tag"] == Version(__version__).base_version
 
 
-def test_services_as_the_chart_configures_them(chart_defaults):
+def chart_config(chart_defaults, values: dict):
     """z2jh's jupyterhub_config.py turns hub.services/hub.loadRoles into lists, then runs extraConfig."""
-    import json
-
     from traitlets.config import Config
 
-    from gpuspawner.userservice.app import PLACEMENT_ENV
-
-    hub = merged(chart_defaults, yaml.safe_load(VALUES.read_text()))["hub"]
+    hub = merged(chart_defaults, values)["hub"]
     c = Config()
     for section, settings in hub["config"].items():
         for name, value in settings.items():
@@ -127,7 +123,15 @@ def test_services_as_the_chart_configures_them(chart_defaults):
     for snippet in hub["extraConfig"].values():
         if "check_catalog" not in snippet:  # the catalog file is in the cluster's ConfigMap
             exec(snippet, {"c": c})
+    return hub, c, tolerations
 
+
+def test_services_as_the_chart_configures_them(chart_defaults):
+    import json
+
+    from gpuspawner.userservice.app import ALL_NAMESPACES_ENV, PLACEMENT_ENV
+
+    hub, c, tolerations = chart_config(chart_defaults, yaml.safe_load(VALUES.read_text()))
     services = {s["name"]: s for s in c.JupyterHub.services}
     assert set(services) == {"gpuspawner-culler", "gpuspawner-admin", "gpuspawner"}
     service = services["gpuspawner"]
@@ -136,15 +140,46 @@ def test_services_as_the_chart_configures_them(chart_defaults):
     env = service["environment"]
     assert env["GPUSPAWNER_CATALOG"] == hub["config"]["GPUSpawner"]["catalog_file"]
     assert json.loads(env[PLACEMENT_ENV])["tolerations"] == tolerations
+    # pods of the release's namespace only (config/z2jh-inventory-rbac.yaml grants no more)
+    assert env[ALL_NAMESPACES_ENV] == "0"
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
+    # users' tokens may let the service read their own servers with their state
+    # (stop notices); the values list it all, so nothing is added behind them
     assert roles["user"]["scopes"] == [
         "self",
         "access:services!service=gpuspawner",
+        "read:servers!user",
+        "admin:server_state!user",
         "access:services!service=gpuspawner-culler",
     ]
+    assert service["oauth_client_allowed_scopes"] == [
+        "read:servers!user",
+        "admin:server_state!user",
+    ]
+    # the service itself holds no scope on users: no role names it
+    assert not [r for r in roles.values() if "gpuspawner" in r.get("services", [])]
     # the proxy (its own pod) reaches the service on the hub Service, through the policy
     assert {"name": "gpuspawner", "port": 10103, "targetPort": 10103} in hub["service"][
         "extraPorts"
     ]
-    assert 10103 in hub["networkPolicy"]["allowedIngressPorts"]
+    # ...from the proxy and the hub only (the rendered policy: tests/z2jh/test_network_policy.py)
+    assert not hub["networkPolicy"]["allowedIngressPorts"]
+    (rule,) = [r for r in hub["networkPolicy"]["ingress"] if {"port": 10103} in r["ports"]]
+    assert [peer["podSelector"]["matchLabels"]["component"] for peer in rule["from"]] == [
+        "proxy",
+        "hub",
+    ]
     assert "extra_handlers" not in VALUES.read_text()
+
+
+def test_the_service_follows_the_admins_opt_in_to_every_namespace(chart_defaults):
+    """The opt-in the values' comment gives reaches the service, whose command is fixed here."""
+    from gpuspawner.userservice.app import ALL_NAMESPACES_ENV
+
+    values = yaml.safe_load(VALUES.read_text())
+    values["hub"]["config"]["GPUSpawner"]["gpu_inventory_all_namespaces"] = True
+    assert "hub.config.GPUSpawner.gpu_inventory_all_namespaces: true" in VALUES.read_text()
+    _, c, _ = chart_config(chart_defaults, values)
+    (service,) = [s for s in c.JupyterHub.services if s["name"] == "gpuspawner"]
+    assert service["environment"][ALL_NAMESPACES_ENV] == "1"
+    assert "config/z2jh-rbac-opt-in-all-namespaces.yaml" in VALUES.read_text()

@@ -1,5 +1,7 @@
 """The availability payload the spawn form polls, from plain data."""
 
+from dataclasses import replace
+
 from gpuspawner.catalog import parse_catalog
 from gpuspawner.inventory.figures import alternatives, availability_payload
 from gpuspawner.inventory.model import Availability, NodeFigures
@@ -72,9 +74,18 @@ def test_without_figures_the_payload_says_why_and_shows_nothing():
     assert payload == {
         "available": False,
         "problem": "the GPU inventory is still loading",
+        "pods_namespace": "",
         "types": {},
         "images": {},
     }
+
+
+def test_figures_of_one_namespaces_pods_say_which():
+    """The form tells users when GPUs held outside the hub's namespace were not counted."""
+    catalog = parse_catalog(CATALOG)
+    assert availability_payload(catalog, FIGURES)["pods_namespace"] == ""
+    own = {key: replace(a, pods_namespace="jupyterhub") for key, a in FIGURES.items()}
+    assert availability_payload(catalog, own)["pods_namespace"] == "jupyterhub"
 
 
 def test_alternatives_are_the_images_other_types_that_offer_the_same_count():

@@ -203,6 +203,34 @@ async def test_forbidden_nodes_and_pods_warn_once_each_and_fall_back(caplog):
     )
     assert reflector.pods_scope == "namespace jupyterhub"
     assert [kind for kind, _ in api.calls].count("nodes") == 1  # a 403 is not retried
+    # the warning says how to count every namespace, or to stop asking
+    pods_warning = next(w for w in warnings if "may not list pods in all namespaces" in w)
+    assert "config/rbac-opt-in-all-namespaces.yaml" in pods_warning
+    assert "gpu_inventory_all_namespaces = False" in pods_warning
+    # and the figures say they counted one namespace's pods
+    assert reflector.inventory.pods_namespace == "jupyterhub"
+
+
+async def test_the_hubs_namespace_alone_is_read_and_the_figures_say_so():
+    """gpu_inventory_all_namespaces off (the default): never a cluster-wide pod list."""
+    nodes, pods = items("recorded-nodes.json"), items("recorded-pods.json")
+    api = ScriptedApi(nodes, pods)  # (its answers do not depend on the namespace asked)
+    own = InventoryReflector(api, namespace="jupyterhub", all_namespaces=False)
+    every = InventoryReflector(
+        ScriptedApi(nodes, pods), namespace="jupyterhub", all_namespaces=True
+    )
+    for reflector in (own, every):
+        reflector.start()
+        try:
+            assert await reflector.wait_ready(10)
+        finally:
+            await reflector.stop()
+    assert {kind for kind, _ in api.calls} == {"nodes", "pods:jupyterhub"}
+    assert own.missing_permissions == []
+    # the same pods counted (the namespace's), only the figures' word on them differs
+    assert own.inventory.pods and set(own.inventory.pods) == set(every.inventory.pods)
+    assert own.inventory.pods_namespace == "jupyterhub"
+    assert every.inventory.pods_namespace == ""
 
 
 async def test_a_failed_page_is_retried_without_starting_the_list_again():

@@ -203,6 +203,51 @@ async def test_a_template_path_without_a_form_keeps_kubespawners_form_and_the_sc
     assert " as of " not in html
 
 
+#: A stand-in for the page the form's script runs in: the note element, no GPU fields,
+#: a fetch that never answers; prints the note's text once the script ran.
+PAGE_STAND_IN = """
+const note = {textContent: null};
+globalThis.document = {
+  readyState: "complete",
+  getElementById: (id) => (id === "gpuspawner-availability" ? note : null),
+  querySelectorAll: () => [],
+  querySelector: () => null,
+  addEventListener: () => {},
+};
+globalThis.setTimeout = () => {};
+globalThis.fetch = () => new Promise(() => {});
+"""
+
+
+def form_note(payload, url):
+    """The note the form's script writes for ``payload``, run by Node.js over a stand-in page."""
+    import subprocess
+
+    from gpuspawner.inventory.web import form_script
+
+    script = re.search(r"<script>(.*)</script>", form_script(payload, url), re.S).group(1)
+    program = PAGE_STAND_IN + script + "\nconsole.log(JSON.stringify(note.textContent));\n"
+    done = subprocess.run(
+        ["node", "-e", program], capture_output=True, text=True, timeout=60, check=True
+    )
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("namespace", ["jupyterhub", ""])
+async def test_the_form_says_when_gpus_used_outside_the_hub_are_not_seen(reflector, namespace):
+    from gpuspawner.inventory.web import AS_OF_NOTE, LIVE_NOTE, OWN_NAMESPACE_NOTE
+
+    reflector.inventory.count_pods_of(namespace)
+    spawner = capacity_spawner(reflector, user=with_services("gpuspawner"))
+    payload = spawner.gpu_availability_payload()
+    assert payload["pods_namespace"] == namespace
+    live = form_note(payload, "/base/services/gpuspawner/availability")
+    as_of = form_note(payload, "")
+    assert live.startswith(LIVE_NOTE) and as_of.startswith(AS_OF_NOTE)
+    for note in (live, as_of):
+        assert note.endswith(OWN_NAMESPACE_NOTE) is bool(namespace), note
+
+
 def test_form_script_cannot_be_closed_by_the_data():
     from gpuspawner.inventory.web import form_script
 

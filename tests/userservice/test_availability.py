@@ -86,6 +86,7 @@ def test_no_catalog_or_no_inventory_says_why(catalog):
     assert invalid == {
         "available": False,
         "problem": "the catalog is invalid",
+        "pods_namespace": "",
         "types": {},
         "images": {},
     }

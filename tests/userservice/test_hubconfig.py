@@ -9,10 +9,18 @@ import sys
 from traitlets.config import Config, LazyConfigValue, PyFileConfigLoader
 
 from gpuspawner.userservice import SERVICE_NAME
-from gpuspawner.userservice.app import CATALOG_JSON_ENV, PLACEMENT_ENV, UserService
+from gpuspawner.userservice.app import (
+    ALL_NAMESPACES_ENV,
+    CATALOG_JSON_ENV,
+    PLACEMENT_ENV,
+    UserService,
+)
 from gpuspawner.userservice.hubconfig import add_service, spawner_setting
 
 SCOPE = "access:services!service=gpuspawner"
+#: What a user's own token lets the service read for /stop-notices: their own servers,
+#: with the saved state the notices are kept in, and nobody else's.
+OWN_SERVERS = ["read:servers!user", "admin:server_state!user"]
 
 
 def final(value):
@@ -45,19 +53,45 @@ def test_the_service_gets_the_catalog_and_placement_the_spawner_has():
         "node_selector": {"pool": "gpu"},
         "tolerations": [{"key": "dedicated", "operator": "Exists"}],
     }
+    # the hub's default: its own namespace's pods only, and so the service
+    assert env[ALL_NAMESPACES_ENV] == "0"
+    # no role for the service: its token holds no scope on users
     assert final(c.JupyterHub.load_roles) == [
-        {"name": "user", "scopes": ["self", SCOPE]},
-        SERVICE_ROLE,
+        {"name": "user", "scopes": ["self", SCOPE, *OWN_SERVERS]}
     ]
+    assert entry["oauth_client_allowed_scopes"] == OWN_SERVERS
 
 
-#: The service's own token reads users' servers with their state (/stop-notices).
-SERVICE_ROLE = {
-    "name": "gpuspawner-service",
-    "description": "Why users' servers stopped (gpuspawner service, /stop-notices)",
-    "scopes": ["read:users", "read:servers", "admin:server_state"],
-    "services": ["gpuspawner"],
-}
+def test_the_service_gets_no_scope_on_users_only_their_own_tokens_do():
+    """/stop-notices reads with the asking user's token; nothing grants the service's own."""
+    c = Config()
+    add_service(c, environ={})
+    roles = final(c.JupyterHub.load_roles)
+    assert not any(r.get("services") for r in roles), roles
+    (user,) = roles
+    # every scope beyond 'self' is filtered to the user's own, or is the access scope
+    assert all(s == SCOPE or s.endswith("!user") for s in user["scopes"] if s != "self")
+
+
+def test_the_service_follows_the_hubs_namespace_setting_whatever_its_command(monkeypatch):
+    """zero-to-jupyterhub's entry comes with its own command: the setting travels by the
+    environment, so an admin's opt-in reaches the service too."""
+    for setting, expected in ((True, True), (False, False), (None, False)):
+        c = Config()
+        if setting is not None:
+            c.GPUSpawner.gpu_inventory_all_namespaces = setting
+        c.JupyterHub.services.append(
+            {"name": "gpuspawner", "command": ["python3", "-m", "gpuspawner.userservice"]}
+        )
+        entry = add_service(c, environ={})
+        monkeypatch.setenv(ALL_NAMESPACES_ENV, entry["environment"][ALL_NAMESPACES_ENV])
+        service = UserService()
+        service.initialize(entry["command"][3:])
+        assert service.all_namespaces is expected, setting
+    monkeypatch.delenv(ALL_NAMESPACES_ENV)
+    alone = UserService()
+    alone.initialize([])
+    assert alone.all_namespaces is False  # started by hand: the hub's default
 
 
 def test_the_service_reads_what_the_hub_config_passes(monkeypatch):
@@ -99,8 +133,7 @@ def test_an_existing_user_role_and_service_entry_are_completed_not_replaced():
     assert entry["url"] == "http://hub:10103" and entry["command"] == ["python3", "-m", "x"]
     assert entry["oauth_no_confirm"] is True
     assert final(c.JupyterHub.load_roles) == [
-        {"name": "user", "scopes": ["self", "read:users:groups!user", SCOPE]},
-        SERVICE_ROLE,
+        {"name": "user", "scopes": ["self", "read:users:groups!user", SCOPE, *OWN_SERVERS]}
     ]
 
 
@@ -124,8 +157,4 @@ def test_a_sub_config_keeps_the_parents_services_and_roles(tmp_path):
         "gpuspawner-culler",
         "gpuspawner",
     ]
-    assert [r["name"] for r in final(c.JupyterHub.load_roles)] == [
-        "tester",
-        "user",
-        "gpuspawner-service",
-    ]
+    assert [r["name"] for r in final(c.JupyterHub.load_roles)] == ["tester", "user"]

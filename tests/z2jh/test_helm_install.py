@@ -36,7 +36,7 @@ VALUES = [
     REPO / "config" / "sandbox" / "z2jh-local-values.yaml",
     REPO / "config" / "sandbox" / "z2jh-cluster-values.yaml",
 ]
-#: Beside the release: the GPU figures' cluster-wide reads, what kube-scheduler v1.37
+#: Beside the release: the GPU figures' cluster-wide node read, what kube-scheduler v1.37
 #: needs beyond z2jh's user-scheduler role, and the hub database's static volume.
 MANIFESTS = [
     REPO / "config" / "z2jh-inventory-rbac.yaml",
@@ -46,6 +46,8 @@ MANIFESTS = [
 #: The catalog names the notebook images' Jupyter stage, which the nodes hold (its comment says
 #: why it is not the e2e catalog).
 CATALOG = Path(__file__).parent / "catalog.yaml"
+#: The admin's opt-in to GPU figures that count every namespace's pods (not applied by README).
+ALL_NAMESPACES_OPT_IN = REPO / "config" / "z2jh-rbac-opt-in-all-namespaces.yaml"
 CULLER_CONFIG = REPO / "config" / "gpuspawner_culler_config.py"
 PASSWORD = yaml.safe_load(VALUES[2].read_text())["hub"]["config"]["DummyAuthenticator"]["password"]
 ONE_A100 = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
@@ -260,6 +262,70 @@ def test_the_release_runs_every_part_on_the_nodes(cluster, release):
     # The continuous image puller ran on every node (the images are there: pullPolicy Never).
     puller = api.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/continuous-image-puller")
     assert puller["status"]["numberReady"] == len(cluster.nodes.names), puller["status"]
+
+
+def may(api, pod: dict, verb: str, resource: str, namespace: str | None = None) -> bool:
+    """The API server's answer (SubjectAccessReview): may this pod's service account do it?"""
+    account = pod["spec"]["serviceAccountName"]
+    attributes = {"verb": verb, "resource": resource, "group": ""}
+    if namespace:
+        attributes["namespace"] = namespace
+    review = api.post(
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": f"system:serviceaccount:{NAMESPACE}:{account}",
+                "groups": [
+                    "system:serviceaccounts",
+                    f"system:serviceaccounts:{NAMESPACE}",
+                    "system:authenticated",
+                ],
+                "resourceAttributes": attributes,
+            },
+        },
+    )
+    return review["status"]["allowed"]
+
+
+def test_the_hub_pod_reads_pods_only_in_its_namespace_unless_the_admin_opts_in(cluster, release):
+    """A pod list carries every container's environment: the deployed hub (and the gpuspawner
+    service in its pod) may read pods of the release's namespace only, until the admin applies
+    config/z2jh-rbac-opt-in-all-namespaces.yaml."""
+    api = cluster.control_plane.admin_api()
+    (hub,) = hub_pods(api)
+
+    def pod_reads(namespace):
+        return [may(api, hub, verb, "pods", namespace) for verb in ("list", "watch")]
+
+    elsewhere = ("default", "kube-system", None)  # None: cluster-wide
+    assert pod_reads(NAMESPACE) == [True, True]
+    for namespace in elsewhere:
+        assert pod_reads(namespace) == [False, False], namespace
+    assert may(api, hub, "list", "nodes") and may(api, hub, "watch", "nodes")
+
+    cp = cluster.control_plane
+    cp.apply_manifests(ALL_NAMESPACES_OPT_IN)
+    opt_in = [d for d in yaml.safe_load_all(ALL_NAMESPACES_OPT_IN.read_text()) if d]
+    try:
+        for namespace in elsewhere:
+            wait_for(
+                lambda n=namespace: pod_reads(n) == [True, True],
+                30,
+                f"the opt-in to let the hub read pods in {namespace or 'every namespace'}",
+            )
+    finally:
+        # kubectl delete -f …, the binding first
+        for doc in sorted(opt_in, key=lambda d: d["kind"] != "ClusterRoleBinding"):
+            plural = doc["kind"].lower() + "s"
+            api.delete(f"/apis/rbac.authorization.k8s.io/v1/{plural}/{doc['metadata']['name']}")
+    for namespace in elsewhere:
+        wait_for(
+            lambda n=namespace: pod_reads(n) == [False, False],
+            30,
+            f"the hub's read in {namespace or 'every namespace'} to be taken back",
+        )
 
 
 def test_an_admin_logs_in_and_the_spawn_form_offers_the_catalog(admin):
