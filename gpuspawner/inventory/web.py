@@ -10,8 +10,9 @@ the form says when that was.
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from jinja2.utils import htmlsafe_json_dumps
 
 from ..profiles import MARK_NEVER, MARK_NOT_FREE
 
@@ -34,19 +35,19 @@ def form_script(payload: dict[str, Any], url: str) -> str:
     """HTML appended to KubeSpawner's form: the figures now, refreshed from ``url`` ("" : never).
 
     JupyterHub inserts the form into its page as it is (no second template
-    pass), so the data only has to be kept from closing the ``<script>``.
+    pass). Every value goes into the ``<script>`` as Jinja's ``tojson`` writes
+    it: ``<``, ``>``, ``&`` and ``'`` as ``\\u`` escapes, so no text can close
+    the script or open a comment in it, whatever the figures' names hold.
     """
-    data = json.dumps(payload).replace("</", "<\\/")
+    js = htmlsafe_json_dumps
     return (
         '<p id="gpuspawner-availability" class="help-block"></p>\n'
-        f"<script>\n(function () {{\n  var url = {json.dumps(url)};\n"
-        f"  var every = {POLL_INTERVAL_MS};\n  var initial = {data};\n"
-        f"  var never = {json.dumps(MARK_NEVER)};\n"
-        f"  var marks = {json.dumps([MARK_NOT_FREE, MARK_NEVER])};\n"
-        f"  var liveNote = {json.dumps(LIVE_NOTE)}, asOfNote = {json.dumps(AS_OF_NOTE)};\n"
-        f"  var ownNamespaceNote = {json.dumps(OWN_NAMESPACE_NOTE)};\n"
-        + _FORM_JS
-        + "})();\n</script>\n"
+        f"<script>\n(function () {{\n  var url = {js(url)};\n"
+        f"  var every = {POLL_INTERVAL_MS};\n  var initial = {js(payload)};\n"
+        f"  var never = {js(MARK_NEVER)};\n"
+        f"  var marks = {js([MARK_NOT_FREE, MARK_NEVER])};\n"
+        f"  var liveNote = {js(LIVE_NOTE)}, asOfNote = {js(AS_OF_NOTE)};\n"
+        f"  var ownNamespaceNote = {js(OWN_NAMESPACE_NOTE)};\n" + _FORM_JS + "})();\n</script>\n"
     )
 
 

@@ -253,6 +253,9 @@ def test_form_script_cannot_be_closed_by_the_data():
 
     html = form_script({"problem": "</script><script>alert(1)</script>"}, "/hub/x")
     assert html.count("</script>") == 1
+    # nor by the service's URL, nor can either open a comment that hides the end
+    html = form_script({"problem": "<!--<script>"}, "/services/x</script><!--")
+    assert html.count("</script>") == 1 and "<!--" not in html
 
 
 async def test_payload_marks_counts_per_type(reflector):
