@@ -937,3 +937,12 @@ async def test_a_refused_start_never_waits_for_a_turn():
     with pytest.raises(SpawnException):
         await asyncio.wait_for(spawner._start(), 5)
     assert gate.starting == 1 and gate.ahead_of("cal/") is None
+
+
+async def test_a_notebook_pod_gets_no_kubernetes_token():
+    # The user's code runs in it: without a token it can neither read other pods
+    # nor edit its own labels and annotations, which the hub counts GPUs from.
+    spawner = make_spawner()
+    pod = await build(spawner, {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"})
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in pod["spec"]
