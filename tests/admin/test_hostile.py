@@ -8,7 +8,6 @@ the real service, and opened in Debian's headless Chromium.
 
 from __future__ import annotations
 
-import shutil
 from html import unescape
 from urllib.parse import quote
 
@@ -18,10 +17,10 @@ from gpuspawner import labels
 from gpuspawner.admin.page import environment, render_page
 from gpuspawner.admin.report import build_report
 
+from ..chromium import LAUNCH, require_chromium
 from ..security.payloads import PAYLOADS, assert_escaped
 from .hubapi import ADMIN_TOKEN
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 STARTED = "2026-11-30T00:29:58.830744Z"
 ACTIVE = "2026-11-30T00:30:07.344493Z"
 
@@ -127,12 +126,11 @@ async def test_the_page_through_the_service(start_service):
 async def test_the_page_in_chromium_runs_nothing(start_service):
     from playwright.async_api import async_playwright
 
-    if not shutil.which(CHROMIUM):
-        pytest.fail("Chromium is not installed: run scripts/install-system-packages.sh")
+    require_chromium()
     service = await start_service(hostile_users(), hostile_pods())
     served = (await service.fetch()).body.decode()
     async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        browser = await p.chromium.launch(**LAUNCH)
         try:
             context = await browser.new_context(
                 extra_http_headers={"Authorization": f"token {ADMIN_TOKEN}"}

@@ -16,7 +16,6 @@ every test that uses the stack (:data:`LAST_TESTS`).
 from __future__ import annotations
 
 import contextlib
-import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +29,7 @@ from gpuspawner_sandbox import hoststate, nodeconfig, testing
 from gpuspawner_sandbox.demo import SandboxStack
 from gpuspawner_sandbox.topology import load_topology
 
+from ..chromium import sync_browser
 from ..conftest import FIXTURES
 
 E2E_CATALOG = FIXTURES / "catalogs" / "e2e.yaml"
@@ -216,24 +216,11 @@ def user_pods(kube, user):
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
 @pytest.fixture(scope="module")
 def browser():
-    """Debian's headless Chromium driven by playwright (which never downloads a browser here).
-
-    Module-scoped: playwright's sync API keeps an event loop running in this
-    thread while it is open, which the asyncio tests of later modules cannot share.
-    """
-    from playwright.sync_api import sync_playwright
-
-    if not shutil.which(CHROMIUM):
-        pytest.fail("Chromium is not installed: run scripts/install-system-packages.sh")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+    """Debian's headless Chromium driven by playwright (tests/chromium.py)."""
+    with sync_browser() as b:
         yield b
-        b.close()
 
 
 def browser_log_in(browser, hub, name, path="/hub/home"):

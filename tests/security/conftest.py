@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import threading
 
 import pytest
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+from ..chromium import sync_browser
 
 
 @pytest.fixture(scope="module")
 def browser():
-    """Debian's headless Chromium driven by playwright (which never downloads a browser here)."""
-    from playwright.sync_api import sync_playwright
-
-    if not shutil.which(CHROMIUM):
-        pytest.fail("Chromium is not installed: run scripts/install-system-packages.sh")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+    """Debian's headless Chromium driven by playwright (tests/chromium.py)."""
+    with sync_browser() as b:
         yield b
-        b.close()
 
 
 class Background:
