@@ -109,13 +109,17 @@ class StopNoticesHandler(HubOAuthenticated, web.RequestHandler):
         except HubError as e:
             if e.status == 403:
                 return self._refuse(403, NO_STATE)
-            log.error("Could not read %s's servers for their stop notices: %s", user["name"], e)
+            log.error(
+                "Could not read the servers of %r for their stop notices: %s", user["name"], e
+            )
             return self._refuse(
                 503, "The hub did not tell why your servers stopped; try again in a minute."
             )
         model = model if isinstance(model, dict) else {}
         if state_hidden(model):
-            log.warning("%s's token may not read their servers' state: %s", user["name"], NO_STATE)
+            log.warning(
+                "The token of %r may not read their servers' state: %s", user["name"], NO_STATE
+            )
             return self._refuse(403, NO_STATE)
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
