@@ -99,16 +99,23 @@ def test_one_person_refused_from_five_named_servers_is_demand_for_their_allowanc
     # would otherwise stop other users' servers for GPUs mallory can never hold.
     fill_a100_pool(hub, kube)
     ensure_user(hub, "mallory")
-    for server in ("s1", "s2", "s3", "s4", "s5"):
-        r = hub.api("POST", f"/users/mallory/servers/{server}", {**A100, "gpus": "2"})
-        assert r.status == 503, r.body
-        assert "No node has 2 NVIDIA A100 GPUs free right now" in r.json()["message"]
-    demand = refused_demand(hub)
-    published = sum(
-        gpus * count for (gpu_type, gpus), count in demand.items() if gpu_type == "a100"
-    )
-    assert published == 2, demand
-    assert not any("mallory" in line for line in hub_metric_lines(hub, "gpuspawner_gpu_demand"))
+    try:
+        for server in ("s1", "s2", "s3", "s4", "s5"):
+            r = hub.api("POST", f"/users/mallory/servers/{server}", {**A100, "gpus": "2"})
+            assert r.status == 503, r.body
+            assert "No node has 2 NVIDIA A100 GPUs free right now" in r.json()["message"]
+        demand = refused_demand(hub)
+        published = sum(gpus * n for (gpu_type, gpus), n in demand.items() if gpu_type == "a100")
+        assert published == 2, demand
+        lines = hub_metric_lines(hub, "gpuspawner_gpu_demand")
+        assert not any("mallory" in line for line in lines)
+    finally:
+        # Any admitted request of hers ends her demand (a CPU-only server): the
+        # tests after this one must not see it for the demand window's 600 s.
+        r = hub.api("POST", "/users/mallory/servers/cpu", {"profile": "pytorch", "gpus": "0"})
+        assert r.status in (201, 202), r.body
+        stop_servers(hub, [("mallory", "cpu")])
+    assert refused_demand(hub) == {}
 
 
 BLOCKER = {
