@@ -75,6 +75,17 @@ def _on_signal(signum: int, frame: Any) -> None:
     raise Stopped(signum)
 
 
+def add_machine_wait(parser: argparse.ArgumentParser) -> None:
+    """``--machine-wait``, for the benchmarks that start real nodes (one set per machine)."""
+    parser.add_argument(
+        "--machine-wait",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="how long to wait for other real nodes on this machine to stop (default: refuse)",
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser, steps: Sequence[str] = ()) -> None:
     """``--smoke``, and with ``steps`` (the benchmark's, in order) ``--fail-after``/``--fail-with``."""
     parser.add_argument(

@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import Steps, add_arguments, guarded, run, sizes, work_dir
+from benchlib import Steps, add_arguments, add_machine_wait, guarded, run, sizes, work_dir
 
 from gpuspawner_sandbox import nodebuild, nodeconfig, nodes, topology
 from gpuspawner_sandbox.controlplane import ControlPlane
@@ -103,13 +103,7 @@ def main() -> int:
     parser.add_argument(
         "--node-status-update-frequency", default=topology.NODE_STATUS_UPDATE_FREQUENCY
     )
-    parser.add_argument(
-        "--machine-wait",
-        type=float,
-        default=0,
-        metavar="SECONDS",
-        help="how long to wait for other real nodes on this machine to stop (default: refuse)",
-    )
+    add_machine_wait(parser)
     add_arguments(parser, STEPS)
     args = parser.parse_args()
     sizes(

@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
-from benchlib import Steps, add_arguments, guarded, run, sizes, work_dir
+from benchlib import Steps, add_arguments, add_machine_wait, guarded, run, sizes, work_dir
 from real_nodes import cpu_ticks, node_pids, total_rss
 
 from gpuspawner_sandbox.demo import SANDBOX_CATALOG, SandboxStack
@@ -318,13 +318,7 @@ def main() -> int:
         action="store_true",
         help="the default topology without its kubelet feature gates (EventedPLEG)",
     )
-    parser.add_argument(
-        "--machine-wait",
-        type=float,
-        default=0,
-        metavar="SECONDS",
-        help="how long to wait for other real nodes on this machine to stop (default: refuse)",
-    )
+    add_machine_wait(parser)
     add_arguments(parser, STEPS)
     args = parser.parse_args()
     sizes(args, full={"rounds": 8}, smoke={"rounds": 1})
