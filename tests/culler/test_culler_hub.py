@@ -26,6 +26,7 @@ from gpuspawner.culler import policy as P
 from ..conftest import FIXTURES
 from ..hub.hubprocess import free_port
 from ..kubeapi import StandInApi
+from ..scriptedhttp import scripted_server
 from .faultproxy import FaultProxy
 from .hubtools import (
     NAMESPACE,
@@ -784,21 +785,8 @@ async def test_a_failed_stop_leaves_no_stop_reason(hub, culler_token, kubeapi):
 @pytest.fixture
 async def garbage_prometheus():
     """A "Prometheus" whose query API answers 200 with the body the test sets."""
-    from tornado import httpserver, netutil, web
-
-    answer = {"body": b""}
-
-    class Query(web.RequestHandler):
-        def post(self):
-            self.set_header("Content-Type", "application/json")
-            self.finish(answer["body"])
-
-    server = httpserver.HTTPServer(web.Application([(r"/api/v1/query", Query)]))
-    [sock] = netutil.bind_sockets(0, "127.0.0.1")
-    server.add_sockets([sock])
-    answer["url"] = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    yield answer
-    server.stop()
+    with scripted_server(r"/api/v1/query", "application/json") as answer:
+        yield answer
 
 
 GARBAGE_ANSWERS = [

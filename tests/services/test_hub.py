@@ -9,6 +9,7 @@ import pytest
 from gpuspawner.services.hub import HubClient, HubError, parse_time
 
 from ..culler.faultproxy import FaultProxy
+from ..scriptedhttp import scripted_server
 
 
 def test_parse_time_accepts_the_hubs_formats():
@@ -56,21 +57,9 @@ async def test_a_server_stopped_meanwhile_is_not_an_error(proxy):
 @pytest.fixture
 async def fake_hub():
     """A "hub" on 127.0.0.1 whose /hub/api/users answers 200 with the body the test sets."""
-    from tornado import httpserver, netutil, web
-
-    answer = {"body": b""}
-
-    class Users(web.RequestHandler):
-        def get(self):
-            self.set_header("Content-Type", "application/json")
-            self.finish(answer["body"])
-
-    server = httpserver.HTTPServer(web.Application([(r"/hub/api/users", Users)]))
-    [sock] = netutil.bind_sockets(0, "127.0.0.1")
-    server.add_sockets([sock])
-    answer["url"] = f"http://127.0.0.1:{sock.getsockname()[1]}/hub/api"
-    yield answer
-    server.stop()
+    with scripted_server(r"/hub/api/users", "application/json") as answer:
+        answer["url"] += "/hub/api"
+        yield answer
 
 
 async def test_answers_that_are_not_user_pages_are_hub_errors(fake_hub):

@@ -17,6 +17,8 @@ from gpuspawner.services.prometheus import (
     parse_vector,
 )
 
+from ..scriptedhttp import scripted_server
+
 
 def test_names_are_checked_so_nothing_is_injected_into_promql():
     with pytest.raises(ValueError):
@@ -231,21 +233,8 @@ def test_well_formed_answers_give_every_pods_value(body):
 @pytest.fixture
 async def fake_prometheus():
     """A "Prometheus" on 127.0.0.1 whose /api/v1/query answers (status, body) as the test sets."""
-    from tornado import httpserver, netutil, web
-
-    answer = {"status": 200, "body": b""}
-
-    class Query(web.RequestHandler):
-        def post(self):
-            self.set_status(answer["status"])
-            self.finish(answer["body"])
-
-    server = httpserver.HTTPServer(web.Application([(r"/api/v1/query", Query)]))
-    [sock] = netutil.bind_sockets(0, "127.0.0.1")
-    server.add_sockets([sock])
-    answer["url"] = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    yield answer
-    server.stop()
+    with scripted_server(r"/api/v1/query") as answer:
+        yield answer
 
 
 async def test_answers_that_are_not_json_or_not_a_vector_raise_prometheus_error(fake_prometheus):
