@@ -21,7 +21,7 @@ import pytest
 
 from gpuspawner.validation import gpucheck
 from gpuspawner.validation.command import check_command
-from tests.validation.test_gpucheck_main import FAKE_NVIDIA_SMI, Pod, _python38
+from tests.validation.test_gpucheck_main import FAKE_NVIDIA_SMI, Pod
 
 GPU_LINE = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-4b2a0d7e-3b2c-4bd1-9d5b-7d0c2b7b1a10)"
 
@@ -129,17 +129,6 @@ def pod(tmp_path):
     pod = HungPod(tmp_path)
     yield pod
     pod.kill_all()
-
-
-@pytest.fixture(params=["python3", "python3.8"])
-def python(request):
-    """The interpreter named in the command, and Python 3.8, the oldest the check supports."""
-    if request.param == "python3":
-        return None
-    found = _python38()
-    if found is None:
-        pytest.skip("no Python 3.8 interpreter on this machine to run the check with")
-    return found
 
 
 def reason_of(pod: HungPod, result: subprocess.CompletedProcess[str]) -> str:

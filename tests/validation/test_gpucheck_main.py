@@ -149,20 +149,6 @@ def pod(tmp_path):
     return Pod(tmp_path)
 
 
-PYTHONS = ["python3", "python3.8"]
-
-
-@pytest.fixture(params=PYTHONS)
-def python(request):
-    """The interpreter named in the command, and Python 3.8, the oldest the check supports."""
-    if request.param == "python3":
-        return None
-    found = _python38()
-    if found is None:
-        pytest.skip("no Python 3.8 interpreter on this machine to run the check with")
-    return found
-
-
 def last_stderr_line(result: subprocess.CompletedProcess[str]) -> str:
     return result.stderr.strip().splitlines()[-1]
 
