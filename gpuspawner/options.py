@@ -82,7 +82,13 @@ class Selection:
         return f"{self.image.display_name} with {self.gpus} × {self.gpu_type.display_name}"
 
 
-def _escape_unprintable(text: str) -> str:
+def escape_unprintable(text: str) -> str:
+    """``text`` with every character that is not printable written as an escape.
+
+    NUL, CR/LF, ESC, bidirectional overrides: as ``\\x..`` or ``\\u....``, so that
+    a user's string can neither start a terminal sequence, forge a log or table
+    line, nor turn the rest of a line around.
+    """
     return "".join(
         c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
         for c in text
@@ -104,7 +110,7 @@ def shown(value: Any, limit: int = _SHOWN_LENGTH) -> str:
         if len(text) > limit:
             text = text[:limit] + "..."
     # repr escapes control characters already; this holds for any object's repr.
-    return _escape_unprintable(text)
+    return escape_unprintable(text)
 
 
 def listing(values: Iterable[str], conjunction: str = "or") -> str:

@@ -18,7 +18,14 @@ from typing import Any
 from ..catalog import Catalog
 from ..inventory.model import Availability
 from ..limits import effective_limit, format_units
-from ..options import OPTION_GPU_TYPE, OPTION_GPUS, OPTION_PROFILE, listing, parse_count
+from ..options import (
+    OPTION_GPU_TYPE,
+    OPTION_GPUS,
+    OPTION_PROFILE,
+    escape_unprintable,
+    listing,
+    parse_count,
+)
 from ..serverpod import ServerPod, server_pods
 
 
@@ -395,16 +402,13 @@ def server_table(report: PoolReport) -> tuple[list[str], list[list[str]]]:
 
 
 def printable(text: str) -> str:
-    """``text`` safe for a terminal: every character that is not printable is written as an escape.
+    """``text`` safe for a terminal (:func:`~gpuspawner.options.escape_unprintable`).
 
     User and server names, groups and pod labels reach the terminal through
     ``gpuspawner status``; written raw, ESC would start a terminal control
     sequence, CR or LF a forged line, and U+202E turn the rest of a line around.
     """
-    return "".join(
-        c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
-        for c in text
-    )
+    return escape_unprintable(text)
 
 
 def text_table(head: list[str], rows: list[list[str]]) -> str:
