@@ -59,10 +59,10 @@ kube_config.KUBE_CONFIG_DEFAULT_LOCATION = os.environ["KUBECONFIG"]
 
 from traitlets.config import Config  # noqa: E402
 
-from gpuspawner.catalog import load_catalog_file  # noqa: E402
+from gpuspawner.core.catalog import load_catalog_file  # noqa: E402
+from gpuspawner.hub.spawner import GPUSpawner  # noqa: E402
 from gpuspawner.inventory.figures import catalog_availability  # noqa: E402
 from gpuspawner.inventory.model import Inventory, inventory_from  # noqa: E402
-from gpuspawner.spawner import GPUSpawner  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures" / "nodes"
 CATALOG = FIXTURES / "catalog.yaml"

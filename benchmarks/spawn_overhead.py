@@ -40,11 +40,11 @@ kube_config.KUBE_CONFIG_DEFAULT_LOCATION = os.environ["KUBECONFIG"]
 
 from kubespawner import KubeSpawner  # noqa: E402
 
-from gpuspawner import hubstate  # noqa: E402
-from gpuspawner.catalog import parse_catalog  # noqa: E402
-from gpuspawner.limits import check_request, holdings_from_pods  # noqa: E402
-from gpuspawner.options import resolve_selection  # noqa: E402
-from gpuspawner.spawner import GPUSpawner  # noqa: E402
+from gpuspawner.core.catalog import parse_catalog  # noqa: E402
+from gpuspawner.core.limits import check_request, holdings_from_pods  # noqa: E402
+from gpuspawner.core.options import resolve_selection  # noqa: E402
+from gpuspawner.hub import state as hubstate  # noqa: E402
+from gpuspawner.hub.spawner import GPUSpawner  # noqa: E402
 
 TYPES = ["a100", "h100", "l40s", "t4", "a10", "mig"]
 

@@ -202,7 +202,7 @@ add_service(c, url="http://127.0.0.1:10103")
 # One line on the home page for each server stopped by someone other than its
 # user (the culler, an admin, a failed GPU check, a lost node) and for each
 # server the culler will stop soon; the spawn form shows its server's own line.
-from gpuspawner.hubpages import configure as show_stop_notices  # noqa: E402
+from gpuspawner.hub.pages import configure as show_stop_notices  # noqa: E402
 
 show_stop_notices(c)
 # --- end of why a server stopped ------------------------------------------------

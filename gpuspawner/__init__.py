@@ -1,17 +1,21 @@
 """gpuspawner: a KubeSpawner for a shared pool of GPUs."""
 
+from . import _moved
+
 __version__ = "0.1.0.dev0"
+
+_moved.install()
 
 
 def __getattr__(name: str):
     # Importing the spawner pulls in JupyterHub and kubernetes_asyncio; the
     # culler, image tool and sandbox import gpuspawner's core without them.
     if name == "GPUSpawner":
-        from .spawner import GPUSpawner
+        from .hub.spawner import GPUSpawner
 
         return GPUSpawner
     if name == "check_catalog":
-        from .startup import check_catalog
+        from .hub.catalogcheck import check_catalog
 
         return check_catalog
     raise AttributeError(name)

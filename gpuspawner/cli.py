@@ -66,8 +66,8 @@ async def fetch_direct(
     hub_url: str, token: str, catalog: str, namespace: str, user: str | None
 ) -> PoolReport:
     from .admin.collect import Collector, KubeReader
-    from .kube import KubeClient, kubernetes_available
-    from .services.hub import HubClient
+    from .clients.hubapi import HubClient
+    from .clients.kube import KubeClient, kubernetes_available
 
     hub = HubClient(f"{hub_url.rstrip('/')}/hub/api", token, max_retries=1)
     kube = KubeReader(KubeClient(namespace)) if kubernetes_available() else None

@@ -35,7 +35,7 @@ class Reference:
 
 
 REFERENCES = (
-    Reference("docs/configuration.md", "gpuspawner.spawner", "GPUSpawner"),
+    Reference("docs/configuration.md", "gpuspawner.hub.spawner", "GPUSpawner"),
     Reference("docs/culler.md", "gpuspawner.culler.app", "GPUCuller"),
     Reference("docs/admin.md", "gpuspawner.admin.service", "GPUAdmin"),
     Reference("docs/userservice.md", "gpuspawner.userservice.app", "UserService"),

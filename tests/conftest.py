@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from gpuspawner.catalog import Catalog, load_catalog_file
+from gpuspawner.core.catalog import Catalog, load_catalog_file
 
 # The property tests run beside the machine tests on a shared, noisy machine: an
 # example that takes longer than Hypothesis's default 200 ms deadline is slow, not

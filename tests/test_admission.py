@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from gpuspawner import admission
-from gpuspawner.catalog import load_catalog_file
+from gpuspawner.core import admission
+from gpuspawner.core.catalog import load_catalog_file
+from gpuspawner.core.options import Refusal
 from gpuspawner.inventory.model import Availability, NodeFigures, demand_for, inventory_from
-from gpuspawner.options import Refusal
 
 from .conftest import FIXTURES
 

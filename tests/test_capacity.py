@@ -15,8 +15,11 @@ import logging
 import pytest
 import yaml
 
-from gpuspawner import hubstate
-from gpuspawner.capacity import (
+from gpuspawner.core.catalog import parse_catalog
+from gpuspawner.core.limits import Holding
+from gpuspawner.core.options import Refusal, resolve_selection
+from gpuspawner.hub import state as hubstate
+from gpuspawner.hub.capacity import (
     Capacity,
     GPUUnschedulable,
     Placement,
@@ -25,10 +28,7 @@ from gpuspawner.capacity import (
     figures,
     payload,
 )
-from gpuspawner.catalog import parse_catalog
 from gpuspawner.inventory.model import demand_for, inventory_from
-from gpuspawner.limits import Holding
-from gpuspawner.options import Refusal, resolve_selection
 
 from .conftest import FIXTURES
 

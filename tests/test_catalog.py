@@ -4,7 +4,7 @@ import shutil
 import pytest
 import yaml
 
-from gpuspawner.catalog import (
+from gpuspawner.core.catalog import (
     DEFAULT_GPU_RESOURCE,
     CatalogError,
     CatalogFile,

@@ -13,10 +13,10 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from gpuspawner.compat import HTTPSpawnException, SpawnException, request_options
+from gpuspawner.core.options import Refusal
+from gpuspawner.hub.compat import HTTPSpawnException, SpawnException, request_options
+from gpuspawner.hub.spawner import RefusedSpawn, spawn_error
 from gpuspawner.images.matrix import load_matrix, read_constraints
-from gpuspawner.options import Refusal
-from gpuspawner.spawner import RefusedSpawn, spawn_error
 
 from .conftest import REPO
 

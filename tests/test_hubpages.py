@@ -1,10 +1,11 @@
-"""Tests for gpuspawner.hubpages: the home page's lines, and the hub config they need."""
+"""Tests for gpuspawner.hub.pages: the home page's lines, and the hub config they need."""
 
 import pytest
 from markupsafe import Markup
 from traitlets.config import Config
 
-from gpuspawner import hubpages, stopnotice
+from gpuspawner.core import stopreasons
+from gpuspawner.hub import pages as hubpages
 
 from .security.payloads import PAYLOADS, assert_escaped
 
@@ -41,13 +42,13 @@ class User:
 
 def test_stopped_servers_show_their_notice_and_running_ones_their_warning():
     notice = {"reason": "admin", "at": AT}
-    warning = stopnotice.CullWarning("idle", AT, server="run")
+    warning = stopreasons.CullWarning("idle", AT, server="run")
     user = User(
         {
-            "": OrmSpawner("", {stopnotice.STATE_KEY: notice}),
-            "<b>": OrmSpawner("<b>", {stopnotice.STATE_KEY: notice}),
-            "run": OrmSpawner("run", {stopnotice.STATE_KEY: notice}),  # being started again
-            "junk": OrmSpawner("junk", {stopnotice.STATE_KEY: "junk"}),
+            "": OrmSpawner("", {stopreasons.STATE_KEY: notice}),
+            "<b>": OrmSpawner("<b>", {stopreasons.STATE_KEY: notice}),
+            "run": OrmSpawner("run", {stopreasons.STATE_KEY: notice}),  # being started again
+            "junk": OrmSpawner("junk", {stopreasons.STATE_KEY: "junk"}),
             "none": OrmSpawner("none", None),
         },
         {"run": Spawner(True, warning), "": Spawner(False)},
@@ -86,7 +87,7 @@ def test_configure_in_a_sub_config_keeps_the_parents_settings(tmp_path):
     from traitlets.config.loader import PyFileConfigLoader
 
     (tmp_path / "sub.py").write_text(
-        "c = get_config()\nfrom gpuspawner.hubpages import configure\nconfigure(c)\nconfigure(c)\n"
+        "c = get_config()\nfrom gpuspawner.hub.pages import configure\nconfigure(c)\nconfigure(c)\n"
     )
     (tmp_path / "main.py").write_text(
         "c = get_config()\n"
@@ -109,11 +110,11 @@ def test_every_hostile_string_of_a_notice_is_text_on_the_page(name, value):
     # server names are the user's; held, kind and detail come from pod annotations
     notice = {"reason": "gpu-check", "at": AT, "held": value, "kind": value, "detail": value}
     node_lost = {"reason": "node-lost", "at": AT, "detail": value}
-    warning = stopnotice.CullWarning("gpu-idle", AT, seconds=3600, server=value, held=value)
+    warning = stopreasons.CullWarning("gpu-idle", AT, seconds=3600, server=value, held=value)
     user = User(
         {
-            value: OrmSpawner(value, {stopnotice.STATE_KEY: notice}),
-            "n": OrmSpawner("n", {stopnotice.STATE_KEY: node_lost}),
+            value: OrmSpawner(value, {stopreasons.STATE_KEY: notice}),
+            "n": OrmSpawner("n", {stopreasons.STATE_KEY: node_lost}),
             "run": OrmSpawner("run", {}),
         },
         {"run": Spawner(True, warning)},
@@ -122,4 +123,4 @@ def test_every_hostile_string_of_a_notice_is_text_on_the_page(name, value):
     assert len(lines) == 3
     for line in lines:
         assert isinstance(line, Markup)
-        assert_escaped(str(line), value[: stopnotice.MAX_TEXT])
+        assert_escaped(str(line), value[: stopreasons.MAX_TEXT])

@@ -10,9 +10,10 @@ import asyncio
 import gc
 import weakref
 
-from gpuspawner import hubstate, metrics
+from gpuspawner.core.limits import Holding
+from gpuspawner.hub import metrics
+from gpuspawner.hub import state as hubstate
 from gpuspawner.inventory.reflectors import InventoryReflector
-from gpuspawner.limits import Holding
 
 from .conftest import FIXTURES
 

@@ -1,4 +1,4 @@
-"""gpuspawner.kube against a stand-in API server on 127.0.0.1, through the real client.
+"""gpuspawner.clients.kube against a stand-in API server on 127.0.0.1, through the real client.
 
 Each error path is taken on purpose: pages, 401/403 (refused, never retried),
 404, 410 (expired), 500 and 429 (retried), a request that gets no answer
@@ -11,8 +11,8 @@ import logging
 
 import pytest
 
-from gpuspawner import kube
-from gpuspawner.kube import (
+from gpuspawner.clients import kube
+from gpuspawner.clients.kube import (
     Expired,
     KubeClient,
     KubeError,
@@ -105,7 +105,7 @@ async def test_an_expired_continue_token_asks_for_a_fresh_list(server, core):
 
 async def test_server_errors_and_throttling_are_retried(server, core, caplog):
     server.fail = [500, 429, 503]
-    with caplog.at_level(logging.WARNING, logger="gpuspawner.kube"):
+    with caplog.at_level(logging.WARNING, logger="gpuspawner.clients.kube"):
         pods = await Reader(FAST).pods(core, namespace="jupyterhub")
     assert len(pods) == 6
     assert len(server.requests) == 4

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from gpuspawner.limits import (
+from gpuspawner.core.limits import (
     Holding,
     check_request,
     effective_limit,
@@ -13,7 +13,7 @@ from gpuspawner.limits import (
     merge_reservations,
     remaining,
 )
-from gpuspawner.options import Refusal, resolve_selection
+from gpuspawner.core.options import Refusal, resolve_selection
 
 from .conftest import FIXTURES
 

@@ -1,6 +1,6 @@
 import pytest
 
-from gpuspawner.options import (
+from gpuspawner.core.options import (
     Refusal,
     ignored_options,
     parse_count,

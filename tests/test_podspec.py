@@ -4,10 +4,10 @@ import copy
 
 import pytest
 
-from gpuspawner import labels
-from gpuspawner.catalog import parse_catalog
-from gpuspawner.options import resolve_selection
-from gpuspawner.podspec import (
+from gpuspawner.core import labels
+from gpuspawner.core.catalog import parse_catalog
+from gpuspawner.core.options import resolve_selection
+from gpuspawner.core.podspec import (
     MANAGED_TRAITS,
     gpu_resource_names,
     pod_annotations,
@@ -229,7 +229,7 @@ def test_catalog_memory_reaches_kubespawner_as_bytes_it_accepts():
     from kubespawner import KubeSpawner
     from traitlets import TraitError
 
-    from gpuspawner.catalog import quantity_bytes
+    from gpuspawner.core.catalog import quantity_bytes
 
     assert quantity_bytes("768Mi") == 768 * 2**20
     assert quantity_bytes("1.5Gi") == 3 * 2**29

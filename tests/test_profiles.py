@@ -2,8 +2,7 @@
 
 import pytest
 
-from gpuspawner.inventory.model import Availability, NodeFigures
-from gpuspawner.profiles import (
+from gpuspawner.core.profiles import (
     MARK_NEVER,
     MARK_NOT_FREE,
     build_profile_list,
@@ -11,6 +10,7 @@ from gpuspawner.profiles import (
     held_summary,
     offered_counts,
 )
+from gpuspawner.inventory.model import Availability, NodeFigures
 
 
 def figures(key, *nodes):

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from gpuspawner import podspec
-from gpuspawner.admission import explain_unschedulable
-from gpuspawner.serverpod import (
+from gpuspawner.core import podspec
+from gpuspawner.core.admission import explain_unschedulable
+from gpuspawner.core.serverpod import (
     ServerPod,
     is_gpu_resource,
     is_managed,
@@ -152,7 +152,7 @@ def _annotated(**annotations):
 
 
 def test_the_stop_reason_and_cull_warning_annotations():
-    from gpuspawner import labels, stopnotice
+    from gpuspawner.core import labels, stopreasons
 
     plain = ServerPod.from_pod(GPU_PODS["jupyter-heidi-slice"])
     assert plain.stop_notice is None and plain.cull_warning is None
@@ -166,13 +166,13 @@ def test_the_stop_reason_and_cull_warning_annotations():
             }
         )
     )
-    assert pod.stop_notice == stopnotice.StopNotice("gpu-idle", 1e9, seconds=60)
-    assert pod.cull_warning == stopnotice.CullWarning("idle", 2e9)
+    assert pod.stop_notice == stopreasons.StopNotice("gpu-idle", 1e9, seconds=60)
+    assert pod.cull_warning == stopreasons.CullWarning("idle", 2e9)
 
 
 @pytest.mark.parametrize("junk", ["{", "null", '{"reason": "idle"}', '"idle"', ""])
 def test_an_unreadable_stop_annotation_is_no_notice(junk):
-    from gpuspawner import labels
+    from gpuspawner.core import labels
 
     pod = ServerPod.from_pod(
         _annotated(**{labels.ANNOTATION_STOP_REASON: junk, labels.ANNOTATION_CULL_WARNING: junk})

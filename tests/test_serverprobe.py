@@ -11,7 +11,7 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.web import Application, RequestHandler
 
-from gpuspawner import serverprobe
+from gpuspawner.hub import serverprobe
 
 
 def test_waits_grow_from_the_first_and_stop_at_the_longest():

@@ -12,9 +12,9 @@ import pytest
 from kubespawner import KubeSpawner
 from traitlets.config import Config
 
-from gpuspawner import hubstate
-from gpuspawner.compat import SpawnException
-from gpuspawner.spawner import GPUCheckFailed, GPUSpawner
+from gpuspawner.hub import state as hubstate
+from gpuspawner.hub.compat import SpawnException
+from gpuspawner.hub.spawner import GPUCheckFailed, GPUSpawner
 
 from .conftest import FIXTURES, REPO
 from .kubeapi import StandInApi, core_api_for

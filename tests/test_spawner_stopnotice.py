@@ -1,4 +1,4 @@
-"""GPUSpawner keeps why a server stopped (gpuspawner.stopnotice) in its state.
+"""GPUSpawner keeps why a server stopped (gpuspawner.core.stopreasons) in its state.
 
 KubeSpawner's own stop, poll and start are replaced where they would reach a
 cluster; the pod the hub's watch holds is a stand-in reflector's dict.
@@ -9,9 +9,9 @@ import json
 import pytest
 from kubespawner import KubeSpawner
 
-from gpuspawner import labels, stopnotice
-from gpuspawner.compat import SpawnException
-from gpuspawner.spawner import GPUCheckFailed, GPUSpawner
+from gpuspawner.core import labels, stopreasons
+from gpuspawner.hub.compat import SpawnException
+from gpuspawner.hub.spawner import GPUCheckFailed, GPUSpawner
 
 from .test_spawner import _isolated, build, make_spawner  # noqa: F401 (the fixture)
 
@@ -93,7 +93,7 @@ async def test_the_culler_reason_on_the_pod_survives_clear_state_and_a_restart(
     reflector, kube_stop, monkeypatch
 ):
     spawner = await started(make_spawner(name="train"), reflector, monkeypatch)
-    reason = stopnotice.StopNotice(stopnotice.REASON_GPU_IDLE, AT, seconds=7200)
+    reason = stopreasons.StopNotice(stopreasons.REASON_GPU_IDLE, AT, seconds=7200)
     pod = reflector.pods[f"{spawner.namespace}/{spawner.pod_name}"]
     pod["metadata"]["annotations"][labels.ANNOTATION_STOP_REASON] = json.dumps(reason.to_state())
     await spawner.stop()
@@ -115,12 +115,12 @@ async def test_a_stop_by_the_user_leaves_no_notice(reflector, kube_stop, monkeyp
 async def test_starting_the_server_again_clears_the_notice(reflector, kube_stop, monkeypatch):
     spawner = make_spawner()
     spawner.load_state(
-        {stopnotice.STATE_KEY: {"reason": "admin", "at": AT}, "pod_name": "jupyter-carol"}
+        {stopreasons.STATE_KEY: {"reason": "admin", "at": AT}, "pod_name": "jupyter-carol"}
     )
     assert spawner.stop_notice().reason == "admin"
     await started(spawner, reflector, monkeypatch)
     assert spawner.stop_notice() is None
-    assert stopnotice.STATE_KEY not in spawner.get_state()
+    assert stopreasons.STATE_KEY not in spawner.get_state()
 
 
 @pytest.mark.parametrize(
@@ -128,9 +128,9 @@ async def test_starting_the_server_again_clears_the_notice(reflector, kube_stop,
 )
 async def test_a_junk_saved_notice_reads_as_none(junk):
     spawner = make_spawner()
-    spawner.load_state({stopnotice.STATE_KEY: junk, stopnotice.RUNNING_STATE_KEY: junk})
+    spawner.load_state({stopreasons.STATE_KEY: junk, stopreasons.RUNNING_STATE_KEY: junk})
     assert spawner.stop_notice() is None
-    assert stopnotice.STATE_KEY not in spawner.get_state()
+    assert stopreasons.STATE_KEY not in spawner.get_state()
 
 
 async def test_a_pod_gone_with_its_node_is_node_lost_even_after_a_restart(
@@ -151,7 +151,7 @@ async def test_a_pod_gone_with_its_node_is_node_lost_even_after_a_restart(
     assert await restored.poll() == 1
     assert asked == ["gpu-a-1"]
     notice = saved_and_restored(restored, "exp").stop_notice()
-    assert notice.reason == stopnotice.REASON_NODE_LOST
+    assert notice.reason == stopreasons.REASON_NODE_LOST
     assert "the node it ran on (gpu-a-1) was lost" in notice.sentence()
     assert await restored.poll() == 1 and asked == ["gpu-a-1"]  # asked once
 
@@ -186,7 +186,7 @@ async def test_a_failed_gpu_check_keeps_its_kind_and_reason(monkeypatch):
     with pytest.raises(SpawnException):
         await spawner._start()
     notice = saved_and_restored(spawner, "t").stop_notice()
-    assert notice.reason == stopnotice.REASON_GPU_CHECK
+    assert notice.reason == stopreasons.REASON_GPU_CHECK
     assert notice.kind == "gpus-missing"
     assert "failed their check (gpus-missing): Only 1 of the 2 requested GPUs is visible" in (
         notice.sentence()
@@ -195,7 +195,7 @@ async def test_a_failed_gpu_check_keeps_its_kind_and_reason(monkeypatch):
 
 async def test_the_spawn_form_shows_the_notice_escaped():
     spawner = make_spawner(name="<i>x</i>")
-    spawner.load_state({stopnotice.STATE_KEY: {"reason": "admin", "at": AT}})
+    spawner.load_state({stopreasons.STATE_KEY: {"reason": "admin", "at": AT}})
     form = await spawner.get_options_form()
     assert "an admin stopped it from the GPU page" in form
     assert "&lt;i&gt;x&lt;/i&gt;" in form and "<i>x</i>" not in form
@@ -210,13 +210,13 @@ async def test_the_culler_warning_on_the_running_pod(reflector, monkeypatch):
     spawner = await started(make_spawner(name="w"), reflector, monkeypatch)
     assert spawner.cull_warning() is None
     pod = reflector.pods[f"{spawner.namespace}/{spawner.pod_name}"]
-    warning = stopnotice.CullWarning(stopnotice.REASON_GPU_IDLE, AT, seconds=3600)
+    warning = stopreasons.CullWarning(stopreasons.REASON_GPU_IDLE, AT, seconds=3600)
     pod["metadata"]["annotations"][labels.ANNOTATION_CULL_WARNING] = json.dumps(warning.to_state())
     assert spawner.cull_warning().sentence().startswith("Your server 'w' (2 × ")
 
 
 async def test_a_start_given_up_for_lack_of_gpus_is_stuck_pending(monkeypatch):
-    from gpuspawner.capacity import GPUUnschedulable
+    from gpuspawner.hub.capacity import GPUUnschedulable
 
     spawner = make_spawner(name="p")
     spawner.gpu_unschedulable_timeout = 300
@@ -234,7 +234,7 @@ async def test_a_start_given_up_for_lack_of_gpus_is_stuck_pending(monkeypatch):
     with pytest.raises(SpawnException):
         await spawner._start()
     notice = saved_and_restored(spawner, "p").stop_notice()
-    assert notice.reason == stopnotice.REASON_STUCK_PENDING
+    assert notice.reason == stopreasons.REASON_STUCK_PENDING
     assert notice.sentence().endswith("because no node had free GPUs for it for 5 minutes.")
 
 
@@ -259,7 +259,7 @@ async def test_a_far_future_time_on_the_pod_neither_blocks_the_stop_nor_breaks_t
     assert "profile-option-pytorch--gpus" in form
     notice = restored.stop_notice()
     if field == "at":
-        assert notice is None or notice.at <= stopnotice.MAX_EPOCH
+        assert notice is None or notice.at <= stopreasons.MAX_EPOCH
     else:
         assert notice is not None and notice.seconds is None
         assert notice.sentence().endswith("because its GPUs were idle too long.")

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gpuspawner.startgate import StartGate
+from gpuspawner.hub.startturns import StartGate
 
 
 async def _settle() -> None:

@@ -1,11 +1,11 @@
-"""Tests for gpuspawner.stopnotice: every reason's sentence, the state round trip, junk."""
+"""Tests for gpuspawner.core.stopreasons: every reason's sentence, the state round trip, junk."""
 
 import json
 from datetime import datetime, timezone
 
 import pytest
 
-from gpuspawner import stopnotice as S
+from gpuspawner.core import stopreasons as S
 
 AT = datetime(2026, 12, 1, 14, 2, 30, tzinfo=timezone.utc).timestamp()
 

@@ -162,7 +162,7 @@ add_service(c, url=f"http://127.0.0.1:{_service_port}")
 # --- end of the gpuspawner service ------------------------------------------
 
 # Why a server stopped, and pending cull warnings, on the home page (docs/culler.md).
-from gpuspawner.hubpages import configure as show_stop_notices  # noqa: E402
+from gpuspawner.hub.pages import configure as show_stop_notices  # noqa: E402
 
 show_stop_notices(c)
 

@@ -5,6 +5,6 @@
 - :mod:`~gpuspawner.admin.page` (pure): the page's HTML, from the autoescaped Jinja
   templates in ``templates/``.
 - :mod:`~gpuspawner.admin.collect`: reads the hub, the cluster and Prometheus
-  (with the clients of :mod:`gpuspawner.services` and :mod:`gpuspawner.kube`).
+  (with the clients of :mod:`gpuspawner.clients` and :mod:`gpuspawner.clients.kube`).
 - :mod:`~gpuspawner.admin.service`: the hub-managed service (``python -m gpuspawner.admin``).
 """

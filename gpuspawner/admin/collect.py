@@ -13,15 +13,15 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from ..catalog import Catalog, CatalogError, CatalogFile
+from ..clients.hubapi import HubClient, HubError
+from ..clients.kube import KubeClient
+from ..clients.prometheus import PrometheusClient, PrometheusError
+from ..core.catalog import Catalog, CatalogError, CatalogFile
+from ..core.options import shown
+from ..core.podspec import gpu_resource_names
+from ..core.serverpod import is_managed
 from ..inventory.figures import catalog_availability
 from ..inventory.model import inventory_from
-from ..kube import KubeClient
-from ..options import shown
-from ..podspec import gpu_resource_names
-from ..serverpod import is_managed
-from ..services.hub import HubClient, HubError
-from ..services.prometheus import PrometheusClient, PrometheusError
 from .report import PoolReport, build_report
 
 #: Utilisation is the mean over this many seconds.

@@ -26,7 +26,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template, select_autoescape
 
-from ..limits import format_units
+from ..core.limits import format_units
 from .report import PoolReport, UserRow, format_duration, format_utilisation, type_table
 
 TEMPLATES = Path(__file__).with_name("templates")

@@ -15,10 +15,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..catalog import Catalog
-from ..inventory.model import Availability
-from ..limits import effective_limit, format_units
-from ..options import (
+from ..core.catalog import Catalog
+from ..core.limits import effective_limit, format_units
+from ..core.options import (
     OPTION_GPU_TYPE,
     OPTION_GPUS,
     OPTION_PROFILE,
@@ -26,7 +25,8 @@ from ..options import (
     listing,
     parse_count,
 )
-from ..serverpod import ServerPod, server_pods
+from ..core.serverpod import ServerPod, server_pods
+from ..inventory.model import Availability
 
 
 @dataclass(frozen=True)
@@ -402,7 +402,7 @@ def server_table(report: PoolReport) -> tuple[list[str], list[list[str]]]:
 
 
 def printable(text: str) -> str:
-    """``text`` safe for a terminal (:func:`~gpuspawner.options.escape_unprintable`).
+    """``text`` safe for a terminal (:func:`~gpuspawner.core.options.escape_unprintable`).
 
     User and server names, groups and pod labels reach the terminal through
     ``gpuspawner status``; written raw, ESC would start a terminal control

@@ -26,11 +26,9 @@ import time
 from traitlets import Bool, Float, Integer, default
 from traitlets.config import Application, catch_config_error
 
-from .. import labels, serverpod, stopnotice
-from ..kube import KubeClient, KubeError, Reader
-from ..options import shown
-from ..services.hub import HubClient, HubError
-from ..services.settings import (
+from ..clients.hubapi import HubClient, HubError
+from ..clients.kube import KubeClient, KubeError, Reader
+from ..clients.settings import (
     CatalogFileSettings,
     HubServiceSettings,
     KubernetesSettings,
@@ -38,6 +36,8 @@ from ..services.settings import (
     ServiceConfigFile,
     ServiceEndpointSettings,
 )
+from ..core import labels, serverpod, stopreasons
+from ..core.options import shown
 from .collect import Collector, KubeReader
 from .page import render_page
 
@@ -165,7 +165,7 @@ class GPUAdmin(
         kube = getattr(self, "kube", None)
         if kube is None:
             return []
-        notice = stopnotice.StopNotice(stopnotice.REASON_ADMIN, time.time())
+        notice = stopreasons.StopNotice(stopreasons.REASON_ADMIN, time.time())
         value = json.dumps(notice.to_state())
         marked: list[tuple[str, str]] = []
         try:

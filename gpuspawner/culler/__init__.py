@@ -1,8 +1,8 @@
 """The GPU-aware idle culler: a JupyterHub service (``gpuspawner-culler``).
 
 ``policy`` decides (pure); ``pods`` reads GPUSpawner's pods (through
-:mod:`gpuspawner.serverpod`); ``hub`` and ``prometheus`` turn the shared
-clients' answers (:mod:`gpuspawner.services`) into the policy's input; the pods
-are listed with :mod:`gpuspawner.kube`; ``app`` is the service. Nothing here
+:mod:`gpuspawner.core.serverpod`); ``hub`` and ``prometheus`` turn the shared
+clients' answers (:mod:`gpuspawner.clients`) into the policy's input; the pods
+are listed with :mod:`gpuspawner.clients.kube`; ``app`` is the service. Nothing here
 imports the spawner.
 """

@@ -24,24 +24,23 @@ from urllib.parse import urlparse
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from traitlets.config import Application, catch_config_error
 
-from ..kube import Expired, KubeClient, KubeError, NotFound, Reader
-from ..serverpod import selector
-from ..services.hub import HubClient, HubError
-from ..services.prometheus import PrometheusClient, PrometheusError
-from ..services.settings import (
+from ..clients.hubapi import HubClient, HubError
+from ..clients.kube import Expired, KubeClient, KubeError, NotFound, Reader
+from ..clients.prometheus import PrometheusClient, PrometheusError
+from ..clients.settings import (
     HubServiceSettings,
     KubernetesSettings,
     PrometheusSettings,
     ServiceConfigFile,
 )
-from ..stopnotice import CullWarning
-from . import notices as N
-from . import policy as P
+from ..core.serverpod import selector
+from ..core.stopreasons import CullWarning
+from . import annotations, policy
 from .demand import HubDemand, parse_hub_metrics, total_by_type
 from .hub import list_servers
 from .pods import pods_by_server, waiting_requests, warnings_on_pods, with_pods
 from .prometheus import gpu_view
-from .warning import warning_answer
+from .warningapi import warning_answer
 
 #: The hub scope a token needs to read the culler's /metrics (the hub's /hub/metrics needs it too).
 METRICS_SCOPE = "read:metrics"
@@ -272,17 +271,17 @@ class GPUCuller(
         super().__init__(**kwargs)
         self.metrics = CullerMetrics()
         #: The warnings standing (in a dry run: that would stand), carried to the next pass.
-        self.warned: dict[tuple[str, str], P.WarningMark] = {}
+        self.warned: dict[tuple[str, str], policy.WarningMark] = {}
         #: Servers whose pod carries a cull warning, and its cull time (None: unreadable),
         #: as the last pod list showed and this culler's writes since changed it.
         self.annotated: dict[tuple[str, str], float | None] = {}
         #: The servers of the last pass: a warning on their pods is not taken up again.
         self._seen: set[tuple[str, str]] = set()
-        self.last_decisions: list[P.Decision] = []
+        self.last_decisions: list[policy.Decision] = []
         self.hub: HubClient | None = None
         self.prometheus: PrometheusClient | None = None
         self.pods: KubeClient | None = None
-        self.last_pressure: list[P.PressureOutcome] = []
+        self.last_pressure: list[policy.PressureOutcome] = []
         self._hub_demand_warned = False
         self._groups_warned = False
 
@@ -294,13 +293,13 @@ class GPUCuller(
         self._setup_clients()
 
     # --- set-up ---------------------------------------------------------------
-    def build_policy(self) -> P.Policy:
+    def build_policy(self) -> policy.Policy:
         """The pure policy from the traits; a malformed rule stops the service with one sentence."""
         try:
-            rules = tuple(P.parse_rule(r) for r in self.timeouts)
+            rules = tuple(policy.parse_rule(r) for r in self.timeouts)
         except ValueError as e:
             self.exit_with(f"GPUCuller.timeouts: {e}")
-        return P.Policy(
+        return policy.Policy(
             rules=rules,
             default_timeout=float(self.timeout) if self.timeout > 0 else None,
             default_gpu_timeout=float(self.gpu_timeout) if self.gpu_timeout > 0 else None,
@@ -363,17 +362,17 @@ class GPUCuller(
             )
 
     # --- one pass --------------------------------------------------------------
-    async def _gpu_view(self, now: float) -> P.GPUView:
+    async def _gpu_view(self, now: float) -> policy.GPUView:
         if self.prometheus is None:
-            return P.GPUView()
+            return policy.GPUView()
         try:
             return await gpu_view(self.prometheus, now)
         except PrometheusError as e:
             self.metrics.errors.labels(source="prometheus").inc()
             self.log.warning("%s; every GPU server counts as busy this pass.", e)
-            return P.GPUView(enabled=True, ok=False)
+            return policy.GPUView(enabled=True, ok=False)
 
-    async def cull_pass(self) -> list[P.Decision] | None:
+    async def cull_pass(self) -> list[policy.Decision] | None:
         """One pass; returns the decisions, or None if the hub could not be read."""
         started = time.monotonic()
         now = time.time()
@@ -383,7 +382,7 @@ class GPUCuller(
             self.metrics.errors.labels(source="hub").inc()
             self.log.error("Pass abandoned, the hub's users could not be listed: %s", e)
             return None
-        pending: list[P.Request] | None = None
+        pending: list[policy.Request] | None = None
         on_pods: dict[tuple[str, str], CullWarning | None] = {}
         if self.pods is not None:
             try:
@@ -402,7 +401,7 @@ class GPUCuller(
         # Without the pods there are no nodes to free GPUs on: no pressure mode.
         if pending is not None:
             hub_demand = await self._hub_demand()
-            pressure = P.Pressure(
+            pressure = policy.Pressure(
                 requests=hub_demand.requests + tuple(pending), free=hub_demand.free
             )
         if (
@@ -420,10 +419,12 @@ class GPUCuller(
         # them after a restart) are taken up; its own, in memory, win.
         fresh = {key: w for key, w in on_pods.items() if key not in self._seen}
         marks = {
-            **N.adopt(fresh, now, self.policy.warning_period, grace=self.cull_every),
+            **annotations.adopt(fresh, now, self.policy.warning_period, grace=self.cull_every),
             **self.warned,
         }
-        result = P.decide_pass(servers, now, self.policy, gpu=gpu, pressure=pressure, warned=marks)
+        result = policy.decide_pass(
+            servers, now, self.policy, gpu=gpu, pressure=pressure, warned=marks
+        )
         decisions, self.warned = result.decisions, result.warned
         self.last_decisions = decisions
         self.last_pressure = result.pressure
@@ -462,21 +463,21 @@ class GPUCuller(
             return HubDemand()
 
     async def _act(
-        self, decisions: list[P.Decision], marks: dict[tuple[str, str], P.WarningMark]
+        self, decisions: list[policy.Decision], marks: dict[tuple[str, str], policy.WarningMark]
     ) -> None:
         """Stop, warn and annotate as decided; ``marks``: the warnings the pass started from."""
         semaphore = asyncio.Semaphore(max(1, self.concurrency))
 
-        async def stop(d: P.Decision) -> None:
+        async def stop(d: policy.Decision) -> None:
             profile = d.server.profile or "none"
             if self.dry_run:
-                self.log.info(P.log_line(d, dry_run=True))
+                self.log.info(policy.log_line(d, dry_run=True))
                 self.metrics.would_culls.labels(reason=d.reason, profile=profile).inc()
                 return
             async with semaphore:
-                self.log.info(P.log_line(d))
+                self.log.info(policy.log_line(d))
                 # Before the stop: GPUSpawner reads it when the hub stops the server.
-                noted = await self._annotate(d.server, N.stop_annotations(d, time.time()))
+                noted = await self._annotate(d.server, annotations.stop_annotations(d, time.time()))
                 try:
                     await self.hub.stop_server(d.server.user, d.server.name)
                 except HubError as e:
@@ -489,19 +490,22 @@ class GPUCuller(
             if d.server.gpus > 0:
                 gpu_type = d.server.gpu_type or "unknown"
                 self.metrics.gpus_reclaimed.labels(gpu_type=gpu_type).inc(d.server.gpus)
-                if d.reason == P.REASON_PRESSURE:
+                if d.reason == policy.REASON_PRESSURE:
                     self.metrics.freed_for_demand.labels(gpu_type=gpu_type).inc(d.server.gpus)
 
         for d in decisions:
-            if d.action == P.WARN:
-                self.log.warning(P.log_line(d, dry_run=self.dry_run))
+            if d.action == policy.WARN:
+                self.log.warning(policy.log_line(d, dry_run=self.dry_run))
                 counter = self.metrics.would_warnings if self.dry_run else self.metrics.warnings
                 counter.labels(reason=d.reason, profile=d.server.profile or "none").inc()
         await asyncio.gather(
-            *(stop(d) for d in decisions if d.action == P.CULL), self._annotate_warnings(decisions)
+            *(stop(d) for d in decisions if d.action == policy.CULL),
+            self._annotate_warnings(decisions),
         )
 
-    async def _stop_failed(self, d: P.Decision, mark: P.WarningMark | None, noted: bool) -> None:
+    async def _stop_failed(
+        self, d: policy.Decision, mark: policy.WarningMark | None, noted: bool
+    ) -> None:
         """The hub did not stop ``d``'s server: its user must not read that the culler did.
 
         The stop reason comes off the pod again; a warned server keeps its
@@ -514,7 +518,7 @@ class GPUCuller(
             cull_after = mark.warned_at + self.policy.warning_period
         if not noted:
             return
-        if await self._annotate(d.server, N.stop_failed_annotations(d, cull_after)):
+        if await self._annotate(d.server, annotations.stop_failed_annotations(d, cull_after)):
             if cull_after is None:
                 self.annotated.pop(key, None)
             else:
@@ -526,14 +530,14 @@ class GPUCuller(
                 d.server.display,
             )
 
-    async def _annotate(self, server: P.Server, annotations: N.Annotations) -> bool:
-        """Write ``annotations`` on the server's pod; True when done or there is no pod any
+    async def _annotate(self, server: policy.Server, changes: annotations.Annotations) -> bool:
+        """Write ``changes`` on the server's pod; True when done or there is no pod any
         more, False (logged where it is an error) when they could not be written."""
         if self.pods is None or not server.pod:
             return False
         try:
             await self.pods.annotate_pod(
-                server.pod, server.namespace or self.pods.namespace, annotations
+                server.pod, server.namespace or self.pods.namespace, changes
             )
         except NotFound:
             return True  # no pod (any more): nobody to tell, nothing left on it
@@ -548,14 +552,14 @@ class GPUCuller(
             return False
         return True
 
-    async def _annotate_warnings(self, decisions: list[P.Decision]) -> None:
+    async def _annotate_warnings(self, decisions: list[policy.Decision]) -> None:
         """Make the pods' warnings match the decisions: new ones on, withdrawn and stale ones off.
 
         A dry run writes nothing: it warns nobody, and another culler's warnings are not its own.
         """
         if self.dry_run or self.pods is None:
             return
-        writes = N.warning_writes(
+        writes = annotations.warning_writes(
             decisions, self.warned, self.annotated, self.policy.warning_period
         )
         done = await asyncio.gather(
@@ -571,19 +575,23 @@ class GPUCuller(
 
     def _record(
         self,
-        decisions: list[P.Decision],
-        pressure: P.Pressure | None,
-        outcomes: list[P.PressureOutcome],
+        decisions: list[policy.Decision],
+        pressure: policy.Pressure | None,
+        outcomes: list[policy.PressureOutcome],
     ) -> None:
         idle = Counter(
-            (d.server.gpu_type or "none") for d in decisions if d.action in (P.CULL, P.WARN)
+            (d.server.gpu_type or "none")
+            for d in decisions
+            if d.action in (policy.CULL, policy.WARN)
         )
         self.metrics.idle_servers.clear()
         for gpu_type, count in idle.items():
             self.metrics.idle_servers.labels(gpu_type=gpu_type).set(count)
         self.metrics.warned_servers.set(len(self.standing_warnings()))
         missing = [
-            d for d in decisions if d.reason in (P.REASON_GPU_MISSING, P.REASON_GPU_UNAVAILABLE)
+            d
+            for d in decisions
+            if d.reason in (policy.REASON_GPU_MISSING, policy.REASON_GPU_UNAVAILABLE)
         ]
         self.metrics.gpu_missing.set(len(missing))
         for d in missing:
@@ -592,9 +600,9 @@ class GPUCuller(
 
     def _record_pressure(
         self,
-        decisions: list[P.Decision],
-        pressure: P.Pressure | None,
-        outcomes: list[P.PressureOutcome],
+        decisions: list[policy.Decision],
+        pressure: policy.Pressure | None,
+        outcomes: list[policy.PressureOutcome],
     ) -> None:
         self.metrics.pressure.clear()
         self.metrics.demand.clear()
@@ -624,7 +632,7 @@ class GPUCuller(
         for gpu_type, gpus in unserved.items():
             self.metrics.unserved_demand.labels(gpu_type=gpu_type).set(gpus)
 
-    def standing_warnings(self) -> dict[tuple[str, str], P.WarningMark]:
+    def standing_warnings(self) -> dict[tuple[str, str], policy.WarningMark]:
         """The warnings users are told about: none in a dry run, which will stop nothing."""
         return {} if self.dry_run else self.warned
 

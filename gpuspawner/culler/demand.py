@@ -1,6 +1,6 @@
 """The GPU demand the hub publishes, as the culler reads it. Pure: metrics text in, data out.
 
-GPUSpawner publishes on the hub's ``/hub/metrics`` (see :mod:`gpuspawner.metrics`):
+GPUSpawner publishes on the hub's ``/hub/metrics`` (see :mod:`gpuspawner.hub.metrics`):
 
 - ``gpuspawner_gpu_demand{gpu_type,gpus,source}``: how many requests of each
   size wait for each GPU type: ``queued`` in the hub's queue, ``refused`` for

@@ -1,6 +1,6 @@
 """The hub's servers as the culler sees them: one :class:`~gpuspawner.culler.policy.Server` each.
 
-The requests themselves go through :class:`~gpuspawner.services.hub.HubClient`.
+The requests themselves go through :class:`~gpuspawner.clients.hubapi.HubClient`.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..options import OPTION_GPU_TYPE, OPTION_GPUS, OPTION_PROFILE, parse_count
-from ..services.hub import HubClient, parse_time
+from ..clients.hubapi import HubClient, parse_time
+from ..core.options import OPTION_GPU_TYPE, OPTION_GPUS, OPTION_PROFILE, parse_count
 from .policy import Server
 
 

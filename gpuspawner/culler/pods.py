@@ -1,7 +1,7 @@
 """Read the culler's facts from GPUSpawner's pods (JSON as the API returns them). Pure.
 
 What comes from GPUSpawner's pods (label ``gpuspawner.io/managed=true``),
-read with :class:`~gpuspawner.serverpod.ServerPod`:
+read with :class:`~gpuspawner.core.serverpod.ServerPod`:
 
 * which pod belongs to which hub server, with its profile, GPU type and count,
   so GPU metrics (labelled by pod) can be matched to servers;
@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from .. import labels
-from ..serverpod import ServerPod, server_pods
-from ..stopnotice import CullWarning
+from ..core import labels
+from ..core.serverpod import ServerPod, server_pods
+from ..core.stopreasons import CullWarning
 from .policy import Request
 
 

@@ -1,6 +1,6 @@
 """GPU busyness of the culler's servers: two Prometheus queries per pass, for all pods at once.
 
-The queries and the client are the services' (:mod:`gpuspawner.services.prometheus`);
+The queries and the client are the services' (:mod:`gpuspawner.clients.prometheus`);
 here their answers become the culler policy's :class:`~gpuspawner.culler.policy.GPUView`.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from ..services.prometheus import PrometheusClient
+from ..clients.prometheus import PrometheusClient
 from .policy import GPUSample, GPUView
 
 

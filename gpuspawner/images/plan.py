@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..catalog import DEFAULT_GPU_TOLERATIONS
-from ..labels import IMAGE_LABEL_CUDA, IMAGE_LABEL_DRIVER_FLOOR, IMAGE_LABEL_FRAMEWORK
+from ..core.catalog import DEFAULT_GPU_TOLERATIONS
+from ..core.labels import IMAGE_LABEL_CUDA, IMAGE_LABEL_DRIVER_FLOOR, IMAGE_LABEL_FRAMEWORK
 from .matrix import MATRIX_RELPATH, ChartImageSpec, ImageSpec, Matrix, MatrixError
 
 SMOKE_TEST_PATH = "/usr/local/bin/gpu-smoke-test"

@@ -6,6 +6,6 @@
   inventory, and the JSON the spawn form polls.
 - :mod:`~gpuspawner.inventory.reflectors`: the one watch of nodes and one of
   pods per hub process that keep the model current.
-- :mod:`~gpuspawner.inventory.web`: the form's script, which keeps its figures current
+- :mod:`~gpuspawner.hub.formscript`: the form's script, which keeps its figures current
   from the gpuspawner service (:mod:`gpuspawner.userservice`).
 """

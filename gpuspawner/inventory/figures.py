@@ -1,6 +1,6 @@
 """The catalog's GPU types against the inventory: figures per type, for the form and its endpoint.
 
-Pure: a :class:`~gpuspawner.catalog.Catalog` and an
+Pure: a :class:`~gpuspawner.core.catalog.Catalog` and an
 :class:`~gpuspawner.inventory.model.Inventory` in, plain data out.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..admission import figures_label
-from ..catalog import Catalog, ImageSpec
-from ..profiles import count_mark
+from ..core.admission import figures_label
+from ..core.catalog import Catalog, ImageSpec
+from ..core.profiles import count_mark
 from .model import Availability, Inventory, demand_for
 
 
@@ -53,7 +53,7 @@ def availability_payload(
 ) -> dict[str, Any]:
     """The JSON the form polls: per type its label and figures, per image its types.
 
-    ``catalog`` is what the user sees (:meth:`~gpuspawner.catalog.Catalog.visible_to`):
+    ``catalog`` is what the user sees (:meth:`~gpuspawner.core.catalog.Catalog.visible_to`):
     only their images, and only the GPU types those images may use.
     ``figures`` is None when the inventory is not available; ``problem`` then
     says why (shown to nobody but the form's console and admins).

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from ..serverpod import is_gpu_resource, pod_is_active
+from ..core.serverpod import is_gpu_resource, pod_is_active
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?)([kMGTPE]?|[KMGTPE]i|m)?$")
 _SUFFIX = {
@@ -225,7 +225,7 @@ def demand_for(
     extra_node_selector: Mapping[str, str] | None = None,
     extra_tolerations: Sequence[Mapping[str, Any]] = (),
 ) -> Demand:
-    """The :class:`Demand` of a catalog :class:`~gpuspawner.catalog.GPUType`.
+    """The :class:`Demand` of a catalog :class:`~gpuspawner.core.catalog.GPUType`.
 
     ``extra_node_selector``/``extra_tolerations`` are the admin's KubeSpawner
     settings every pod also gets.

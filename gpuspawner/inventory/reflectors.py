@@ -1,9 +1,9 @@
 """The two watches that keep the hub's GPU inventory current: accelerator nodes and GPU pods.
 
 One :class:`InventoryReflector` per hub process, kept by the hub's
-:class:`~gpuspawner.hubstate.HubState` and shared by every spawner, like
+:class:`~gpuspawner.hub.state.HubState` and shared by every spawner, like
 KubeSpawner's pod reflector: it lists nodes and pods
-once (in pages, through :mod:`gpuspawner.kube`, so a large cluster never
+once (in pages, through :mod:`gpuspawner.clients.kube`, so a large cluster never
 arrives as one huge response and every answer is checked), then
 follows each with a watch, and feeds every object into a
 :class:`~gpuspawner.inventory.model.Inventory`, which keeps a few hundred
@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import kube
+from ..clients import kube
 from .model import Inventory, NodeRecord, PodRecord, node_record, pod_record
 
 #: Pods that finished hold nothing; the API server filters them out for us.
@@ -145,7 +145,7 @@ class _Watch:
 
     async def run(self) -> None:
         """List, then watch, for ever: list again when the watch expires, and after errors
-        with the back-off of :data:`FOREVER`. Raises :class:`~gpuspawner.kube.Refused`."""
+        with the back-off of :data:`FOREVER`. Raises :class:`~gpuspawner.clients.kube.Refused`."""
         delays = FOREVER.delays()
         resource_version: str | None = None
         failing = False

@@ -21,10 +21,12 @@ from typing import Any
 from traitlets import Bool, Dict, List, default
 from traitlets.config import Application, catch_config_error
 
-from .. import capacity, kube, podspec
-from ..capacity import CapacityConfig
-from ..catalog import Catalog, CatalogError, CatalogFile, parse_catalog
-from ..services.settings import CatalogFileSettings, KubernetesSettings, ServiceEndpointSettings
+from ..clients import kube
+from ..clients.settings import CatalogFileSettings, KubernetesSettings, ServiceEndpointSettings
+from ..core import podspec
+from ..core.catalog import Catalog, CatalogError, CatalogFile, parse_catalog
+from ..hub import capacity
+from ..hub.capacity import CapacityConfig
 from . import SERVICE_NAME
 
 #: The variable the hub configuration passes the admin's pod placement in (JSON).

@@ -1,7 +1,7 @@
 """``GET /services/gpuspawner/availability``: the spawn form's live GPU figures.
 
-The answer is :func:`gpuspawner.capacity.payload` for the catalog as the
-asking user sees it (:meth:`~gpuspawner.catalog.Catalog.visible_to`: images
+The answer is :func:`gpuspawner.hub.capacity.payload` for the catalog as the
+asking user sees it (:meth:`~gpuspawner.core.catalog.Catalog.visible_to`: images
 restricted to groups or users they are not in are left out), read from the
 service's own watch of nodes and pods: no API server request per call. The
 user and their groups come from the hub through OAuth (the identity the hub
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from tornado import web
 
-from .. import capacity
-from ..catalog import Catalog
+from ..core.catalog import Catalog
+from ..hub import capacity
 from .base import UserHandler
 
 if TYPE_CHECKING:

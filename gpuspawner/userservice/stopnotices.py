@@ -1,7 +1,7 @@
 """``GET /services/gpuspawner/stop-notices``: why the asking user's servers stopped (JSON).
 
 JupyterHub's REST server model cannot be extended, so the notices GPUSpawner
-keeps in each server's saved state (:mod:`gpuspawner.stopnotice`) are served
+keeps in each server's saved state (:mod:`gpuspawner.core.stopreasons`) are served
 here, to the user they belong to::
 
     {"notices": [{"server": "train", "reason": "gpu-idle",
@@ -29,8 +29,8 @@ from urllib.parse import quote
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
-from ..services.hub import HubClient, HubError
-from ..stopnotice import STATE_KEY, StopNotice
+from ..clients.hubapi import HubClient, HubError
+from ..core.stopreasons import STATE_KEY, StopNotice
 
 #: Where the notices are served, under the service's prefix.
 STOP_NOTICES_PATH = "stop-notices"

@@ -13,8 +13,8 @@ import time
 from datetime import datetime
 from typing import Any
 
-from ..labels import VALIDATION_CONTAINER_NAME
-from ..serverpod import ServerPod, is_gpu_resource
+from ..core.labels import VALIDATION_CONTAINER_NAME
+from ..core.serverpod import ServerPod, is_gpu_resource
 from .gpucheck import EXIT_CODES, EXIT_NVIDIA_SMI_FAILED
 
 _NOT_STARTABLE = 127

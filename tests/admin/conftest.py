@@ -15,10 +15,10 @@ from tornado.testing import bind_unused_port
 
 from gpuspawner.admin.report import parse_time
 from gpuspawner.admin.service import SERVICE_NAME, GPUAdmin
-from gpuspawner.catalog import load_catalog_file
+from gpuspawner.clients.kube import Reader, RetryPolicy
+from gpuspawner.core.catalog import load_catalog_file
 from gpuspawner.inventory.figures import catalog_availability
 from gpuspawner.inventory.model import inventory_from
-from gpuspawner.kube import Reader, RetryPolicy
 
 from ..conftest import FIXTURES
 from ..kubeapi import StandInApi

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 
 from gpuspawner.admin.collect import Collector, KubeReader
-from gpuspawner.kube import KubeClient, Reader, RetryPolicy
-from gpuspawner.services.hub import HubError
-from gpuspawner.services.prometheus import GPUQueries, PrometheusClient
+from gpuspawner.clients.hubapi import HubError
+from gpuspawner.clients.kube import KubeClient, Reader, RetryPolicy
+from gpuspawner.clients.prometheus import GPUQueries, PrometheusClient
 
 from ..culler.dcgm import DCGMExporter
 from ..culler.promserver import start_prometheus

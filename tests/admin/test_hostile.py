@@ -13,9 +13,9 @@ from urllib.parse import quote
 
 import pytest
 
-from gpuspawner import labels
 from gpuspawner.admin.page import environment, render_page
 from gpuspawner.admin.report import build_report
+from gpuspawner.core import labels
 
 from ..chromium import LAUNCH, require_chromium
 from ..security.payloads import PAYLOADS, assert_escaped

@@ -1,4 +1,4 @@
-"""gpuspawner.metrics: bounded reasons, GPUs by type and group, the scrape-time collector."""
+"""gpuspawner.hub.metrics: bounded reasons, GPUs by type and group, the scrape-time collector."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 from prometheus_client import REGISTRY, generate_latest
 
-from gpuspawner import metrics
-from gpuspawner.serverpod import ServerPod
+from gpuspawner.core.serverpod import ServerPod
+from gpuspawner.hub import metrics
 
 from ..conftest import FIXTURES
 
@@ -115,7 +115,7 @@ def test_collector_reads_tracked_spawners_never_users():
 
 
 def test_collector_publishes_demand_by_type_and_count_never_by_user():
-    from gpuspawner import hubstate
+    from gpuspawner.hub import state as hubstate
     from gpuspawner.inventory.model import Availability, NodeFigures
 
     state = hubstate.reset()

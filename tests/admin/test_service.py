@@ -10,10 +10,10 @@ from urllib.parse import urlencode
 
 import pytest
 
-from gpuspawner import labels, stopnotice
 from gpuspawner.admin.collect import KubeReader
 from gpuspawner.admin.service import NOTICE_COOKIE, GPUAdmin
-from gpuspawner.kube import KubeClient, KubeError
+from gpuspawner.clients.kube import KubeClient, KubeError
+from gpuspawner.core import labels, stopreasons
 
 from ..kubeapi import StandInApi
 from .hubapi import USER_TOKEN
@@ -43,10 +43,10 @@ async def test_the_stopped_servers_pod_and_only_it_is_marked(kubeapi):
         await admin.annotate_stop("student", "notes")
     finally:
         await admin.kube.close()
-    notice = stopnotice.StopNotice.from_state(
+    notice = stopreasons.StopNotice.from_state(
         annotations(kubeapi, "jupyter-student--notes")[labels.ANNOTATION_STOP_REASON]
     )
-    assert notice.reason == stopnotice.REASON_ADMIN
+    assert notice.reason == stopreasons.REASON_ADMIN
     assert notice.sentence().endswith("because an admin stopped it from the GPU page.")
     assert labels.ANNOTATION_STOP_REASON not in annotations(kubeapi, "jupyter-student")
     patches = [r for r in kubeapi.requests if r[0] == "PATCH"]
@@ -105,7 +105,7 @@ async def test_a_stop_the_hub_made_keeps_the_reason_on_the_pod(
     response = await post_stop(service, "student", "notes")
     assert ("DELETE", "/hub/api/users/student/servers/notes") in service.hub.requests
     reason = annotations(service.kube, "jupyter-student--notes")[labels.ANNOTATION_STOP_REASON]
-    assert stopnotice.StopNotice.from_state(reason).reason == stopnotice.REASON_ADMIN
+    assert stopreasons.StopNotice.from_state(reason).reason == stopreasons.REASON_ADMIN
     page = await service.fetch(headers={"Cookie": notice_cookie(response)})
     assert notices(page.body.decode()) == [f"{said} student/notes."]
 

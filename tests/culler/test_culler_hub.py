@@ -545,7 +545,7 @@ IDLE_TIMEOUT = 5
 async def test_the_pod_carries_the_warning_then_the_reason_before_the_stop(
     hub, culler_token, kubeapi
 ):
-    from gpuspawner import labels, stopnotice
+    from gpuspawner.core import labels, stopreasons
 
     start_servers(hub, {"noted": A100, "kept": A100})
     kubeapi.objects["pods"] = [fixture_pod_of("noted"), fixture_pod_of("kept")]
@@ -565,7 +565,7 @@ async def test_the_pod_carries_the_warning_then_the_reason_before_the_stop(
         d = by_name(await app.cull_pass())
         assert d["noted"].action == d["kept"].action == P.WARN
         for user in ("noted", "kept"):
-            warning = stopnotice.CullWarning.from_state(
+            warning = stopreasons.CullWarning.from_state(
                 pods[pod_name(user)]["annotations"][labels.ANNOTATION_CULL_WARNING]
             )
             assert warning.reason == "idle"
@@ -587,8 +587,8 @@ async def test_the_pod_carries_the_warning_then_the_reason_before_the_stop(
     assert labels.ANNOTATION_CULL_WARNING not in pods[pod_name("kept")]["annotations"]
     noted = pods[pod_name("noted")]["annotations"]
     assert labels.ANNOTATION_CULL_WARNING not in noted
-    notice = stopnotice.StopNotice.from_state(noted[labels.ANNOTATION_STOP_REASON])
-    assert notice.reason == stopnotice.REASON_IDLE
+    notice = stopreasons.StopNotice.from_state(noted[labels.ANNOTATION_STOP_REASON])
+    assert notice.reason == stopreasons.REASON_IDLE
     assert notice.seconds == pytest.approx(d["noted"].idle_seconds)  # the decision's idle time
     writes = [r for r in kubeapi.requests if r[0] in ("PATCH", "hub DELETE") and "noted" in str(r)]
     assert [w[0] for w in writes] == ["PATCH", "PATCH", "hub DELETE"]
@@ -601,19 +601,19 @@ def annotations_of(kubeapi, user: str) -> dict:
 
 
 def cull_after_on(kubeapi, user: str) -> float | None:
-    from gpuspawner import labels, stopnotice
+    from gpuspawner.core import labels, stopreasons
 
     raw = annotations_of(kubeapi, user).get(labels.ANNOTATION_CULL_WARNING)
-    warning = stopnotice.CullWarning.from_state(raw)
+    warning = stopreasons.CullWarning.from_state(raw)
     return None if warning is None else warning.cull_after
 
 
 def put_warning(kubeapi, user: str, raw) -> None:
     """A warning left on the pod by an earlier culler process (raw: a cull time, or text)."""
-    from gpuspawner import labels, stopnotice
+    from gpuspawner.core import labels, stopreasons
 
     if not isinstance(raw, str):
-        raw = json.dumps(stopnotice.CullWarning("idle", raw, seconds=60).to_state())
+        raw = json.dumps(stopreasons.CullWarning("idle", raw, seconds=60).to_state())
     annotations_of(kubeapi, user)[labels.ANNOTATION_CULL_WARNING] = raw
 
 
@@ -649,7 +649,7 @@ async def test_a_dry_run_warns_nobody(hub, culler_token, kubeapi, capfd):
     status, body = await fetch_status(f"{base}/warnings", hub.token)
     assert status == 200 and json.loads(body) == [], body
     assert patches_of(kubeapi, "drywarn") == []
-    from gpuspawner import labels
+    from gpuspawner.core import labels
 
     assert labels.ANNOTATION_CULL_WARNING not in annotations_of(kubeapi, "drywarn")
     assert server_state(hub, "drywarn") == "running"
@@ -695,7 +695,7 @@ async def test_a_restarted_culler_takes_up_and_clears_the_warnings_on_pods(
     assert cull_after_on(kubeapi, "wkeep") == pytest.approx(now + 3)
     assert first.warned[("wkeep", "")].warned_at == pytest.approx(now + 3 - 600)
     assert cull_after_on(kubeapi, "wused") is None
-    from gpuspawner import labels
+    from gpuspawner.core import labels
 
     assert labels.ANNOTATION_CULL_WARNING not in annotations_of(kubeapi, "wused")
     for user in ("wstale", "wjunk"):  # a new warning: a whole period from now
@@ -723,7 +723,7 @@ async def test_a_restarted_culler_takes_up_and_clears_the_warnings_on_pods(
 async def test_a_failed_stop_leaves_no_stop_reason(hub, culler_token, kubeapi):
     """A user who later stops the server themselves must not read that the culler did; a
     warned server keeps its warning, due as it was, and the next pass stops it."""
-    from gpuspawner import labels, stopnotice
+    from gpuspawner.core import labels, stopreasons
 
     start_servers(hub, {"stopfail": A100, "warnfail": A100})
     kubeapi.objects["pods"] = [fixture_pod_of("stopfail"), fixture_pod_of("warnfail")]
@@ -761,7 +761,7 @@ async def test_a_failed_stop_leaves_no_stop_reason(hub, culler_token, kubeapi):
             assert server_state(hub, user) == "running"
             assert labels.ANNOTATION_STOP_REASON not in annotations_of(kubeapi, user), user
             written, removed = stop_reason_writes(user)  # before the stop, and after it failed
-            assert stopnotice.StopNotice.from_state(written) is not None and removed is None
+            assert stopreasons.StopNotice.from_state(written) is not None and removed is None
         assert cull_after_on(kubeapi, "stopfail") is None  # it had no warning
         restored = cull_after_on(kubeapi, "warnfail")
         assert restored == pytest.approx(warning.warned[("warnfail", "")].warned_at + 600)
@@ -772,10 +772,10 @@ async def test_a_failed_stop_leaves_no_stop_reason(hub, culler_token, kubeapi):
         assert by_name(await warning.cull_pass())["warnfail"].action == P.CULL
         for user in ("stopfail", "warnfail"):
             wait_stopped(hub, user)
-            notice = stopnotice.StopNotice.from_state(
+            notice = stopreasons.StopNotice.from_state(
                 annotations_of(kubeapi, user)[labels.ANNOTATION_STOP_REASON]
             )
-            assert notice.reason == stopnotice.REASON_IDLE
+            assert notice.reason == stopreasons.REASON_IDLE
     finally:
         await plain.pods.close()
         await warning.pods.close()
@@ -867,7 +867,7 @@ def pods_for_pressure() -> list[dict]:
 async def test_kubernetes_faults_never_end_the_pass(hub, culler_token, kubeapi, capfd):
     """429 and 5xx are retried; when they last, the pass goes on without pressure and says
     so; a list whose continue token expired (410 Gone) is read again from the start."""
-    from gpuspawner.kube import Reader, RetryPolicy
+    from gpuspawner.clients.kube import Reader, RetryPolicy
 
     start_servers(hub, {"kfault": A100})
     kubeapi.objects["pods"] = pods_for_pressure()

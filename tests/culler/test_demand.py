@@ -6,9 +6,10 @@ import time
 
 from prometheus_client import REGISTRY, generate_latest
 
-from gpuspawner import hubstate, metrics
 from gpuspawner.culler.demand import parse_hub_metrics, total_by_type
 from gpuspawner.culler.policy import Request
+from gpuspawner.hub import metrics
+from gpuspawner.hub import state as hubstate
 from gpuspawner.inventory.model import Availability, NodeFigures
 
 from ..admin.test_metrics import FakeSpawner

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from gpuspawner import labels, stopnotice
-from gpuspawner.culler import notices as N
+from gpuspawner.core import labels, stopreasons
+from gpuspawner.culler import annotations as N
 from gpuspawner.culler import policy as P
 from gpuspawner.culler.pods import warnings_on_pods
 
@@ -20,8 +20,8 @@ EVERY = 300.0
 PODS = json.loads((FIXTURES / "culler-pods" / "podlist.json").read_text())["items"]
 
 
-def warning(cull_after: float, reason: str = stopnotice.REASON_IDLE) -> stopnotice.CullWarning:
-    return stopnotice.CullWarning(reason, cull_after, seconds=3600)
+def warning(cull_after: float, reason: str = stopreasons.REASON_IDLE) -> stopreasons.CullWarning:
+    return stopreasons.CullWarning(reason, cull_after, seconds=3600)
 
 
 def decision(user: str, action: str, reason: str = P.REASON_IDLE) -> P.Decision:
@@ -30,12 +30,12 @@ def decision(user: str, action: str, reason: str = P.REASON_IDLE) -> P.Decision:
 
 def test_a_restarted_culler_takes_up_warnings_still_ahead_and_drops_stale_ones():
     on_pods = {
-        ("ahead", ""): warning(NOW + 200, stopnotice.REASON_GPU_IDLE),
+        ("ahead", ""): warning(NOW + 200, stopreasons.REASON_GPU_IDLE),
         ("due", ""): warning(NOW - 10),  # due at this pass: the culler was there for it
         ("stale", ""): warning(NOW - EVERY - 1),  # due passes ago, nobody acted: not kept
         ("too-far", ""): warning(NOW + PERIOD + 1),  # later than this culler would announce
         ("unreadable", ""): None,
-        ("not-ours", ""): warning(NOW + 10, stopnotice.REASON_ADMIN),
+        ("not-ours", ""): warning(NOW + 10, stopreasons.REASON_ADMIN),
     }
     marks = N.adopt(on_pods, NOW, PERIOD, grace=EVERY)
     assert marks == {
@@ -83,7 +83,7 @@ def test_the_pods_warnings_are_made_to_match_the_decisions():
         cull_after = marks[key].warned_at + PERIOD
         assert writes[key].cull_after == cull_after
         written = writes[key].annotations[labels.ANNOTATION_CULL_WARNING]
-        assert stopnotice.CullWarning.from_state(written).cull_after == cull_after
+        assert stopreasons.CullWarning.from_state(written).cull_after == cull_after
     for key in (("used", ""), ("junk", "")):
         assert writes[key].annotations == {labels.ANNOTATION_CULL_WARNING: None}
         assert writes[key].cull_after is None
@@ -97,8 +97,8 @@ def test_a_failed_stop_takes_the_reason_off_and_puts_the_warning_back():
     }
     back = N.stop_failed_annotations(d, NOW - 1)
     assert back[labels.ANNOTATION_STOP_REASON] is None
-    restored = stopnotice.CullWarning.from_state(back[labels.ANNOTATION_CULL_WARNING])
-    assert (restored.reason, restored.cull_after) == (stopnotice.REASON_GPU_IDLE, NOW - 1)
+    restored = stopreasons.CullWarning.from_state(back[labels.ANNOTATION_CULL_WARNING])
+    assert (restored.reason, restored.cull_after) == (stopreasons.REASON_GPU_IDLE, NOW - 1)
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
+from gpuspawner.clients.prometheus import GPUQueries, PrometheusClient
 from gpuspawner.culler.prometheus import gpu_view
-from gpuspawner.services.prometheus import GPUQueries, PrometheusClient
 
 from .dcgm import DCGMExporter
 from .promserver import start_prometheus

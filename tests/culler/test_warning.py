@@ -3,7 +3,7 @@
 import pytest
 
 from gpuspawner.culler.policy import WarningMark
-from gpuspawner.culler.warning import token_servers, warning_answer
+from gpuspawner.culler.warningapi import token_servers, warning_answer
 
 from ..security.payloads import PAYLOADS
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuspawner.catalog import load_catalog_file
+from gpuspawner.core.catalog import load_catalog_file
 from gpuspawner_sandbox import hoststate, nodeconfig, testing
 from gpuspawner_sandbox.demo import SandboxStack
 from gpuspawner_sandbox.topology import load_topology

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpuspawner.compat import SpawnException
+from gpuspawner.hub.compat import SpawnException
 from gpuspawner_sandbox.demo import HUB_NAMESPACE
 
 from .conftest import ensure_user, stop_server, stop_servers, user_pods, wait_for, wait_ready
@@ -240,7 +240,7 @@ def test_a_missing_permission_shows_up_as_a_clear_refusal(stack, tmp_path, monke
     from kubernetes_asyncio.config import kube_config
     from traitlets.config import Config
 
-    from gpuspawner.spawner import GPUSpawner
+    from gpuspawner.hub.spawner import GPUSpawner
 
     from ..conftest import FIXTURES
     from ..test_spawner import OrmSpawner, User

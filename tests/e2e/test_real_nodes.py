@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from gpuspawner import labels
+from gpuspawner.core import labels
 from gpuspawner_sandbox import gpudriver, hoststate, nodeconfig, testing
 from gpuspawner_sandbox.demo import DEMO_PASSWORD
 

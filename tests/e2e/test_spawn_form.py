@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from gpuspawner.inventory.web import LIVE_NOTE, OWN_NAMESPACE_NOTE
+from gpuspawner.hub.formscript import LIVE_NOTE, OWN_NAMESPACE_NOTE
 
 from .conftest import (
     browser_log_in,

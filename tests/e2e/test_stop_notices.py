@@ -2,7 +2,7 @@
 
 Each stop is made by its real writer against the real control plane, with the
 hub's service account (config/rbac.yaml): the culler's annotation
-(gpuspawner.culler.notices) and the admin GPU page's (GPUAdmin.annotate_stop)
+(gpuspawner.culler.annotations) and the admin GPU page's (GPUAdmin.annotate_stop)
 before the hub's DELETE, as they do; GPUSpawner's own for a failed GPU check.
 The culler writing before its DELETE is tests/culler's; node lost and stuck
 Pending are tests/test_spawner_stopnotice.py's (they would take a node or the
@@ -17,12 +17,12 @@ import re
 import time
 import urllib.error
 
-from gpuspawner import stopnotice
 from gpuspawner.admin.collect import KubeReader
 from gpuspawner.admin.service import GPUAdmin
-from gpuspawner.culler import notices
+from gpuspawner.clients.kube import KubeClient
+from gpuspawner.core import stopreasons
+from gpuspawner.culler import annotations
 from gpuspawner.culler import policy as P
-from gpuspawner.kube import KubeClient
 from gpuspawner_sandbox import gpudriver
 from gpuspawner_sandbox.demo import HUB_NAMESPACE, REPO
 
@@ -69,7 +69,7 @@ def page_text(opener, url) -> str:
 
 
 def clock(at: float) -> str:
-    return stopnotice.utc_clock(at)
+    return stopreasons.utc_clock(at)
 
 
 async def test_each_stop_reason_is_shown_to_its_user_after_a_hub_restart(
@@ -93,7 +93,7 @@ async def test_each_stop_reason_is_shown_to_its_user_after_a_hub_restart(
             stopped_at[name] = time.time()
             pod = pod_of(kube, USER, name)["metadata"]["name"]
             await client.annotate_pod(
-                pod, HUB_NAMESPACE, notices.stop_annotations(decision, stopped_at[name])
+                pod, HUB_NAMESPACE, annotations.stop_annotations(decision, stopped_at[name])
             )
         admin = GPUAdmin()
         admin.kube = KubeReader(client)
@@ -132,7 +132,7 @@ async def test_each_stop_reason_is_shown_to_its_user_after_a_hub_restart(
         cull_after = time.time() + 3600
         decision = P.Decision(P.Server(USER, "warned"), P.WARN, P.REASON_IDLE, idle_seconds=600)
         await client.annotate_pod(
-            warned_pod, HUB_NAMESPACE, notices.warning_annotations(decision, cull_after)
+            warned_pod, HUB_NAMESPACE, annotations.warning_annotations(decision, cull_after)
         )
     finally:
         await client.close()

@@ -58,7 +58,7 @@ def ensure_user(hub, name):
             "There is no GPU type 'v100': choose 'a100', 'h100' or 'mig'.",
         ),
         (
-            # JupyterHub 6's documented body; JupyterHub 5.5 passes it whole (gpuspawner.compat)
+            # JupyterHub 6's documented body; JupyterHub 5.5 passes it whole (gpuspawner.hub.compat)
             {"user_options": {"profile": "pytorch", "gpu_type": "v100", "gpus": "1"}},
             "There is no GPU type 'v100': choose 'a100', 'h100' or 'mig'.",
         ),

@@ -1,7 +1,7 @@
 """A refused spawn through the spawn form of a real JupyterHub: the page shows the sentence.
 
 JupyterHub 6 reads the sentence from its SpawnException, 5.5 from the exception's
-``jupyterhub_message`` (gpuspawner.compat); the page must be the same on both.
+``jupyterhub_message`` (gpuspawner.hub.compat); the page must be the same on both.
 """
 
 import html

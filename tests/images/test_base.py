@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuspawner.images.base import (
-    apt_sources,
-    debootstrap_command,
-    local_trust_anchors,
-    plan_base,
-)
+from gpuspawner.images.base import apt_sources, debootstrap_command, local_trust_anchors, plan_base
 from gpuspawner.images.matrix import MatrixError
 from gpuspawner.images.plan import base_images
 

@@ -16,8 +16,8 @@ import time
 import pytest
 from packaging.utils import canonicalize_name
 
+from gpuspawner.core.labels import IMAGE_LABEL_CUDA, IMAGE_LABEL_DRIVER_FLOOR, IMAGE_LABEL_FRAMEWORK
 from gpuspawner.images.plan import STAGE_LABEL, image_ref
-from gpuspawner.labels import IMAGE_LABEL_CUDA, IMAGE_LABEL_DRIVER_FLOOR, IMAGE_LABEL_FRAMEWORK
 from gpuspawner.validation.command import check_command
 from gpuspawner_sandbox.hubprocess import free_port, start_hub
 

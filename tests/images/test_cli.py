@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 import yaml
 
-from gpuspawner.catalog import load_catalog_file
+from gpuspawner.core.catalog import load_catalog_file
 from gpuspawner.images import cli, engine
 from gpuspawner.images.plan import image_ref
 

@@ -17,7 +17,7 @@ import pytest
 from docker.utils.build import exclude_paths
 from dockerfile_parse import DockerfileParser
 
-from gpuspawner import labels
+from gpuspawner.core import labels
 from gpuspawner.images.plan import HUB_REQUIREMENTS_IN_CONTEXT, STAGE_LABEL, STAGES, plan_builds
 
 from .conftest import REPO

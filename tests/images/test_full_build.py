@@ -12,8 +12,8 @@ import json
 
 import pytest
 
+from gpuspawner.core.labels import IMAGE_LABEL_CUDA, IMAGE_LABEL_DRIVER_FLOOR, IMAGE_LABEL_FRAMEWORK
 from gpuspawner.images.plan import image_ref
-from gpuspawner.labels import IMAGE_LABEL_CUDA, IMAGE_LABEL_DRIVER_FLOOR, IMAGE_LABEL_FRAMEWORK
 
 from .conftest import tool_on_engine
 from .test_built_images import run

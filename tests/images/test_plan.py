@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuspawner import labels
-from gpuspawner.catalog import parse_catalog
+from gpuspawner.core import labels
+from gpuspawner.core.catalog import parse_catalog
 from gpuspawner.images.matrix import MatrixError
 from gpuspawner.images.plan import (
     SMOKE_TEST_PATH,

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from gpuspawner.catalog import DEFAULT_GPU_TOLERATIONS
+from gpuspawner.core.catalog import DEFAULT_GPU_TOLERATIONS
 from gpuspawner.images.plan import image_ref, prepuller_values
 
 from .conftest import REPO

@@ -2,10 +2,10 @@
 
 from dataclasses import replace
 
-from gpuspawner.catalog import parse_catalog
+from gpuspawner.core.catalog import parse_catalog
+from gpuspawner.core.profiles import MARK_NEVER, MARK_NOT_FREE
 from gpuspawner.inventory.figures import alternatives, availability_payload
 from gpuspawner.inventory.model import Availability, NodeFigures
-from gpuspawner.profiles import MARK_NEVER, MARK_NOT_FREE
 
 CATALOG = {
     "images": {

@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from gpuspawner.catalog import load_catalog_file
+from gpuspawner.core.catalog import load_catalog_file
 from gpuspawner.inventory.model import (
     Demand,
     Inventory,

@@ -12,7 +12,7 @@ import copy
 import json
 import logging
 
-from gpuspawner import kube
+from gpuspawner.clients import kube
 from gpuspawner.inventory.reflectors import InventoryReflector
 
 from ..conftest import FIXTURES

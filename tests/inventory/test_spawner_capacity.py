@@ -15,10 +15,11 @@ import pytest
 from kubespawner import KubeSpawner
 from traitlets.config import Config
 
-from gpuspawner import hubstate, kube
-from gpuspawner.compat import SpawnException
+from gpuspawner.clients import kube
+from gpuspawner.hub import state as hubstate
+from gpuspawner.hub.compat import SpawnException
+from gpuspawner.hub.spawner import GPUUnschedulable
 from gpuspawner.inventory.model import inventory_from
-from gpuspawner.spawner import GPUUnschedulable
 
 from ..conftest import FIXTURES
 from ..test_spawner import User, make_spawner
@@ -81,7 +82,7 @@ def capacity_spawner(reflector, user=None, **traits):
 
 
 def a100(reflector):
-    from gpuspawner.catalog import load_catalog_file
+    from gpuspawner.core.catalog import load_catalog_file
     from gpuspawner.inventory.model import demand_for
 
     catalog = load_catalog_file(NODES / "catalog.yaml")
@@ -223,7 +224,7 @@ def form_note(payload, url):
     """The note the form's script writes for ``payload``, run by Node.js over a stand-in page."""
     import subprocess
 
-    from gpuspawner.inventory.web import form_script
+    from gpuspawner.hub.formscript import form_script
 
     script = re.search(r"<script>(.*)</script>", form_script(payload, url), re.S).group(1)
     program = PAGE_STAND_IN + script + "\nconsole.log(JSON.stringify(note.textContent));\n"
@@ -235,7 +236,7 @@ def form_note(payload, url):
 
 @pytest.mark.parametrize("namespace", ["jupyterhub", ""])
 async def test_the_form_says_when_gpus_used_outside_the_hub_are_not_seen(reflector, namespace):
-    from gpuspawner.inventory.web import AS_OF_NOTE, LIVE_NOTE, OWN_NAMESPACE_NOTE
+    from gpuspawner.hub.formscript import AS_OF_NOTE, LIVE_NOTE, OWN_NAMESPACE_NOTE
 
     reflector.inventory.count_pods_of(namespace)
     spawner = capacity_spawner(reflector, user=with_services("gpuspawner"))
@@ -249,7 +250,7 @@ async def test_the_form_says_when_gpus_used_outside_the_hub_are_not_seen(reflect
 
 
 def test_form_script_cannot_be_closed_by_the_data():
-    from gpuspawner.inventory.web import form_script
+    from gpuspawner.hub.formscript import form_script
 
     html = form_script({"problem": "</script><script>alert(1)</script>"}, "/hub/x")
     assert html.count("</script>") == 1

@@ -31,10 +31,10 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubespawner.objects import make_pod
 
-from gpuspawner import labels
-from gpuspawner.catalog import parse_catalog
-from gpuspawner.options import resolve_selection
-from gpuspawner.podspec import requests_gpu, trait_values, visible_devices_env
+from gpuspawner.core import labels
+from gpuspawner.core.catalog import parse_catalog
+from gpuspawner.core.options import resolve_selection
+from gpuspawner.core.podspec import requests_gpu, trait_values, visible_devices_env
 from gpuspawner_sandbox import cdi, gpudriver, hoststate, nodeconfig, nodes, testing
 from gpuspawner_sandbox.topology import (
     ACCEPT_ENVVAR_KEY,

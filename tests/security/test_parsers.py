@@ -14,11 +14,11 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuspawner import stopnotice
-from gpuspawner.admission import RefusedDemand, person_demand
-from gpuspawner.catalog import CatalogError, parse_catalog
-from gpuspawner.compat import request_options
-from gpuspawner.options import Refusal, Selection, ignored_options, resolve_selection, shown
+from gpuspawner.core import stopreasons
+from gpuspawner.core.admission import RefusedDemand, person_demand
+from gpuspawner.core.catalog import CatalogError, parse_catalog
+from gpuspawner.core.options import Refusal, Selection, ignored_options, resolve_selection, shown
+from gpuspawner.hub.compat import request_options
 
 from ..conftest import FIXTURES
 from .payloads import PAYLOADS
@@ -130,7 +130,7 @@ NUMBERS = st.one_of(
 NOTICE_FIELDS = st.fixed_dictionaries(
     # the fields a notice needs, so that most examples get past the first check
     {
-        "reason": st.one_of(st.sampled_from(stopnotice.REASONS), TEXT),
+        "reason": st.one_of(st.sampled_from(stopreasons.REASONS), TEXT),
         "at": NUMBERS,
         "cull_after": NUMBERS,
     },
@@ -157,25 +157,25 @@ def annotation_values():
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(annotation_values())
 def test_a_stop_reason_annotation_reads_as_a_notice_or_none(value):
-    notice = stopnotice.StopNotice.from_state(value)
+    notice = stopreasons.StopNotice.from_state(value)
     if notice is None:
         return
     notice = notice.for_server("<b>srv</b>", "")
     sentence = notice.sentence()
-    html = stopnotice.notice_html(notice)
+    html = stopreasons.notice_html(notice)
     assert sentence and notice.as_json()["message"] == sentence
     # the only element is the time: everything from the annotation is escaped
     assert html.count("<") == html.count("<time") + html.count("</time>")
-    assert stopnotice.StopNotice.from_state(notice.to_state()) == notice
+    assert stopreasons.StopNotice.from_state(notice.to_state()) == notice
 
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(annotation_values())
 def test_a_cull_warning_annotation_reads_as_a_warning_or_none(value):
-    warning = stopnotice.CullWarning.from_state(value)
+    warning = stopreasons.CullWarning.from_state(value)
     if warning is None:
         return
-    html = stopnotice.warning_html(warning.for_server("x<svg onload=1>", ""))
+    html = stopreasons.warning_html(warning.for_server("x<svg onload=1>", ""))
     assert "<svg" not in html
     assert warning.sentence()
 

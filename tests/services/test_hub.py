@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpuspawner.services.hub import HubClient, HubError, parse_time
+from gpuspawner.clients.hubapi import HubClient, HubError, parse_time
 
 from ..culler.faultproxy import FaultProxy
 from ..scriptedhttp import scripted_server

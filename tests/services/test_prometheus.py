@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuspawner.services.prometheus import (
+from gpuspawner.clients.prometheus import (
     GPUQueries,
     PrometheusClient,
     PrometheusError,

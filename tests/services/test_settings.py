@@ -64,7 +64,7 @@ def test_kubernetes_and_namespace(cls, monkeypatch, tmp_path, capfd):
     monkeypatch.setenv("POD_NAMESPACE", "hub-ns")
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setattr("gpuspawner.kube.SERVICE_ACCOUNT", str(tmp_path))
+    monkeypatch.setattr("gpuspawner.clients.kube.SERVICE_ACCOUNT", str(tmp_path))
     app = build(cls, Config())
     assert app.namespace == "hub-ns"
     assert app.kubernetes == "auto" and not app.use_kubernetes()  # no kubeconfig, no pod
@@ -92,7 +92,7 @@ def test_one_config_file_for_both_services(tmp_path):
 
 
 def test_service_endpoint_defaults_to_the_hubs_url_else_the_services_own_port(monkeypatch):
-    from gpuspawner.services.settings import ServiceEndpointSettings
+    from gpuspawner.clients.settings import ServiceEndpointSettings
 
     class Service(ServiceEndpointSettings):
         default_port = 10999

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gpuspawner import capacity
-from gpuspawner.catalog import load_catalog_file
+from gpuspawner.core.catalog import load_catalog_file
+from gpuspawner.hub import capacity
 from gpuspawner.inventory.model import inventory_from
 from gpuspawner.userservice.availability import NotAUser, user_payload
 

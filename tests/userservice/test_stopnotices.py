@@ -22,7 +22,7 @@ import urllib.request
 import pytest
 from jupyterhub.spawner import Spawner
 
-from gpuspawner import stopnotice
+from gpuspawner.core import stopreasons
 from gpuspawner.userservice.stopnotices import NO_STATE, state_hidden, user_notices
 from gpuspawner_sandbox.testing import wait_for
 
@@ -36,11 +36,11 @@ NOTICES = "/services/gpuspawner/stop-notices"
 class FailingCheckSpawner(Spawner):
     """Its start fails on a GPU check, keeping why in its state (as GPUSpawner does)."""
 
-    notice: stopnotice.StopNotice | None = None
+    notice: stopreasons.StopNotice | None = None
 
     async def start(self):
-        self.notice = stopnotice.StopNotice(
-            stopnotice.REASON_GPU_CHECK, time.time(), kind="xid", detail="GPU 0 fell off the bus"
+        self.notice = stopreasons.StopNotice(
+            stopreasons.REASON_GPU_CHECK, time.time(), kind="xid", detail="GPU 0 fell off the bus"
         )
         raise RuntimeError("the GPU check failed")
 
@@ -53,12 +53,12 @@ class FailingCheckSpawner(Spawner):
     def get_state(self):
         state = super().get_state()
         if self.notice is not None:
-            state[stopnotice.STATE_KEY] = self.notice.to_state()
+            state[stopreasons.STATE_KEY] = self.notice.to_state()
         return state
 
     def load_state(self, state):
         super().load_state(state)
-        self.notice = stopnotice.StopNotice.from_state(state.get(stopnotice.STATE_KEY))
+        self.notice = stopreasons.StopNotice.from_state(state.get(stopreasons.STATE_KEY))
 
 
 @pytest.fixture(scope="module")
@@ -171,9 +171,9 @@ def test_only_stopped_servers_with_a_readable_notice_count():
     notice = {"reason": "admin", "at": 1e9}
     model = {
         "servers": {
-            "a": {"stopped": True, "state": {stopnotice.STATE_KEY: notice}},
-            "b": {"stopped": False, "state": {stopnotice.STATE_KEY: notice}},
-            "c": {"stopped": True, "state": {stopnotice.STATE_KEY: "junk"}},
+            "a": {"stopped": True, "state": {stopreasons.STATE_KEY: notice}},
+            "b": {"stopped": False, "state": {stopreasons.STATE_KEY: notice}},
+            "c": {"stopped": True, "state": {stopreasons.STATE_KEY: "junk"}},
             "d": {"stopped": True},
             "e": "junk",
         }

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuspawner.labels import VALIDATION_CONTAINER_NAME
+from gpuspawner.core.labels import VALIDATION_CONTAINER_NAME
 from gpuspawner.validation import gpucheck
 from gpuspawner.validation.podstatus import (
     CHECK_EXIT_CODES,

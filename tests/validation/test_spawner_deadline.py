@@ -13,8 +13,8 @@ import pytest
 from traitlets import TraitError
 from traitlets.config import Config
 
-from gpuspawner import hubstate
-from gpuspawner.spawner import GPUCheckFailed
+from gpuspawner.hub import state as hubstate
+from gpuspawner.hub.spawner import GPUCheckFailed
 from gpuspawner.validation import gpucheck
 from gpuspawner.validation.podstatus import OVERDUE_GRACE
 from tests.test_spawner import build, make_spawner

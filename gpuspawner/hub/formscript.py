@@ -3,7 +3,7 @@
 The figures come with the page and are then refreshed from the gpuspawner
 service (``GET /services/gpuspawner/availability``, see
 :mod:`gpuspawner.userservice.availability`), which answers the same payload
-(:func:`gpuspawner.capacity.payload`) for the user who asks. Without the
+(:func:`gpuspawner.hub.capacity.payload`) for the user who asks. Without the
 service, or when it stops answering, the figures stay those last counted and
 the form says when that was.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from jinja2.utils import htmlsafe_json_dumps
 
-from ..profiles import MARK_NEVER, MARK_NOT_FREE
+from ..core.profiles import MARK_NEVER, MARK_NOT_FREE
 
 #: How often the form asks for new figures, in milliseconds.
 POLL_INTERVAL_MS = 10_000
@@ -53,7 +53,7 @@ def form_script(payload: dict[str, Any], url: str) -> str:
 
 # Relabels the GPU type choices with "N free of M (at most K on one node)" and
 # marks the counts the selected type cannot take now (or ever: disabled), with
-# the marks of gpuspawner.profiles.count_mark that the payload carries.
+# the marks of gpuspawner.core.profiles.count_mark that the payload carries.
 _FORM_JS = r"""
   function typeBase(option) {
     if (!option.dataset.base) option.dataset.base = option.text.split(" \u2014 ")[0];

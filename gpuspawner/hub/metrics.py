@@ -43,9 +43,9 @@ from typing import Any
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from . import hubstate
-from .serverpod import ServerPod
-from .validation import podstatus
+from ..core.serverpod import ServerPod
+from ..validation import podstatus
+from . import state as hubstate
 
 #: The refusal reasons the spawner gives (other values are counted as "other").
 REFUSAL_REASONS = (

@@ -5,7 +5,7 @@ reason (``gpuspawner.io/stop-reason``), which GPUSpawner keeps for the user's
 next visit; if the hub does not stop it, the reason is taken off again. While
 a warning stands, the pod carries it (``gpuspawner.io/cull-warning``) for the
 hub's home page; it is removed when the warning is withdrawn. See
-:mod:`gpuspawner.stopnotice`.
+:mod:`gpuspawner.core.stopreasons`.
 
 The pods are where warnings live between passes, not the culler's memory: each
 pass reads the warnings on the pods it lists, so a culler that restarts takes
@@ -19,29 +19,29 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .. import labels, stopnotice
-from . import policy as P
+from ..core import labels, stopreasons
+from . import policy
 
 #: The culler's cull reasons as the stop notice names them.
 _REASONS = {
-    P.REASON_IDLE: stopnotice.REASON_IDLE,
-    P.REASON_GPU_IDLE: stopnotice.REASON_GPU_IDLE,
-    P.REASON_PRESSURE: stopnotice.REASON_PRESSURE,
-    P.REASON_MAX_AGE: stopnotice.REASON_MAX_AGE,
+    policy.REASON_IDLE: stopreasons.REASON_IDLE,
+    policy.REASON_GPU_IDLE: stopreasons.REASON_GPU_IDLE,
+    policy.REASON_PRESSURE: stopreasons.REASON_PRESSURE,
+    policy.REASON_MAX_AGE: stopreasons.REASON_MAX_AGE,
 }
 
 #: Annotation values for a patch: a string sets the annotation, None removes it.
 Annotations = dict[str, str | None]
 
 
-def _seconds(d: P.Decision) -> float | None:
-    return d.timeout if d.reason == P.REASON_MAX_AGE else d.idle_seconds
+def _seconds(d: policy.Decision) -> float | None:
+    return d.timeout if d.reason == policy.REASON_MAX_AGE else d.idle_seconds
 
 
-def stop_annotations(d: P.Decision, now: float) -> Annotations:
+def stop_annotations(d: policy.Decision, now: float) -> Annotations:
     """The annotations to write before culling ``d``'s server (and the warning removed)."""
-    notice = stopnotice.StopNotice(
-        _REASONS.get(d.reason, stopnotice.REASON_IDLE), now, seconds=_seconds(d)
+    notice = stopreasons.StopNotice(
+        _REASONS.get(d.reason, stopreasons.REASON_IDLE), now, seconds=_seconds(d)
     )
     return {
         labels.ANNOTATION_STOP_REASON: json.dumps(notice.to_state()),
@@ -49,15 +49,15 @@ def stop_annotations(d: P.Decision, now: float) -> Annotations:
     }
 
 
-def warning_annotations(d: P.Decision, cull_after: float) -> Annotations:
+def warning_annotations(d: policy.Decision, cull_after: float) -> Annotations:
     """The annotation of a warned server: why and when it will be culled."""
-    warning = stopnotice.CullWarning(
-        _REASONS.get(d.reason, stopnotice.REASON_IDLE), cull_after, seconds=_seconds(d)
+    warning = stopreasons.CullWarning(
+        _REASONS.get(d.reason, stopreasons.REASON_IDLE), cull_after, seconds=_seconds(d)
     )
     return {labels.ANNOTATION_CULL_WARNING: json.dumps(warning.to_state())}
 
 
-def stop_failed_annotations(d: P.Decision, cull_after: float | None) -> Annotations:
+def stop_failed_annotations(d: policy.Decision, cull_after: float | None) -> Annotations:
     """What ``d``'s pod carries again when the hub did not stop the server: no stop
     reason (its user did not lose it to the culler), and its warning if it had one."""
     warning = None if cull_after is None else warning_annotations(d, cull_after)
@@ -75,11 +75,11 @@ SAME_TIME = 1.0
 
 
 def adopt(
-    on_pods: Mapping[tuple[str, str], stopnotice.CullWarning | None],
+    on_pods: Mapping[tuple[str, str], stopreasons.CullWarning | None],
     now: float,
     warning_period: float,
     grace: float,
-) -> dict[tuple[str, str], P.WarningMark]:
+) -> dict[tuple[str, str], policy.WarningMark]:
     """The warnings standing on pods that a culler takes up as its own.
 
     A warning is taken up when its cull time is still ahead, no further than
@@ -96,7 +96,7 @@ def adopt(
         if warning is None or warning.reason not in _POLICY_REASONS:
             continue
         if now - grace < warning.cull_after <= now + warning_period:
-            marks[key] = P.WarningMark(
+            marks[key] = policy.WarningMark(
                 warned_at=warning.cull_after - warning_period,
                 reason=_POLICY_REASONS[warning.reason],
             )
@@ -107,15 +107,15 @@ def adopt(
 class WarningWrite:
     """One annotation patch of a warned (or no longer warned) server's pod."""
 
-    server: P.Server
+    server: policy.Server
     annotations: Annotations
     #: The cull time the pod's warning says once this is written; None: no warning left.
     cull_after: float | None
 
 
 def warning_writes(
-    decisions: Iterable[P.Decision],
-    marks: Mapping[tuple[str, str], P.WarningMark],
+    decisions: Iterable[policy.Decision],
+    marks: Mapping[tuple[str, str], policy.WarningMark],
     on_pods: Mapping[tuple[str, str], float | None],
     warning_period: float,
 ) -> dict[tuple[str, str], WarningWrite]:
@@ -131,10 +131,10 @@ def warning_writes(
     for d in decisions:
         key = d.server.key
         current = on_pods.get(key)
-        if d.action == P.WARN and key in marks:
+        if d.action == policy.WARN and key in marks:
             cull_after = marks[key].warned_at + warning_period
             if current is None or abs(current - cull_after) > SAME_TIME:
                 writes[key] = WarningWrite(d.server, warning_annotations(d, cull_after), cull_after)
-        elif d.action != P.CULL and key in on_pods:
+        elif d.action != policy.CULL and key in on_pods:
             writes[key] = WarningWrite(d.server, {labels.ANNOTATION_CULL_WARNING: None}, None)
     return writes

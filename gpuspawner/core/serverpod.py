@@ -1,7 +1,7 @@
 """The one reader of GPUSpawner's pods: what a pod says about its server (pure).
 
 Limits, the hub's metrics, the culler, the admin page and the GPU check's
-progress all read the same labels and annotations (:mod:`gpuspawner.labels`)
+progress all read the same labels and annotations (:mod:`gpuspawner.core.labels`)
 from pods as the API returns them (raw JSON, camelCase). They read them here,
 through :meth:`ServerPod.from_pod`, so a label is parsed one way only. Also
 here: which resource names are GPUs (:func:`is_gpu_resource`) and the
@@ -16,7 +16,7 @@ from typing import Any
 
 from . import labels
 from .options import parse_count
-from .stopnotice import CullWarning, StopNotice
+from .stopreasons import CullWarning, StopNotice
 
 #: Resource name prefixes counted as accelerators besides the catalog's own
 #: resources: NVIDIA full GPUs, MIG slices and time-sliced replicas

@@ -23,13 +23,13 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .admission import RefusedDemand, WaitQueue, person_demand
-from .catalog import CatalogFile
-from .limits import Holding
-from .startgate import StartGate
+from ..core.admission import RefusedDemand, WaitQueue, person_demand
+from ..core.catalog import CatalogFile
+from ..core.limits import Holding
+from .startturns import StartGate
 
 if TYPE_CHECKING:
-    from .inventory.reflectors import InventoryReflector
+    from ..inventory.reflectors import InventoryReflector
 
 
 class HubState:
@@ -114,7 +114,7 @@ class HubState:
         """Count a request refused for lack of free GPUs as demand until ``until`` (monotonic).
 
         Kept per server, so a user who tries again and again counts once;
-        published per person (:func:`~gpuspawner.admission.person_demand`),
+        published per person (:func:`~gpuspawner.core.admission.person_demand`),
         capped at ``allowance``, what the user could still take of the type.
         """
         self._refused[(user, server)] = RefusedDemand(user, gpu_type, gpus, until, allowance)

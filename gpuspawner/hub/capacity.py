@@ -1,11 +1,11 @@
 """GPUSpawner's use of the hub's GPU capacity: admission, live figures, the queue, stuck pods.
 
-:class:`Capacity` is a collaborator of :class:`~gpuspawner.spawner.GPUSpawner`
-with explicit inputs: the hub's :class:`~gpuspawner.hubstate.HubState` (locks,
+:class:`Capacity` is a collaborator of :class:`~gpuspawner.hub.spawner.GPUSpawner`
+with explicit inputs: the hub's :class:`~gpuspawner.hub.state.HubState` (locks,
 reservations, the queue) when it is made, and per call the inventory, the
 catalog, the request and the admin's settings. It reads nothing of the
 spawner. The decisions themselves live in the pure modules
-:mod:`gpuspawner.limits`, :mod:`gpuspawner.admission` and
+:mod:`gpuspawner.core.limits`, :mod:`gpuspawner.core.admission` and
 :mod:`gpuspawner.inventory.figures`; this is the wiring to the hub's shared
 watch of nodes and pods.
 
@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING, Any
 from traitlets import Bool, Float, Unicode
 from traitlets.config import Configurable
 
-from . import admission, limits
-from .catalog import Catalog
-from .inventory import figures as inventory_figures
-from .inventory.model import Availability
-from .options import Refusal, Selection
+from ..core import admission, limits
+from ..core.catalog import Catalog
+from ..core.options import Refusal, Selection
+from ..inventory import figures as inventory_figures
+from ..inventory.model import Availability
 
 if TYPE_CHECKING:
-    from .hubstate import HubState
-    from .inventory.reflectors import InventoryReflector
+    from ..inventory.reflectors import InventoryReflector
+    from .state import HubState
 
 
 class GPUUnschedulable(Exception):
@@ -186,7 +186,7 @@ def figures(
 
     With ``promised`` (the hub's state), GPUs promised to admitted requests
     whose pods are not on a node yet count as taken (see
-    :func:`~gpuspawner.admission.after_claims`); ``besides`` leaves out one
+    :func:`~gpuspawner.core.admission.after_claims`); ``besides`` leaves out one
     request's own promise.
     """
     if inventory is None or not inventory.ready:

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 from traitlets import Float, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
-from .. import kube
+from . import kube
 from .prometheus import GPUQueries, PrometheusClient
 
 

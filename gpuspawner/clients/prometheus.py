@@ -2,7 +2,7 @@
 
 The NVIDIA DCGM exporter labels each GPU's series with the pod and namespace
 that hold it; :class:`GPUQueries` knows the metric and label names (they are
-configurable, see :class:`~gpuspawner.services.settings.PrometheusSettings`)
+configurable, see :class:`~gpuspawner.clients.settings.PrometheusSettings`)
 and builds the PromQL. The culler asks, for all pods at once:
 
 * **fresh**: which pods have GPU data in the last ``freshness`` seconds
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from ..options import shown
+from ..core.options import shown
 
 
 class PrometheusError(Exception):

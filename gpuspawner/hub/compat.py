@@ -12,7 +12,7 @@ from typing import Any
 from jupyterhub import version_info
 from tornado import web
 
-from .options import Refusal
+from ..core.options import Refusal
 
 #: JupyterHub 6 reads a server request's body as ``{"user_options": {…},
 #: "display_name": …}``, and a body without those keys as the options; 5.5 takes

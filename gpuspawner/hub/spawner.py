@@ -1,9 +1,9 @@
 """GPUSpawner: KubeSpawner plus a GPU catalog, limits and a GPU check before the notebook starts.
 
 This module is glue. The decisions live in pure modules it calls:
-:mod:`~gpuspawner.catalog` (what exists), :mod:`~gpuspawner.options` (what was
-asked for), :mod:`~gpuspawner.limits` (whether it is allowed),
-:mod:`~gpuspawner.profiles` (what the form offers), :mod:`~gpuspawner.podspec`
+:mod:`~gpuspawner.core.catalog` (what exists), :mod:`~gpuspawner.core.options` (what was
+asked for), :mod:`~gpuspawner.core.limits` (whether it is allowed),
+:mod:`~gpuspawner.core.profiles` (what the form offers), :mod:`~gpuspawner.core.podspec`
 (what the pod gets) and :mod:`~gpuspawner.validation` (whether the GPUs work).
 
 Without a catalog, GPUSpawner behaves exactly like KubeSpawner, with two
@@ -25,24 +25,10 @@ from typing import Any
 from kubespawner import KubeSpawner
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, observe
 
-from . import (
-    admission,
-    capacity,
-    hubstate,
-    kube,
-    labels,
-    limits,
-    metrics,
-    podspec,
-    profiles,
-    serverpod,
-    serverprobe,
-    stopnotice,
-)
-from .capacity import Capacity, CapacityConfig, GPUUnschedulable
-from .catalog import Catalog, CatalogError, parse_catalog
-from .compat import SpawnException, request_options
-from .options import (
+from ..clients import kube
+from ..core import admission, labels, limits, podspec, profiles, serverpod, stopreasons
+from ..core.catalog import Catalog, CatalogError, parse_catalog
+from ..core.options import (
     OPTION_PROFILE,
     Refusal,
     Selection,
@@ -51,13 +37,17 @@ from .options import (
     resolve_selection,
     shown,
 )
+from . import capacity, metrics, serverprobe
+from . import state as hubstate
+from .capacity import Capacity, CapacityConfig, GPUUnschedulable
+from .compat import SpawnException, request_options
 
 
 class RefusedSpawn(SpawnException, ValueError):
     """A refused spawn request, as JupyterHub and KubeSpawner callers expect it.
 
     A ``SpawnException`` (JupyterHub answers with its status and message, and
-    logs no traceback; JupyterHub 5.5 has none, see :mod:`gpuspawner.compat`)
+    logs no traceback; JupyterHub 5.5 has none, see :mod:`gpuspawner.hub.compat`)
     and a ``ValueError``, which is what KubeSpawner's ``load_user_options``
     raises for bad options: code that wraps it in ``try/except ValueError``
     sees GPUSpawner's refusals too.
@@ -207,7 +197,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
     _gpu_mock: bool = False
     #: Why this server was last stopped by someone other than its user; kept in the
     #: state (across clear_state) until the user starts it again.
-    _stop_notice: stopnotice.StopNotice | None = None
+    _stop_notice: stopreasons.StopNotice | None = None
     #: While running: what it holds ("2 × NVIDIA A100") and its node, kept in the
     #: state so that a pod that vanished with its node reads as "node lost".
     _running: dict[str, str] | None = None
@@ -355,7 +345,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             return None
         from kubespawner.clients import shared_client
 
-        from .inventory.reflectors import InventoryReflector
+        from ..inventory.reflectors import InventoryReflector
 
         def create() -> InventoryReflector:
             return InventoryReflector(
@@ -427,7 +417,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         KubeSpawner renders its form without autoescape, and the profiles carry
         text users control (their server names, in the "You are using ..." line).
         Here every value is escaped unless it is marked as markup: only the
-        catalog's descriptions are (:func:`gpuspawner.profiles.build_profile_list`).
+        catalog's descriptions are (:func:`gpuspawner.core.profiles.build_profile_list`).
         An admin's ``profile_form_template`` is rendered the same way.
         """
         from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PackageLoader
@@ -469,11 +459,11 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         notice = self.stop_notice()
         if notice is None:
             return ""
-        from .hubpages import notice_paragraph
+        from .pages import notice_paragraph
 
-        html = notice_paragraph(stopnotice.notice_html(notice))
+        html = notice_paragraph(stopreasons.notice_html(notice))
         # a plain str: Markup + the form's str would escape the whole form
-        return str(html + stopnotice.LOCAL_TIME_SCRIPT)
+        return str(html + stopreasons.LOCAL_TIME_SCRIPT)
 
     def _options_form_body(self, profile_list) -> str:
         if not self.gpu_catalog_configured:
@@ -482,7 +472,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         if self.gpu_inventory() is None or not self._own_form():
             # another form's labels say when they were counted (see _catalog_profile_list)
             return form
-        from .inventory.web import form_script
+        from .formscript import form_script
 
         return form + form_script(self.gpu_availability_payload(), self._figures_url())
 
@@ -506,7 +496,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         service = (settings.get("services") or {}).get(self.gpu_figures_service)
         if service is None or not getattr(service, "url", None):
             return ""
-        from .userservice.availability import AVAILABILITY_PATH
+        from ..userservice.availability import AVAILABILITY_PATH
 
         return f"{service.prefix.rstrip('/')}/{AVAILABILITY_PATH}"
 
@@ -613,7 +603,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
                 "timeout": repr(float(self.validation_timeout)),
             }
             return [part.format(**values) for part in self.validation_command]
-        from .validation.command import check_command
+        from ..validation.command import check_command
 
         return check_command(
             selection.gpus,
@@ -743,7 +733,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             return None
         if self.capacity.unschedulable is not None and admission.unschedulable_message(pod):
             return self.capacity.scheduling_progress(self.gpu_unschedulable_timeout)
-        from .validation.podstatus import describe_waiting
+        from ..validation.podstatus import describe_waiting
 
         return describe_waiting(pod)
 
@@ -782,11 +772,11 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
 
     def is_pod_running(self, pod: dict | None) -> bool:
         if pod is not None and self._selection is not None and self._selection.is_gpu:
-            from .validation.podstatus import check_failure
+            from ..validation.podstatus import check_failure
 
             reason = check_failure(pod)
             if reason:
-                from .validation.podstatus import check_failure_kind
+                from ..validation.podstatus import check_failure_kind
 
                 metrics.count_validation_failure(pod)
                 raise GPUCheckFailed(reason, check_failure_kind(pod) or "")
@@ -808,15 +798,15 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             running, self._running = self._running, None
             notice = serverpod.ServerPod.from_pod(pod).stop_notice if pod else None
             if notice is None and running.get("node") and await self._node_lost(running["node"]):
-                notice = stopnotice.StopNotice(
-                    stopnotice.REASON_NODE_LOST, time.time(), detail=running["node"]
+                notice = stopreasons.StopNotice(
+                    stopreasons.REASON_NODE_LOST, time.time(), detail=running["node"]
                 )
             if notice is not None:
                 self._keep_stop_notice(notice, running.get("held", ""))
         return status
 
     # ------------------------------------------------------------------
-    # why it stopped (gpuspawner.stopnotice)
+    # why it stopped (gpuspawner.core.stopreasons)
     # ------------------------------------------------------------------
 
     def _reflected_pod(self) -> dict | None:
@@ -824,11 +814,11 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             return None
         return self.pod_reflector.pods.get(f"{self.namespace}/{self.pod_name}")
 
-    def _keep_stop_notice(self, notice: stopnotice.StopNotice, held: str) -> None:
+    def _keep_stop_notice(self, notice: stopreasons.StopNotice, held: str) -> None:
         self._stop_notice = notice.for_server(self.name, held)
         self.log.info("%s stopped: %s", self._log_name, self._stop_notice.sentence())
 
-    async def _pod_stop_notice(self) -> stopnotice.StopNotice | None:
+    async def _pod_stop_notice(self) -> stopreasons.StopNotice | None:
         """The pod's stop-reason annotation: the reflector's copy, else the API's.
 
         Who stops a server annotates the pod just before asking the hub to stop
@@ -866,7 +856,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         except Exception as e:
             self.log.warning("Could not tell whether the node of %s is lost: %s", self._log_name, e)
             return False
-        return stopnotice.node_is_lost(listing.get("items") or [], node)
+        return stopreasons.node_is_lost(listing.get("items") or [], node)
 
     async def stop(self, now=False):
         running, self._running = self._running, None
@@ -875,13 +865,13 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             self._keep_stop_notice(notice, (running or {}).get("held", ""))
         return await super().stop(now=now)
 
-    def stop_notice(self) -> stopnotice.StopNotice | None:
+    def stop_notice(self) -> stopreasons.StopNotice | None:
         """Why this server last stopped, until its user starts it again; None when they stopped it."""
         if self._stop_notice is None:
             return None
         return self._stop_notice.for_server(self.name, "")
 
-    def cull_warning(self) -> stopnotice.CullWarning | None:
+    def cull_warning(self) -> stopreasons.CullWarning | None:
         """The culler's pending warning on the running pod, else None."""
         pod = self._reflected_pod()
         warning = serverpod.ServerPod.from_pod(pod).cull_warning if pod else None
@@ -892,15 +882,15 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
     def get_state(self):
         state = super().get_state()
         if self._stop_notice is not None:
-            state[stopnotice.STATE_KEY] = self._stop_notice.to_state()
+            state[stopreasons.STATE_KEY] = self._stop_notice.to_state()
         if self._running is not None:
-            state[stopnotice.RUNNING_STATE_KEY] = dict(self._running)
+            state[stopreasons.RUNNING_STATE_KEY] = dict(self._running)
         return state
 
     def load_state(self, state):
         super().load_state(state)
-        self._stop_notice = stopnotice.StopNotice.from_state(state.get(stopnotice.STATE_KEY))
-        running = state.get(stopnotice.RUNNING_STATE_KEY)
+        self._stop_notice = stopreasons.StopNotice.from_state(state.get(stopreasons.STATE_KEY))
+        running = state.get(stopreasons.RUNNING_STATE_KEY)
         self._running = None
         if isinstance(running, dict):
             self._running = {k: v for k, v in running.items() if isinstance(v, str)}
@@ -914,11 +904,11 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         selection = self._selection
         if selection is None or not selection.is_gpu or selection.gpu_type is None:
             return ""
-        return stopnotice.held_text(selection.gpus, selection.gpu_type.display_name)
+        return stopreasons.held_text(selection.gpus, selection.gpu_type.display_name)
 
     def _failed_start(self, reason: str, **fields: Any) -> None:
         """Keep the notice of a start GPUSpawner itself gave up on."""
-        notice = stopnotice.StopNotice(reason, time.time(), **fields)
+        notice = stopreasons.StopNotice(reason, time.time(), **fields)
         self._keep_stop_notice(notice, self._held())
 
     async def _start(self):
@@ -964,7 +954,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             self.log.warning(
                 "Giving up on %s after %.0f s without free GPUs: %s", self._log_name, waited, e
             )
-            self._failed_start(stopnotice.REASON_STUCK_PENDING, seconds=float(waited))
+            self._failed_start(stopreasons.REASON_STUCK_PENDING, seconds=float(waited))
             await self._delete_failed_pod("it could not be scheduled")
             raise spawn_error(
                 f"The server was not started because no node had the GPUs for it for "
@@ -977,7 +967,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             metrics.count_refusal("gpu-check")
             reason = str(e)
             self.log.warning("GPU check failed for %s: %s", self._log_name, reason)
-            self._failed_start(stopnotice.REASON_GPU_CHECK, kind=e.kind, detail=reason)
+            self._failed_start(stopreasons.REASON_GPU_CHECK, kind=e.kind, detail=reason)
             await self._delete_failed_pod("its GPU check failed")
             raise spawn_error(
                 f"The GPUs given to this server failed their check, so it was not started: {reason}",

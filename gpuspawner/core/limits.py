@@ -1,7 +1,7 @@
 """Per-user GPU limits: which rule applies to a user, what they hold, and whether a request fits.
 
 Usage is computed from the cluster's pods (their labels and annotations, see
-:mod:`gpuspawner.labels`), never from hub memory, so a hub restart or a pod
+:mod:`gpuspawner.core.labels`), never from hub memory, so a hub restart or a pod
 the hub lost track of cannot lead to over-allocation. The spawner adds the
 requests it has admitted but whose pods do not exist yet (reservations), so
 concurrent requests are counted too.

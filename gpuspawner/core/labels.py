@@ -18,11 +18,11 @@ LABEL_MANAGED = f"{LABEL_PREFIX}/managed"
 
 #: Pod annotation: the Kubernetes resource name the GPUs were requested as.
 ANNOTATION_GPU_RESOURCE = f"{LABEL_PREFIX}/gpu-resource"
-#: Pod annotation (JSON, gpuspawner.stopnotice.StopNotice): why the server is being stopped,
+#: Pod annotation (JSON, gpuspawner.core.stopreasons.StopNotice): why the server is being stopped,
 #: written by whoever stops it for a reason other than its user's own action (the culler, the
 #: admin GPU page) just before the stop; the hub keeps it in the spawner's state for the user.
 ANNOTATION_STOP_REASON = f"{LABEL_PREFIX}/stop-reason"
-#: Pod annotation (JSON, gpuspawner.stopnotice.CullWarning): the culler's pending warning that
+#: Pod annotation (JSON, gpuspawner.core.stopreasons.CullWarning): the culler's pending warning that
 #: it will stop the server, and when; removed when the warning is withdrawn.
 ANNOTATION_CULL_WARNING = f"{LABEL_PREFIX}/cull-warning"
 #: KubeSpawner's pod label with a label-safe form of the user name, for selecting a user's pods.

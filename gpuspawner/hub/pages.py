@@ -6,7 +6,7 @@ own, plus one line per notice) to ``c.JupyterHub.template_paths`` and
 nothing here: GPUSpawner puts the server's own notice above its options form.
 
 The lines read only what the hub already holds: each server's stop notice from
-its saved state (:data:`gpuspawner.stopnotice.STATE_KEY`), and the culler's
+its saved state (:data:`gpuspawner.core.stopreasons.STATE_KEY`), and the culler's
 warning from the running server's pod as the hub's pod watch last saw it.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from . import stopnotice
+from ..core import stopreasons
 
 #: GPUSpawner's templates (``home.html``), for ``c.JupyterHub.template_paths``.
 TEMPLATE_PATH = str(Path(__file__).parent / "templates")
@@ -30,18 +30,18 @@ log = logging.getLogger("JupyterHub")
 def notice_paragraph(html: Markup | str, kind: str = "stopped") -> Markup:
     """One notice line as the pages show it.
 
-    ``html`` is :class:`~markupsafe.Markup` from :func:`~gpuspawner.stopnotice.notice_html`
-    (or :func:`~gpuspawner.stopnotice.warning_html`); plain text is escaped.
+    ``html`` is :class:`~markupsafe.Markup` from :func:`~gpuspawner.core.stopreasons.notice_html`
+    (or :func:`~gpuspawner.core.stopreasons.warning_html`); plain text is escaped.
     """
     css = "alert-warning" if kind == "warning" else "alert-info"
     return Markup('<p class="alert {} gpuspawner-{}" role="status">{}</p>').format(css, kind, html)
 
 
-def _saved_notice(orm_spawner: Any) -> stopnotice.StopNotice | None:
+def _saved_notice(orm_spawner: Any) -> stopreasons.StopNotice | None:
     state = getattr(orm_spawner, "state", None)
     if not isinstance(state, dict):
         return None
-    notice = stopnotice.StopNotice.from_state(state.get(stopnotice.STATE_KEY))
+    notice = stopreasons.StopNotice.from_state(state.get(stopreasons.STATE_KEY))
     return notice.for_server(orm_spawner.name or "", "") if notice else None
 
 
@@ -56,11 +56,11 @@ def user_notices(user: Any) -> list[Markup]:
         if spawner is not None and (spawner.active or spawner.ready):
             warning = getattr(spawner, "cull_warning", lambda: None)()
             if warning is not None:
-                warnings.append(notice_paragraph(stopnotice.warning_html(warning), "warning"))
+                warnings.append(notice_paragraph(stopreasons.warning_html(warning), "warning"))
             continue
         notice = _saved_notice(orm_spawner)
         if notice is not None:
-            lines.append(notice_paragraph(stopnotice.notice_html(notice)))
+            lines.append(notice_paragraph(stopreasons.notice_html(notice)))
     return lines + warnings
 
 
@@ -101,6 +101,6 @@ def configure(c: Any) -> None:
     c.JupyterHub.template_vars.update(
         {
             "gpuspawner_notices": page_notices,
-            "gpuspawner_local_time": stopnotice.LOCAL_TIME_SCRIPT,
+            "gpuspawner_local_time": stopreasons.LOCAL_TIME_SCRIPT,
         }
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .catalog import Catalog, CatalogError, load_catalog_file, parse_catalog
+from ..core.catalog import Catalog, CatalogError, load_catalog_file, parse_catalog
 
 
 def load_configured_catalog(config: Any) -> Catalog | None:
@@ -37,10 +37,10 @@ def check_catalog(config: Any) -> Catalog | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m gpuspawner.startup CATALOG.yaml``: check a catalog file before deploying it."""
+    """``python -m gpuspawner.hub.catalogcheck CATALOG.yaml``: check a catalog file before deploying it."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0] in ("-h", "--help"):
-        print("usage: python -m gpuspawner.startup CATALOG.yaml", file=sys.stderr)
+        print("usage: python -m gpuspawner.hub.catalogcheck CATALOG.yaml", file=sys.stderr)
         return 2
     try:
         catalog = load_catalog_file(args[0])

@@ -19,7 +19,7 @@ from collections import OrderedDict
 
 
 class StartGate:
-    """The hub's turns to start (one per hub process, in :class:`~gpuspawner.hubstate.HubState`)."""
+    """The hub's turns to start (one per hub process, in :class:`~gpuspawner.hub.state.HubState`)."""
 
     def __init__(self) -> None:
         self._starting: set[str] = set()

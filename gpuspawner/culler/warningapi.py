@@ -15,13 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime, timezone
 
-from .policy import (
-    REASON_GPU_IDLE,
-    REASON_IDLE,
-    REASON_MAX_AGE,
-    REASON_PRESSURE,
-    WarningMark,
-)
+from .policy import REASON_GPU_IDLE, REASON_IDLE, REASON_MAX_AGE, REASON_PRESSURE, WarningMark
 
 #: How to keep a server warned for each cull reason (shown to its user).
 KEEP = {

@@ -12,7 +12,7 @@ Pure decisions over :class:`~gpuspawner.inventory.model.Availability` figures:
 - :func:`figures_label` is the "N free of M (at most K on one node)" text the
   form shows.
 
-Refusals are :class:`~gpuspawner.options.Refusal` with reasons
+Refusals are :class:`~gpuspawner.core.options.Refusal` with reasons
 ``never-schedulable`` and ``no-capacity``, so they reach users like every
 other refusal.
 """
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from .inventory.model import Availability
+from ..inventory.model import Availability
 from .options import Refusal
 from .serverpod import is_gpu_resource
 
