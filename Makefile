@@ -71,6 +71,7 @@ node_modules/.installed: package.json
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 # Both JupyterHub lines, each run to its end; pytest exits 5 when it collected no
 # test: that is a failure here, never a pass. The whole suite ends with its 30

@@ -1,8 +1,7 @@
 """gpuspawner: a KubeSpawner for a shared pool of GPUs."""
 
 from . import _moved
-
-__version__ = "0.1.0.dev0"
+from ._version import __version__
 
 _moved.install()
 

@@ -18,16 +18,16 @@ import yaml
 from gpuspawner.core.catalog import parse_catalog
 from gpuspawner.core.limits import Holding
 from gpuspawner.core.options import Refusal, resolve_selection
+from gpuspawner.core.placement import Placement
 from gpuspawner.hub import state as hubstate
 from gpuspawner.hub.capacity import (
     Capacity,
     GPUUnschedulable,
-    Placement,
     QueueSettings,
     Requester,
     figures,
-    payload,
 )
+from gpuspawner.inventory.figures import live_payload as payload
 from gpuspawner.inventory.model import demand_for, inventory_from
 
 from .conftest import FIXTURES

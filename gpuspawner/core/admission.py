@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from ..inventory.model import Availability
+from ..core.availability import Availability
 from .options import Refusal
 from .serverpod import is_gpu_resource
 

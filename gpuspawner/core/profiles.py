@@ -21,7 +21,7 @@ from .limits import format_units
 from .options import OPTION_GPU_TYPE, OPTION_GPUS, OPTION_TITLES
 
 if TYPE_CHECKING:
-    from ..inventory.model import Availability
+    from .availability import Availability
 
 _EPSILON = 1e-9
 

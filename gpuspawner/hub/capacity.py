@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from traitlets import Bool, Float, Unicode
 from traitlets.config import Configurable
@@ -27,8 +27,10 @@ from traitlets.config import Configurable
 from ..core import admission, limits
 from ..core.catalog import Catalog
 from ..core.options import Refusal, Selection
+from ..core.placement import Placement
 from ..inventory import figures as inventory_figures
 from ..inventory.model import Availability
+from ..inventory.reflectors import ALL_NAMESPACES_DEFAULT
 
 if TYPE_CHECKING:
     from ..inventory.reflectors import InventoryReflector
@@ -58,7 +60,7 @@ class CapacityConfig(Configurable):
     ).tag(config=True)
 
     gpu_inventory_all_namespaces = Bool(
-        False,
+        ALL_NAMESPACES_DEFAULT,
         help="""
         Count the GPUs held by pods in every namespace (other hubs, batch jobs),
         not only in the hub's own. Off by default: a pod list returns every
@@ -152,14 +154,6 @@ class QueueSettings:
 
 
 @dataclass(frozen=True)
-class Placement:
-    """The node placement the admin gives every pod (KubeSpawner's settings of the same names)."""
-
-    node_selector: Mapping[str, str]
-    tolerations: Sequence[Mapping[str, Any]]
-
-
-@dataclass(frozen=True)
 class Requester:
     """Who asks: the user, their groups and the server's name ("" for the default server)."""
 
@@ -189,12 +183,8 @@ def figures(
     :func:`~gpuspawner.core.admission.after_claims`); ``besides`` leaves out one
     request's own promise.
     """
-    if inventory is None or not inventory.ready:
-        return None
-    found = inventory_figures.catalog_availability(
-        inventory.inventory, catalog, placement.node_selector, placement.tolerations
-    )
-    if promised is None:
+    found = inventory_figures.live_figures(inventory, catalog, placement)
+    if found is None or promised is None:
         return found
 
     def placed(pod_key: str) -> bool:
@@ -207,27 +197,6 @@ def figures(
         )
         for key, availability in found.items()
     }
-
-
-def payload(
-    inventory: InventoryReflector | None, catalog: Catalog | None, placement: Placement
-) -> dict:
-    """What the gpuspawner service answers the form (see gpuspawner.userservice.availability).
-
-    ``catalog`` is None when the catalog is invalid.
-    """
-    if catalog is None:
-        return inventory_figures.availability_payload(None, None, "the catalog is invalid")
-    found = figures(inventory, catalog, placement)
-    problem = ""
-    if found is None:
-        if inventory is None:
-            problem = "the GPU inventory is turned off"
-        elif inventory.missing_permissions:
-            problem = " ".join(inventory.missing_permissions)
-        else:
-            problem = "the GPU inventory is still loading"
-    return inventory_figures.availability_payload(catalog, found, problem)
 
 
 class Capacity:

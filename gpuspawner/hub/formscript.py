@@ -3,7 +3,7 @@
 The figures come with the page and are then refreshed from the gpuspawner
 service (``GET /services/gpuspawner/availability``, see
 :mod:`gpuspawner.userservice.availability`), which answers the same payload
-(:func:`gpuspawner.hub.capacity.payload`) for the user who asks. Without the
+(:func:`gpuspawner.inventory.figures.live_payload`) for the user who asks. Without the
 service, or when it stops answering, the figures stay those last counted and
 the form says when that was.
 """

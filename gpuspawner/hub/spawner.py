@@ -28,6 +28,7 @@ from traitlets import Bool, Dict, Float, Integer, List, Unicode, observe
 from ..clients import kube
 from ..core import admission, labels, limits, podspec, profiles, serverpod, stopreasons
 from ..core.catalog import Catalog, CatalogError, parse_catalog
+from ..core.endpoints import AVAILABILITY_PATH
 from ..core.options import (
     OPTION_PROFILE,
     Refusal,
@@ -37,6 +38,8 @@ from ..core.options import (
     resolve_selection,
     shown,
 )
+from ..core.placement import Placement
+from ..inventory.figures import live_payload
 from . import capacity, metrics, serverprobe
 from . import state as hubstate
 from .capacity import Capacity, CapacityConfig, GPUUnschedulable
@@ -358,10 +361,10 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
 
         return self.hub_state.inventory(create)
 
-    def _placement(self) -> capacity.Placement:
+    def _placement(self) -> Placement:
         """The admin's node placement (before any selection changed the traits)."""
         admin = self._admin_values or {}
-        return capacity.Placement(
+        return Placement(
             admin.get("node_selector", self.node_selector),
             admin.get("tolerations", self.tolerations),
         )
@@ -379,7 +382,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             catalog: Catalog | None = self.visible_catalog()
         except CatalogError:
             catalog = None
-        return capacity.payload(self.gpu_inventory(), catalog, self._placement())
+        return live_payload(self.gpu_inventory(), catalog, self._placement())
 
     async def _catalog_profile_list(self, spawner: GPUSpawner) -> list[dict]:
         """``profile_list`` when a catalog is configured: only what the user may use and still take."""
@@ -496,8 +499,6 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         service = (settings.get("services") or {}).get(self.gpu_figures_service)
         if service is None or not getattr(service, "url", None):
             return ""
-        from ..userservice.availability import AVAILABILITY_PATH
-
         return f"{service.prefix.rstrip('/')}/{AVAILABILITY_PATH}"
 
     # ------------------------------------------------------------------

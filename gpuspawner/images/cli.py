@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from .. import __version__
+from .._version import __version__
 from . import engine
 from .base import BaseError, make_base, plan_base
 from .matrix import MATRIX_RELPATH, Matrix, MatrixError, find_repo_root, load_matrix

@@ -1,18 +1,24 @@
 """The catalog's GPU types against the inventory: figures per type, for the form and its endpoint.
 
 Pure: a :class:`~gpuspawner.core.catalog.Catalog` and an
-:class:`~gpuspawner.inventory.model.Inventory` in, plain data out.
+:class:`~gpuspawner.inventory.model.Inventory` in, plain data out. The
+``live_`` functions read a watch's current snapshot (no I/O), for the hub's form
+and the gpuspawner service's endpoint alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.admission import figures_label
 from ..core.catalog import Catalog, ImageSpec
+from ..core.placement import Placement
 from ..core.profiles import count_mark
 from .model import Availability, Inventory, demand_for
+
+if TYPE_CHECKING:
+    from .reflectors import InventoryReflector
 
 
 def catalog_availability(
@@ -100,3 +106,36 @@ def pods_namespace(figures: Mapping[str, Availability]) -> str:
     # One inventory makes every type's figures, so they agree; a mix (never seen) is
     # reported as the narrower view, which is the one that may overstate free GPUs.
     return next((a.pods_namespace for a in figures.values() if a.pods_namespace), "")
+
+
+def live_figures(
+    inventory: InventoryReflector | None, catalog: Catalog, placement: Placement
+) -> dict[str, Availability] | None:
+    """The catalog's figures from a watch's current snapshot; None while it is unavailable."""
+    if inventory is None or not inventory.ready:
+        return None
+    return catalog_availability(
+        inventory.inventory, catalog, placement.node_selector, placement.tolerations
+    )
+
+
+def live_payload(
+    inventory: InventoryReflector | None, catalog: Catalog | None, placement: Placement
+) -> dict[str, Any]:
+    """What the gpuspawner service answers the form (see gpuspawner.userservice.availability).
+
+    ``catalog`` is None when the catalog is invalid; ``inventory`` None when the
+    GPU inventory is turned off.
+    """
+    if catalog is None:
+        return availability_payload(None, None, "the catalog is invalid")
+    found = live_figures(inventory, catalog, placement)
+    problem = ""
+    if found is None:
+        if inventory is None:
+            problem = "the GPU inventory is turned off"
+        elif inventory.missing_permissions:
+            problem = " ".join(inventory.missing_permissions)
+        else:
+            problem = "the GPU inventory is still loading"
+    return availability_payload(catalog, found, problem)

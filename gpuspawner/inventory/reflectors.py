@@ -175,6 +175,12 @@ class _Watch:
                 await asyncio.sleep(next(delays))
 
 
+#: Whether pods of every namespace are counted unless the admin says otherwise
+#: (``c.GPUSpawner.gpu_inventory_all_namespaces``; the gpuspawner service follows
+#: the hub). Off: the shipped RBAC lets the hub read pods in its own namespace only.
+ALL_NAMESPACES_DEFAULT = False
+
+
 class InventoryReflector:
     """The hub's GPU inventory, kept current by a watch of nodes and one of pods.
 

@@ -18,10 +18,7 @@ may use it with the scope ``access:services!service=gpuspawner``
 - :mod:`~gpuspawner.userservice.hubconfig`: the hub configuration that runs it.
 """
 
-#: The service's name in the hub configuration (its URL prefix is /services/<name>/).
-SERVICE_NAME = "gpuspawner"
+from ..core.endpoints import USER_SERVICE_NAME as SERVICE_NAME
+from ..core.endpoints import access_scope
 
-
-def access_scope(service: str = SERVICE_NAME) -> str:
-    """The scope a user needs to reach the service."""
-    return f"access:services!service={service}"
+__all__ = ["SERVICE_NAME", "access_scope"]

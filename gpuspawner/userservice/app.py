@@ -25,8 +25,8 @@ from ..clients import kube
 from ..clients.settings import CatalogFileSettings, KubernetesSettings, ServiceEndpointSettings
 from ..core import podspec
 from ..core.catalog import Catalog, CatalogError, CatalogFile, parse_catalog
-from ..hub import capacity
-from ..hub.capacity import CapacityConfig
+from ..core.placement import Placement
+from ..inventory.reflectors import ALL_NAMESPACES_DEFAULT
 from . import SERVICE_NAME
 
 #: The variable the hub configuration passes the admin's pod placement in (JSON).
@@ -36,10 +36,6 @@ CATALOG_JSON_ENV = "GPUSPAWNER_CATALOG_JSON"
 #: The variable that says whether the hub counts pods of every namespace ("1") or of
 #: its own ("0"): c.GPUSpawner.gpu_inventory_all_namespaces, which the service follows.
 ALL_NAMESPACES_ENV = "GPUSPAWNER_ALL_NAMESPACES"
-#: The hub's own default, so that a service started without the variable agrees with it.
-ALL_NAMESPACES_DEFAULT: bool = CapacityConfig.class_traits()[
-    "gpu_inventory_all_namespaces"
-].default_value
 
 
 def all_namespaces_from_env(value: str | None) -> bool:
@@ -161,8 +157,8 @@ class UserService(ServiceEndpointSettings, CatalogFileSettings, KubernetesSettin
             self._catalog_problem(str(self._catalog_file.last_error))
         return catalog
 
-    def placement(self) -> capacity.Placement:
-        return capacity.Placement(self.node_selector, self.tolerations)
+    def placement(self) -> Placement:
+        return Placement(self.node_selector, self.tolerations)
 
     async def start_inventory(self) -> None:
         """Start the watches of nodes and pods (only with Kubernetes and a catalog)."""

@@ -1,6 +1,6 @@
 """``GET /services/gpuspawner/availability``: the spawn form's live GPU figures.
 
-The answer is :func:`gpuspawner.hub.capacity.payload` for the catalog as the
+The answer is :func:`gpuspawner.inventory.figures.live_payload` for the catalog as the
 asking user sees it (:meth:`~gpuspawner.core.catalog.Catalog.visible_to`: images
 restricted to groups or users they are not in are left out), read from the
 service's own watch of nodes and pods: no API server request per call. The
@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 from tornado import web
 
 from ..core.catalog import Catalog
-from ..hub import capacity
+from ..core.placement import Placement
+from ..inventory.figures import live_payload
 from .base import UserHandler
 
 if TYPE_CHECKING:
     from ..inventory.reflectors import InventoryReflector
 
-#: Where the figures are served, under the service's prefix.
-AVAILABILITY_PATH = "availability"
+from ..core.endpoints import AVAILABILITY_PATH as AVAILABILITY_PATH
 
 
 class NotAUser(Exception):
@@ -36,7 +36,7 @@ def user_payload(
     user: Mapping[str, Any],
     catalog: Catalog | None,
     inventory: InventoryReflector | None,
-    placement: capacity.Placement,
+    placement: Placement,
 ) -> dict[str, Any]:
     """The figures for ``user`` (the hub's identity model: ``kind``, ``name``, ``groups``).
 
@@ -48,7 +48,7 @@ def user_payload(
     visible = None
     if catalog is not None:
         visible = catalog.visible_to(user["name"], user.get("groups") or [])
-    return capacity.payload(inventory, visible, placement)
+    return live_payload(inventory, visible, placement)
 
 
 class AvailabilityHandler(UserHandler):

@@ -30,10 +30,9 @@ from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
 from ..clients.hubapi import HubClient, HubError
+from ..core.endpoints import STOP_NOTICES_PATH as STOP_NOTICES_PATH
 from ..core.stopreasons import STATE_KEY, StopNotice
 
-#: Where the notices are served, under the service's prefix.
-STOP_NOTICES_PATH = "stop-notices"
 #: What the user's own token needs, on their own servers only: list them, stopped
 #: ones included (read:servers), with the state the notice is kept in
 #: (admin:server_state: read-only through the REST API; nothing writes it).

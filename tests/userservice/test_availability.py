@@ -7,14 +7,15 @@ import json
 import pytest
 
 from gpuspawner.core.catalog import load_catalog_file
-from gpuspawner.hub import capacity
+from gpuspawner.core.placement import Placement
+from gpuspawner.inventory.figures import live_payload
 from gpuspawner.inventory.model import inventory_from
 from gpuspawner.userservice.availability import NotAUser, user_payload
 
 from ..conftest import FIXTURES
 
 NODES = FIXTURES / "nodes"
-NO_PLACEMENT = capacity.Placement({}, [])
+NO_PLACEMENT = Placement({}, [])
 
 
 def items(name):
@@ -51,10 +52,10 @@ def test_a_member_sees_the_restricted_image_and_others_do_not(catalog):
 
 
 def test_the_payload_is_the_spawners(catalog):
-    """One reader per fact: the service answers what capacity.payload answers the spawner."""
+    """One reader per fact: the service answers what live_payload answers the spawner's form."""
     reflector = ReadyReflector()
     user = {"kind": "user", "name": "otto", "groups": []}
-    expected = capacity.payload(reflector, catalog.visible_to("otto", []), NO_PLACEMENT)
+    expected = live_payload(reflector, catalog.visible_to("otto", []), NO_PLACEMENT)
     assert user_payload(user, catalog, reflector, NO_PLACEMENT) == expected
     assert expected["available"] and expected["types"]["a100"]["allocatable"] > 0
 
@@ -63,7 +64,7 @@ def test_placement_changes_the_figures(catalog):
     reflector = ReadyReflector()
     user = {"kind": "user", "name": "otto", "groups": []}
     # a node selector no node matches: no node can take any type
-    nowhere = capacity.Placement({"example.org/pool": "none"}, [])
+    nowhere = Placement({"example.org/pool": "none"}, [])
     payload = user_payload(user, catalog, reflector, nowhere)
     assert payload["types"]["a100"]["label"] == "no node available"
 
