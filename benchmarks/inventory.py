@@ -194,7 +194,7 @@ class NoPods:
 
 
 async def form_benchmark(inventory: Inventory, pods: list[dict], runs: int) -> dict[str, tuple]:
-    from tests.test_spawner import OrmSpawner, User  # the minimal objects JupyterHub passes
+    from tests.hub.test_spawner import OrmSpawner, User  # the minimal objects JupyterHub passes
 
     c = Config()
     c.GPUSpawner.catalog_file = str(CATALOG)

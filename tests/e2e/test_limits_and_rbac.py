@@ -243,7 +243,7 @@ def test_a_missing_permission_shows_up_as_a_clear_refusal(stack, tmp_path, monke
     from gpuspawner.hub.spawner import GPUSpawner
 
     from ..conftest import FIXTURES
-    from ..test_spawner import OrmSpawner, User
+    from ..hub.test_spawner import OrmSpawner, User
 
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))

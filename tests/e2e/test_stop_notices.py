@@ -5,7 +5,7 @@ hub's service account (config/rbac.yaml): the culler's annotation
 (gpuspawner.culler.annotations) and the admin GPU page's (GPUAdmin.annotate_stop)
 before the hub's DELETE, as they do; GPUSpawner's own for a failed GPU check.
 The culler writing before its DELETE is tests/culler's; node lost and stuck
-Pending are tests/test_spawner_stopnotice.py's (they would take a node or the
+Pending are tests/hub/test_spawner_stopnotice.py's (they would take a node or the
 whole H100 pool from the session's other tests).
 """
 

@@ -22,7 +22,7 @@ from gpuspawner.hub.spawner import GPUUnschedulable
 from gpuspawner.inventory.model import inventory_from
 
 from ..conftest import FIXTURES
-from ..test_spawner import User, make_spawner
+from ..hub.test_spawner import User, make_spawner
 
 NODES = FIXTURES / "nodes"
 

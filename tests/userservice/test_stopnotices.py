@@ -6,7 +6,7 @@ saves that state when it stops the server. The service reads it back through
 the hub API with the asking user's own token (their login's OAuth token, or
 the token a script sends), whose scopes hubconfig.add_service lets reach the
 user's own servers only; the service has no scope of its own. GPUSpawner's
-own keeping of notices is tests/test_spawner_stopnotice.py's and tests/e2e's.
+own keeping of notices is tests/hub/test_spawner_stopnotice.py's and tests/e2e's.
 """
 
 from __future__ import annotations

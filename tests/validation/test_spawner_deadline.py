@@ -1,7 +1,7 @@
 """GPUSpawner's side of the GPU check's deadline: ``validation_timeout`` reaches the check's
 command, and a check that runs well past it fails the spawn with the reason.
 
-Pods are built by KubeSpawner's own code, as in tests/test_spawner.py (whose helpers these use).
+Pods are built by KubeSpawner's own code, as in tests/hub/test_spawner.py (whose helpers these use).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from gpuspawner.hub import state as hubstate
 from gpuspawner.hub.spawner import GPUCheckFailed
 from gpuspawner.validation import gpucheck
 from gpuspawner.validation.podstatus import OVERDUE_GRACE
-from tests.test_spawner import build, make_spawner
+from tests.hub.test_spawner import build, make_spawner
 
 OPTIONS = {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
 

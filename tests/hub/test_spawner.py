@@ -16,8 +16,8 @@ from gpuspawner.hub import state as hubstate
 from gpuspawner.hub.compat import SpawnException
 from gpuspawner.hub.spawner import GPUCheckFailed, GPUSpawner
 
-from .conftest import FIXTURES, REPO
-from .kubeapi import StandInApi, core_api_for
+from ..conftest import FIXTURES, REPO
+from ..kubeapi import StandInApi, core_api_for
 
 
 class Group:

@@ -18,7 +18,7 @@ from gpuspawner.hub.compat import HTTPSpawnException, SpawnException, request_op
 from gpuspawner.hub.spawner import RefusedSpawn, spawn_error
 from gpuspawner.images.matrix import load_matrix, read_constraints
 
-from .conftest import REPO
+from ..conftest import REPO
 
 LINES = {"5.5": REPO / ".ci" / "jupyterhub-5.5.txt", "6.1": REPO / ".ci" / "jupyterhub-6.1.txt"}
 

@@ -15,7 +15,7 @@ from gpuspawner.hub import metrics
 from gpuspawner.hub import state as hubstate
 from gpuspawner.inventory.reflectors import InventoryReflector
 
-from .conftest import FIXTURES
+from ..conftest import FIXTURES
 
 
 class HangingAPI:

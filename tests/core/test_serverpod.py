@@ -19,7 +19,7 @@ from gpuspawner.core.serverpod import (
     unschedulable_message,
 )
 
-from .conftest import FIXTURES
+from ..conftest import FIXTURES
 
 
 def items(path):

@@ -12,7 +12,7 @@ from gpuspawner.core.catalog import (
     parse_catalog,
 )
 
-from .conftest import FIXTURES, REPO
+from ..conftest import FIXTURES, REPO
 
 CATALOGS = FIXTURES / "catalogs"
 

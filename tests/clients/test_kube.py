@@ -24,7 +24,7 @@ from gpuspawner.clients.kube import (
     error_for,
 )
 
-from .kubeapi import FORBIDDEN_PODS, StandInApi, core_api_for
+from ..kubeapi import FORBIDDEN_PODS, StandInApi, core_api_for
 
 FAST = RetryPolicy(timeout=2, first_delay=0.01, max_delay=0.05)
 

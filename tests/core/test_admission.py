@@ -11,7 +11,7 @@ from gpuspawner.core.catalog import load_catalog_file
 from gpuspawner.core.options import Refusal
 from gpuspawner.inventory.model import Availability, NodeFigures, demand_for, inventory_from
 
-from .conftest import FIXTURES
+from ..conftest import FIXTURES
 
 NODES = FIXTURES / "nodes"
 

@@ -15,7 +15,7 @@ from gpuspawner.core.limits import (
 )
 from gpuspawner.core.options import Refusal, resolve_selection
 
-from .conftest import FIXTURES
+from ..conftest import FIXTURES
 
 
 @pytest.fixture

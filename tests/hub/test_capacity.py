@@ -30,7 +30,7 @@ from gpuspawner.hub.capacity import (
 from gpuspawner.inventory.figures import live_payload as payload
 from gpuspawner.inventory.model import demand_for, inventory_from
 
-from .conftest import FIXTURES
+from ..conftest import FIXTURES
 
 NODES = FIXTURES / "nodes"
 LOG = logging.getLogger("test.capacity")

@@ -7,7 +7,7 @@ from traitlets.config import Config
 from gpuspawner.core import stopreasons
 from gpuspawner.hub import pages as hubpages
 
-from .security.payloads import PAYLOADS, assert_escaped
+from ..security.payloads import PAYLOADS, assert_escaped
 
 AT = 1_800_000_000.0
 
