@@ -7,15 +7,20 @@ their catalog entries.
     gpuspawner-images test  [NAME ...] [--cpu]
     gpuspawner-images push  [NAME ...]
     gpuspawner-images catalog [NAME ...] [--output FILE] [--only-built]
+    gpuspawner-images facts [--json] [--catalog FILE ...]
 
 Every verb reads images/matrix.yaml (found from the current directory upwards, or
---matrix). `list` and `catalog` need no Docker engine; the others fail at once,
-with one sentence, when none is reachable.
+--matrix). `list`, `catalog` and `facts` need no Docker engine; the others fail at
+once, with one sentence, when none is reachable. `facts --json` is for programs
+(the sandbox runs it rather than parse the matrix itself): the hub image, the
+notebook images' stage tags and stage label, the chart's images, and the images
+catalog files name (docs/images.md, "Facts for programs").
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -26,6 +31,7 @@ from typing import Any, TextIO
 import yaml
 
 from .._version import __version__
+from ..core.catalog import CatalogError, load_catalog_file
 from . import engine
 from .base import BaseError, make_base, plan_base
 from .matrix import MATRIX_RELPATH, Matrix, MatrixError, find_repo_root, load_matrix
@@ -37,13 +43,14 @@ from .plan import (
     catalog_document,
     check_names,
     dockerfile_of,
+    facts_document,
+    hub_ref,
     image_ref,
     image_sources,
     notebook_names,
     plan_builds,
     plan_test,
     prepuller_values,
-    repository,
 )
 
 EXIT_OK = 0
@@ -92,7 +99,7 @@ def matrix_table(matrix: Matrix, registry: str | None) -> str:
     hub = matrix.hub
     rows.append(
         [
-            f"{repository(matrix.registry if registry is None else registry, hub.name)}:{__version__}",
+            hub_ref(matrix, __version__, registry),
             "(hub)",
             "-",
             f"z2jh {hub.z2jh_chart}",
@@ -265,6 +272,28 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print only the zero-to-jupyterhub values that pre-pull these images on GPU nodes",
     )
+    f = sub.add_parser(
+        "facts",
+        parents=[common],
+        help="what other programs need to know about the images (hub image and tag, stage "
+        "tags and label, the chart's images, a catalog's images); --json for programs",
+        description="Print, from the matrix and the package version, the hub image "
+        "(hub.ref, tagged with the package version), each notebook image's reference per "
+        "stage (notebook_images[].refs), the label a stage build carries (stage_label), "
+        "zero-to-jupyterhub's other images (chart_images; dockerfile null for the pause "
+        "image, which is not built from a Dockerfile) and, with --catalog, the image "
+        "references each catalog file names (catalogs: {FILE: [REF, ...]}). YAML for "
+        "people; --json prints the same document as JSON. No Docker engine is needed.",
+    )
+    f.add_argument("--json", action="store_true", help="print JSON (default: YAML)")
+    f.add_argument(
+        "--catalog",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="also list the images this catalog file names, read and checked as the "
+        "spawner reads it (repeatable)",
+    )
     return parser
 
 
@@ -291,7 +320,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         names = list(getattr(args, "names", []) or [])
         check_names(matrix, names)
         return VERBS[args.verb](args, matrix, root, names, out)
-    except (MatrixError, engine.EngineUnavailable, BaseError) as e:
+    except (MatrixError, CatalogError, engine.EngineUnavailable, BaseError) as e:
         print(f"gpuspawner-images: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
     except OSError as e:
@@ -474,6 +503,20 @@ def cmd_catalog(args, matrix: Matrix, root: Path, names: list[str], out: TextIO)
     return EXIT_OK
 
 
+def cmd_facts(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
+    document = facts_document(matrix, __version__, args.registry)
+    if args.catalog:
+        document["catalogs"] = {
+            path: sorted({spec.image for spec in load_catalog_file(path).images.values()})
+            for path in args.catalog
+        }
+    if args.json:
+        out.write(json.dumps(document, indent=2) + "\n")
+    else:
+        out.write(yaml.safe_dump(document, sort_keys=False, width=100))
+    return EXIT_OK
+
+
 VERBS = {
     "list": cmd_list,
     "base": cmd_base,
@@ -481,6 +524,7 @@ VERBS = {
     "test": cmd_test,
     "push": cmd_push,
     "catalog": cmd_catalog,
+    "facts": cmd_facts,
 }
 
 

@@ -15,12 +15,23 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
-MATRIX_RELPATH = Path("images") / "matrix.yaml"
+from ..validation.gpucheck import driver_floor, format_version, parse_version
 
-#: The oldest Linux driver for each CUDA major version (the .0 GA release's driver):
-#: with CUDA minor-version compatibility, every 12.x runs on >= 525.60.13 and every
-#: 13.x on >= 580.65.06. An image's driver floor may be higher, never lower.
-MIN_DRIVER_FOR_CUDA_MAJOR: dict[int, str] = {12: "525.60.13", 13: "580.65.06"}
+MATRIX_RELPATH = Path("images") / "matrix.yaml"
+#: The chart's pause image (``z2jh.pause_tag``): made by the sandbox, not from a Dockerfile.
+PAUSE_IMAGE = "pause"
+
+
+def min_driver_for_cuda(cuda: str) -> str | None:
+    """The oldest Linux driver that runs CUDA ``cuda`` (e.g. "13.2" -> "580.65.06"), or None.
+
+    The GPU check's own table (:data:`gpuspawner.validation.gpucheck.DRIVER_FLOOR_BY_CUDA`),
+    which every GPU pod enforces: an image's driver floor may be higher, never lower.
+    """
+    version = parse_version(cuda)
+    floor = driver_floor(version) if version else None
+    return format_version(floor) if floor else None
+
 
 #: Python of each supported base image (the frameworks' wheels are built per Python).
 BASE_IMAGE_PYTHON: dict[str, str] = {"debian:trixie-slim": "3.13", "ubuntu:24.04": "3.12"}
@@ -149,6 +160,10 @@ class ChartImages:
     def ref(self, name: str) -> str:
         return f"{self.registry}/{name}:{self.images[name].tag}"
 
+    @property
+    def pause_ref(self) -> str:
+        return f"{self.registry}/{PAUSE_IMAGE}:{self.pause_tag}"
+
 
 @dataclass(frozen=True)
 class Matrix:
@@ -254,7 +269,7 @@ def parse_matrix(data: Any, source: str = "<matrix>") -> Matrix:
     if hub.name in images:
         raise MatrixError(f"{where}.name {hub.name!r} is also a notebook image name")
     z2jh = parse_chart_images(data.get("z2jh"), f"{source}: z2jh", defaults.get("base_image"))
-    clashes = sorted({*z2jh.images} & {*images, hub.name})
+    clashes = sorted({*z2jh.images} & {*images, hub.name, PAUSE_IMAGE})
     if clashes:
         raise MatrixError(
             f"{source}: z2jh.images {', '.join(clashes)} clash with other image names"
@@ -377,15 +392,16 @@ def consistency_problems(
                 f"{hub_version.major}.{hub_version.minor} (hub.jupyterhub {hub_version})"
             )
         cuda_major = int(spec.cuda.split(".")[0])
-        floor = MIN_DRIVER_FOR_CUDA_MAJOR.get(cuda_major)
+        floor = min_driver_for_cuda(spec.cuda)
         if floor is None:
             problems.append(
-                f"{where}.cuda {spec.cuda}: no known driver floor for CUDA {cuda_major}"
+                f"{where}.cuda {spec.cuda}: the GPU check knows no driver floor for CUDA "
+                f"{spec.cuda}"
             )
         elif _driver_key(spec.driver_floor) < _driver_key(floor):
             problems.append(
                 f"{where}.driver_floor {spec.driver_floor} is below {floor}, the oldest driver "
-                f"for CUDA {cuda_major}.x"
+                f"for CUDA {spec.cuda} (the GPU check's table)"
             )
         if spec.require_cuda != f"cuda>={cuda_major}.0":
             problems.append(

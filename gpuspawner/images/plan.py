@@ -14,7 +14,7 @@ from typing import Any
 
 from ..core.catalog import DEFAULT_GPU_TOLERATIONS
 from ..core.labels import IMAGE_LABEL_CUDA, IMAGE_LABEL_DRIVER_FLOOR, IMAGE_LABEL_FRAMEWORK
-from .matrix import MATRIX_RELPATH, ChartImageSpec, ImageSpec, Matrix, MatrixError
+from .matrix import MATRIX_RELPATH, PAUSE_IMAGE, ChartImageSpec, ImageSpec, Matrix, MatrixError
 
 SMOKE_TEST_PATH = "/usr/local/bin/gpu-smoke-test"
 
@@ -96,6 +96,12 @@ def image_ref(
 ) -> str:
     reg = matrix.registry if registry is None else registry
     return f"{repository(reg, spec.name)}:{stage_tag(spec, stage)}"
+
+
+def hub_ref(matrix: Matrix, package_version: str, registry: str | None = None) -> str:
+    """The hub image: ``<registry>/<hub.name>:<package version>`` (z2jh's ``hub.image``)."""
+    reg = matrix.registry if registry is None else registry
+    return f"{repository(reg, matrix.hub.name)}:{package_version}"
 
 
 def build_labels(provenance: Provenance) -> dict[str, str]:
@@ -399,6 +405,63 @@ def prepuller_values(
             "extraImages": images,
             "extraTolerations": [dict(t) for t in DEFAULT_GPU_TOLERATIONS],
         }
+    }
+
+
+def facts_document(
+    matrix: Matrix, package_version: str, registry: str | None = None
+) -> dict[str, Any]:
+    """What `gpuspawner-images facts` prints: the facts other programs (the sandbox) need
+    about the images, computed here so that none of them parses the matrix again."""
+    hub = matrix.hub
+    reg = matrix.registry if registry is None else registry
+    return {
+        "matrix": matrix.source,
+        "version": package_version,
+        "stage_label": STAGE_LABEL,
+        "stages": list(STAGES),
+        "full_stage": FULL_STAGE,
+        "hub": {
+            "name": hub.name,
+            "repository": repository(reg, hub.name),
+            "tag": package_version,
+            "ref": hub_ref(matrix, package_version, registry),
+            "z2jh_chart": hub.z2jh_chart,
+            "jupyterhub": hub.jupyterhub,
+        },
+        "notebook_images": [
+            {
+                "name": spec.name,
+                "profile": spec.profile,
+                "cuda": spec.cuda,
+                "driver_floor": spec.driver_floor,
+                "refs": {stage: image_ref(matrix, spec, registry, stage) for stage in STAGES},
+            }
+            for spec in matrix.images.values()
+        ],
+        "chart_images": [
+            *(
+                {
+                    "name": spec.name,
+                    "ref": matrix.z2jh.ref(spec.name),
+                    "dockerfile": spec.dockerfile,
+                    "binaries": list(spec.binaries),
+                }
+                for spec in matrix.z2jh.images.values()
+            ),
+            *(
+                [
+                    {
+                        "name": PAUSE_IMAGE,
+                        "ref": matrix.z2jh.pause_ref,
+                        "dockerfile": None,
+                        "binaries": [],
+                    }
+                ]
+                if matrix.z2jh.pause_tag
+                else []
+            ),
+        ],
     }
 
 

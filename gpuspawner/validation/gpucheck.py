@@ -165,24 +165,28 @@ HEALTH_FIELDS: tuple[str, ...] = (
 )
 CSV_FORMAT = "--format=csv,noheader,nounits"
 
-# Minimum Linux driver per CUDA version. From CUDA 11 on, any minor release of a major runs on
-# the major's first driver ("minor version compatibility"); before that, each toolkit needed
-# its own driver. Sources: NVIDIA, "CUDA Compatibility", Minor Version Compatibility, tables 1
-# and 2, https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html
-# (13.x >= 580, 12.x >= 525, 11.x >= 450, 10.2 >= 440.33, 10.1 >= 418.39, 10.0 >= 410.48), and
-# the CUDA Toolkit Release Notes table "CUDA Toolkit and Minimum Required Driver Version for
-# CUDA Minor Version Compatibility", https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/
-# (12.x >= 525.60.13, 11.1-11.8 >= 450.80.02; 11.0 GA shipped with 450.36.06).
-DRIVER_FLOOR_BY_MAJOR: dict[int, tuple[int, ...]] = {
-    13: (580,),
-    12: (525, 60, 13),
-    11: (450, 80, 2),
-}
-DRIVER_FLOOR_BY_MINOR: dict[tuple[int, int], tuple[int, ...]] = {
-    (11, 0): (450, 36, 6),
-    (10, 2): (440, 33),
-    (10, 1): (418, 39),
-    (10, 0): (410, 48),
+# Minimum Linux driver per CUDA version: the one table of them. gpuspawner.images.matrix reads it
+# too (an image's driver floor may not be below it), so the images and this check agree; the check
+# reaches the pod as this file's source, so the table lives here. A key "MAJOR" holds for every
+# minor release of that major: from CUDA 11 on, any minor release runs on the driver of the major's
+# first release ("minor version compatibility"). A key "MAJOR.MINOR" is a release with a driver
+# of its own (before CUDA 11.1 every toolkit needed its own; 11.0 GA shipped with 450.36.06).
+# Sources: the CUDA Toolkit Release Notes, tables "CUDA Toolkit and Minimum Required Driver Version
+# for CUDA Minor Version Compatibility" and "CUDA Toolkit and Corresponding Driver Versions",
+# https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/ (13.0 GA >= 580.65.06, 12.x >=
+# 525.60.13, 11.1-11.8 >= 450.80.02, 11.0 GA >= 450.36.06, 10.2 >= 440.33, 10.1 >= 418.39, 10.0 >=
+# 410.48), and NVIDIA, "CUDA Compatibility", Minor Version Compatibility, table 1,
+# https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html, which rounds
+# them to the branch (13.x >= 580, 12.x >= 525, 11.x >= 450). Each major's floor is its .0 GA
+# release's driver: 580.65.06 is the first R580 driver, the one CUDA 13.0 shipped with.
+DRIVER_FLOOR_BY_CUDA: dict[str, tuple[int, ...]] = {
+    "13": (580, 65, 6),
+    "12": (525, 60, 13),
+    "11": (450, 80, 2),
+    "11.0": (450, 36, 6),
+    "10.2": (440, 33),
+    "10.1": (418, 39),
+    "10.0": (410, 48),
 }
 
 # How nvidia-smi prints a value the GPU or driver does not have: ``[N/A]``, ``N/A``,
@@ -494,9 +498,8 @@ def driver_floor(cuda: tuple[int, ...]) -> tuple[int, ...] | None:
     """The minimum Linux driver for CUDA ``(major, minor)``, or None when no floor is known."""
     major = cuda[0]
     minor = cuda[1] if len(cuda) > 1 else 0
-    if (major, minor) in DRIVER_FLOOR_BY_MINOR:
-        return DRIVER_FLOOR_BY_MINOR[(major, minor)]
-    return DRIVER_FLOOR_BY_MAJOR.get(major)
+    found = DRIVER_FLOOR_BY_CUDA.get(f"{major}.{minor}")
+    return found if found is not None else DRIVER_FLOOR_BY_CUDA.get(str(major))
 
 
 # The device plugin's time-slicing with ``renameByDefault`` advertises ``nvidia.com/gpu.shared``;

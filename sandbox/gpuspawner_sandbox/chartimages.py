@@ -3,9 +3,11 @@
 The chart (4.4.0, :mod:`gpuspawner_sandbox.helm`) runs, besides the hub, the
 configurable-http-proxy, network-tools, image-awaiter, kube-scheduler and pause
 images. ``images/matrix.yaml``'s ``z2jh:`` section names each as
-``gpuspawner.invalid/z2jh/<name>:<tag>``, and ``config/sandbox/z2jh-local-values.yaml``
-points the chart at them. They are built with the notebook images' machinery, on
-the same private Docker engine (:class:`gpuspawner_sandbox.dockerd.PrivateEngine`):
+``gpuspawner.invalid/z2jh/<name>:<tag>``, which the sandbox asks the image tool for
+(``gpuspawner-images facts --json``, :mod:`.imagefacts`), and
+``config/sandbox/z2jh-local-values.yaml`` points the chart at them. They are built
+with the notebook images' machinery, on the same private Docker engine
+(:class:`gpuspawner_sandbox.dockerd.PrivateEngine`):
 
 1. the programs they copy, built on the host and cached: z2jh's image-awaiter
    from its own Go source at the chart's tag (static, go-retryablehttp from the Go
@@ -20,10 +22,12 @@ the same private Docker engine (:class:`gpuspawner_sandbox.dockerd.PrivateEngine
 ``python -m gpuspawner_sandbox.chartimages`` does it all on its own engine.
 
 For real nodes, :func:`ensure_deploy_images` builds these and the hub image
-(``gpuspawner-images build hub``) on the notebook images' engine and saves them
-all to one archive, ``<cache>/z2jh-<key>.tar``, keyed by the images' IDs: passed
-as ``RealNodes(images=[...])`` beside the notebook archive, the image store
-imports it once (:mod:`.imageseed`). A warm run rebuilds nothing and saves nothing.
+(``gpuspawner-images build hub``; its reference, tagged with the package version, is
+the tool's answer too, and the values files must name it) on the notebook images'
+engine and saves them all to one archive, ``<cache>/z2jh-<key>.tar``, keyed by the
+images' IDs: passed as ``RealNodes(images=[...])`` beside the notebook archive, the
+image store imports it once (:mod:`.imageseed`). A warm run rebuilds nothing and saves
+nothing.
 """
 
 from __future__ import annotations
@@ -45,12 +49,13 @@ import yaml
 
 from . import build, helm, nodebuild, nodes, ociimage
 from .dockerd import HarnessError, PrivateEngine
+from .imagefacts import ChartImage, ImageFactsError, image_facts
 from .notebookimage import NotebookImageError, run_image_tool, save_archive, tool_build
 
 Emit = Callable[[str], None]
 
-MATRIX = build.REPO_ROOT / "images" / "matrix.yaml"
-#: The chart's pause image has no Dockerfile: it is this name in ``z2jh.images``' namespace.
+#: :func:`host_binaries`' key for the directory of the pause program (the chart's pause
+#: image is the one the image tool names without a Dockerfile).
 PAUSE = "pause"
 
 #: z2jh's image-awaiter, from its own go.mod at the chart's tag (standard library and
@@ -63,7 +68,8 @@ IMAGE_AWAITER = nodebuild.LocalProgram(
 )
 
 
-#: The values files that name the hub image: the admin's (its name), the local one (its tag).
+#: The values files that name the hub image: the admin's (its name), the local one (its tag,
+#: which must be the image tool's: Helm reads the file as it is).
 HUB_VALUES = (
     build.REPO_ROOT / "config" / "z2jh-values.yaml",
     build.REPO_ROOT / "config" / "sandbox" / "z2jh-local-values.yaml",
@@ -74,38 +80,28 @@ class ChartImageError(Exception):
     """The chart's images could not be built; the message says why and what to do."""
 
 
-@dataclass(frozen=True)
-class ChartImage:
-    """One image of the chart as the matrix names it."""
-
-    name: str
-    ref: str
-    binaries: tuple[str, ...] = ()
-
-
-def chart_images(matrix: Mapping[str, Any]) -> list[ChartImage]:
-    """The matrix's ``z2jh:`` images (parsed YAML), the pause image last."""
-    z2jh = matrix.get("z2jh") or {}
-    registry = str(z2jh.get("registry", "")).rstrip("/")
-    if not registry or not isinstance(z2jh.get("images"), dict) or not z2jh.get("pause_tag"):
-        raise ChartImageError(f"{MATRIX} has no z2jh section with registry, images and pause_tag.")
-    found = [
-        ChartImage(name, f"{registry}/{name}:{entry['tag']}", tuple(entry.get("binaries") or ()))
-        for name, entry in z2jh["images"].items()
-    ]
-    return [*found, ChartImage(PAUSE, f"{registry}/{PAUSE}:{z2jh['pause_tag']}")]
-
-
-def load_chart_images(path: Path = MATRIX) -> list[ChartImage]:
+def load_chart_images(repo: Path = build.REPO_ROOT) -> list[ChartImage]:
+    """The chart's images as the image tool names them (the pause image last)."""
     try:
-        return chart_images(yaml.safe_load(path.read_text()) or {})
-    except (OSError, yaml.YAMLError) as e:
-        raise ChartImageError(f"The image matrix {path} cannot be read: {e}") from None
+        images = list(image_facts(repo).chart_images)
+    except ImageFactsError as e:
+        raise ChartImageError(str(e)) from None
+    if not images or [i for i in images if i.dockerfile is None] != images[-1:]:
+        raise ChartImageError(
+            "The image tool names no chart images, or not one pause image last (no Dockerfile)."
+        )
+    return images
+
+
+def pause_image(images: list[ChartImage]) -> ChartImage:
+    """The chart's pause image: the one the image tool builds from no Dockerfile."""
+    (pause,) = [i for i in images if i.dockerfile is None]
+    return pause
 
 
 def tool_build_args(images: list[ChartImage], binaries: Mapping[str, Path]) -> list[str]:
     """``gpuspawner-images build`` of every image with a Dockerfile, with its programs."""
-    built = [i for i in images if i.name != PAUSE]
+    built = [i for i in images if i.dockerfile is not None]
     wanted = sorted({b for i in built for b in i.binaries})
     missing = [b for b in wanted if b not in binaries]
     if missing:
@@ -123,6 +119,18 @@ def hub_ref(values: list[Mapping[str, Any]]) -> str:
     if not image.get("name") or not image.get("tag"):
         raise ChartImageError("The values files name no hub image (hub.image.name and .tag).")
     return f"{image['name']}:{image['tag']}"
+
+
+def check_hub_values(built: str, values: list[Mapping[str, Any]]) -> None:
+    """Refuse values files whose hub image is not ``built``, the one the image tool makes:
+    the chart would run an image no node has (``ErrImageNeverPull``)."""
+    named = hub_ref(values)
+    if named != built:
+        raise ChartImageError(
+            f"The values files ({', '.join(str(p) for p in HUB_VALUES)}) name the hub image "
+            f"{named}, but `gpuspawner-images build hub` makes {built} (`gpuspawner-images "
+            f"facts`): set hub.image.tag in {HUB_VALUES[-1]} to {built.rsplit(':', 1)[1]!r}."
+        )
 
 
 def deploy_archive_name(ids: Mapping[str, str]) -> str:
@@ -190,7 +198,7 @@ def build_chart_images(
     (:class:`.build.GoMissing` where Go is missing).
     """
     started = time.monotonic()
-    images = load_chart_images(repo / "images" / "matrix.yaml")
+    images = load_chart_images(repo)
     log_path = log_path or build.cache_dir() / "chart-images-build.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     emit("Chart images [1/3]: the programs they copy (image-awaiter, k8s, pause; cached)")
@@ -198,7 +206,7 @@ def build_chart_images(
     binaries = host_binaries(cache, out=build_out if build_out is not None else sys.stderr)
     args = tool_build_args(images, binaries)
     emit(
-        f"Chart images [2/3]: {', '.join(i.name for i in images if i.name != PAUSE)} "
+        f"Chart images [2/3]: {', '.join(i.name for i in images if i.dockerfile is not None)} "
         f"({time.monotonic() - started:.0f}s so far)"
     )
     try:
@@ -206,7 +214,7 @@ def build_chart_images(
             run_image_tool(repo, engine, args, log, emit)
     except NotebookImageError as e:
         raise ChartImageError(str(e)) from None
-    (pause,) = [i for i in images if i.name == PAUSE]
+    pause = pause_image(images)
     emit(f"Chart images [3/3]: {pause.ref} ({time.monotonic() - started:.0f}s so far)")
     _load_pause(engine, pause.ref, binaries[PAUSE], emit)
     emit(f"Chart images ready in {time.monotonic() - started:.0f}s")
@@ -243,9 +251,13 @@ def ensure_deploy_images(
     cache_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     try:
-        hub = hub_ref([yaml.safe_load(p.read_text()) or {} for p in HUB_VALUES])
+        hub = image_facts(repo).hub_ref
+        values = [yaml.safe_load(p.read_text()) or {} for p in HUB_VALUES]
+    except ImageFactsError as e:
+        raise ChartImageError(str(e)) from None
     except (OSError, yaml.YAMLError) as e:
         raise ChartImageError(f"The values files cannot be read: {e}") from None
+    check_hub_values(hub, values)
     state = Path(tempfile.mkdtemp(prefix="gs-dockerd-"))  # a short socket path
     engine = PrivateEngine(state=state, data_root=repo / ".cache" / "images" / "engine")
     log_path = cache_dir / "z2jh-build.log"

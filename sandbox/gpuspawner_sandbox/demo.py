@@ -147,7 +147,9 @@ class SandboxStack:
         # Built (or found cached) before anything starts: the catalog must name what nodes hold.
         images = notebookimage.ensure_notebook_images(IMAGE_CACHE, REPO, self.emit)
         catalog = self.catalog or SANDBOX_CATALOG
-        missing = notebookimage.missing_from(notebookimage.catalog_images(catalog), images.refs)
+        missing = notebookimage.missing_from(
+            notebookimage.catalog_images(catalog, REPO), images.refs
+        )
         if missing:
             raise NodeError(
                 f"The catalog {catalog} names {', '.join(missing)}, which the nodes will not "

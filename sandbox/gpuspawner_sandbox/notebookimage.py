@@ -21,7 +21,9 @@ and :mod:`gpuspawner_sandbox.nodes` imports the archive into each node's
 containerd (``ctr -n k8s.io images import``) when the node starts.
 
 The image tool is run as a program, as a user runs it: the sandbox imports
-nothing from gpuspawner.
+nothing from gpuspawner. What it needs to know of the images (the stage tags,
+the label a stage build carries, the images a catalog names) it asks the tool
+too (:mod:`.imagefacts`).
 """
 
 from __future__ import annotations
@@ -36,16 +38,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from .dockerd import HarnessError, PrivateEngine, need
+from .imagefacts import ImageFactsError, image_facts
 
 #: The images whose Jupyter stage the sandbox's catalogs offer (names in images/matrix.yaml).
 NOTEBOOK_IMAGES = ("cuda-pytorch", "cuda-tensorflow")
 #: The stage the sandbox runs: JupyterHub and JupyterLab without the framework's gigabytes.
 STAGE = "jupyter"
-#: The label the image tool puts on a stage build (gpuspawner/images/plan.py's STAGE_LABEL).
-STAGE_LABEL = "io.gpuspawner.image.stage"
 
 Emit = Callable[[str], None]
 
@@ -89,11 +88,12 @@ def is_progress_line(line: str) -> bool:
     )
 
 
-def stage_refs(images: Iterable[dict]) -> dict[str, list[str]]:
-    """Image ID -> tags, of the engine's images labelled as the Jupyter stage (`GET /images/json`)."""
+def stage_refs(images: Iterable[dict], label: str) -> dict[str, list[str]]:
+    """Image ID -> tags, of the engine's images (`GET /images/json`) labelled as the Jupyter
+    stage: ``label`` is the image tool's stage label (:attr:`.imagefacts.ImageFacts.stage_label`)."""
     found: dict[str, list[str]] = {}
     for image in images:
-        if (image.get("Labels") or {}).get(STAGE_LABEL) != STAGE:
+        if (image.get("Labels") or {}).get(label) != STAGE:
             continue
         tags = [t for t in image.get("RepoTags") or [] if t != "<none>:<none>"]
         if tags:
@@ -101,14 +101,13 @@ def stage_refs(images: Iterable[dict]) -> dict[str, list[str]]:
     return found
 
 
-def catalog_images(catalog: Path) -> list[str]:
-    """The image references a catalog file names (its ``images:`` entries)."""
+def catalog_images(catalog: Path, repo: Path) -> list[str]:
+    """The image references a catalog file names, sorted: the image tool reads the file
+    as the spawner does (``gpuspawner-images facts --catalog``)."""
     try:
-        data = yaml.safe_load(catalog.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
+        return list(image_facts(repo, [catalog]).catalogs[str(catalog)])
+    except (ImageFactsError, KeyError) as e:
         raise NotebookImageError(f"The catalog {catalog} cannot be read: {e}") from None
-    entries = data.get("images") or {}
-    return sorted({e["image"] for e in entries.values() if isinstance(e, dict) and "image" in e})
 
 
 def missing_from(catalog_refs: Iterable[str], built: Iterable[str]) -> list[str]:
@@ -186,6 +185,11 @@ def ensure_notebook_images(
     """Build (or find cached) the notebook images' Jupyter stage and save them to one archive."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    try:
+        facts = image_facts(repo)
+        expected = set(facts.stage_refs(names, STAGE))
+    except ImageFactsError as e:
+        raise NotebookImageError(f"The notebook image cannot be built: {e}") from None
     steps = build_steps(repo, names)
     total = len(steps) + 2
     emit(f"Notebook image [1/{total}]: starting a private Docker engine (dockerd)")
@@ -205,13 +209,14 @@ def ensure_notebook_images(
                     f"({time.monotonic() - started:.0f}s so far)"
                 )
                 run_image_tool(repo, engine, args, log, emit)
-        built = stage_refs(_engine_images(engine))
-        wanted = {r for refs in built.values() for r in refs if any(f"/{n}:" in r for n in names)}
+        built = stage_refs(_engine_images(engine), facts.stage_label)
+        wanted = {r for refs in built.values() for r in refs if r in expected}
         ids = {image_id for image_id, refs in built.items() if wanted & set(refs)}
-        if len(ids) != 1:
+        if len(ids) != 1 or wanted != expected:
             raise NotebookImageError(
-                f"Expected the {STAGE} stage of {', '.join(names)} to be one image, found "
-                f"{len(ids)} ({', '.join(sorted(wanted)) or 'none'}); see {log_path}."
+                f"Expected the {STAGE} stage of {', '.join(names)} to be one image tagged "
+                f"{', '.join(sorted(expected))}, found {len(ids)} "
+                f"({', '.join(sorted(wanted)) or 'none'}); see {log_path}."
             )
         (image_id,) = ids
         refs = tuple(sorted(wanted))

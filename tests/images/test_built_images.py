@@ -333,9 +333,9 @@ def test_gpu_smoke_test_in_the_jupyter_stage_fails_with_its_message(docker_clien
 @pytest.fixture
 def hub_image(built, matrix):
     from gpuspawner import __version__
-    from gpuspawner.images.plan import repository
+    from gpuspawner.images.plan import hub_ref
 
-    return f"{repository(matrix.registry, matrix.hub.name)}:{__version__}"
+    return hub_ref(matrix, __version__)
 
 
 def test_hub_image_runs_the_hub_jupyterhub_and_gpuspawner(docker_client, hub_image, matrix):

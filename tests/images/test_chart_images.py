@@ -13,7 +13,16 @@ import yaml
 import gpuspawner
 from gpuspawner.images.matrix import MatrixError, parse_matrix
 from gpuspawner.images.plan import Provenance, base_images, plan_builds
-from gpuspawner_sandbox import build, chartimages, helm, nodebuild, nodes, ociimage, testing
+from gpuspawner_sandbox import (
+    build,
+    chartimages,
+    helm,
+    imagefacts,
+    nodebuild,
+    nodes,
+    ociimage,
+    testing,
+)
 
 from .conftest import CACHE, REPO, tool_on_engine
 
@@ -29,12 +38,19 @@ def raw():
 
 
 def test_the_sandbox_reads_the_same_refs_as_the_image_tool(matrix):
-    built = {i.name: i.ref for i in chartimages.load_chart_images()}
+    """The sandbox asks the real tool (`gpuspawner-images facts --json`): the matrix's refs."""
+    images = chartimages.load_chart_images()
+    built = {i.name: i.ref for i in images}
     assert built == {
         **{name: matrix.z2jh.ref(name) for name in matrix.z2jh.images},
         "pause": f"gpuspawner.invalid/z2jh/pause:{matrix.z2jh.pause_tag}",
     }
     assert all(ref.startswith("gpuspawner.invalid/z2jh/") for ref in built.values())
+    assert chartimages.pause_image(images).ref == matrix.z2jh.pause_ref
+    assert {i.name: i.binaries for i in images if i.binaries} == {
+        "image-awaiter": ("image-awaiter",),
+        "kube-scheduler": ("k8s",),
+    }
 
 
 def test_versions_agree_with_what_the_images_are_built_from(matrix):
@@ -97,10 +113,24 @@ def test_the_hub_image_is_the_one_the_values_files_name_later_files_winning():
 
 
 def test_the_repositorys_values_files_name_the_hub_image_the_tool_builds(matrix):
+    """Helm reads config/sandbox/z2jh-local-values.yaml as it is: its hub tag must be the
+    image tool's answer (the package version), which the real program gives."""
     docs = [yaml.safe_load(p.read_text()) for p in chartimages.HUB_VALUES]
-    assert chartimages.hub_ref(docs) == (
-        f"{matrix.registry}/{matrix.hub.name}:{gpuspawner.__version__}"
-    )
+    answer = imagefacts.image_facts(REPO).hub_ref
+    assert answer == f"{matrix.registry}/{matrix.hub.name}:{gpuspawner.__version__}"
+    assert chartimages.hub_ref(docs) == answer
+    chartimages.check_hub_values(answer, docs)
+
+
+def test_values_naming_another_hub_tag_than_the_tools_are_refused():
+    admin = {"hub": {"image": {"name": "registry.example.org/gpuspawner/hub", "tag": "0.1.0"}}}
+    local = {"hub": {"image": {"tag": "0.0.9"}}}
+    with pytest.raises(chartimages.ChartImageError) as err:
+        chartimages.check_hub_values(
+            "registry.example.org/gpuspawner/hub:0.1.0.dev0", [admin, local]
+        )
+    assert "name the hub image registry.example.org/gpuspawner/hub:0.0.9" in str(err.value)
+    assert "set hub.image.tag in" in str(err.value) and "'0.1.0.dev0'" in str(err.value)
 
 
 def test_the_deploy_archive_changes_name_when_any_image_changes():

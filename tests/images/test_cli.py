@@ -13,9 +13,10 @@ import urllib.request
 import pytest
 import yaml
 
+from gpuspawner._version import __version__
 from gpuspawner.core.catalog import load_catalog_file
 from gpuspawner.images import cli, engine
-from gpuspawner.images.plan import image_ref
+from gpuspawner.images.plan import STAGE_LABEL, STAGES, hub_ref, image_ref
 
 from .conftest import REPO, tool_on_engine
 from .fakedocker import FakeClient, FakeEngine
@@ -90,6 +91,111 @@ def test_catalog_output_file_and_selection(matrix, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"wrote 1 catalog entries to {out}"
     assert list(yaml.safe_load(out.read_text())["images"]) == ["tensorflow"]
+
+
+# --- facts: what programs (the sandbox) ask the tool instead of parsing the matrix ----
+
+
+def test_facts_json_answers_from_the_matrix_and_the_package_version(matrix, tmp_path):
+    proc = run_tool("facts", "--json", docker_host=f"unix://{tmp_path}/docker.sock")
+    assert proc.returncode == 0, proc.stderr
+    facts = json.loads(proc.stdout)
+    assert facts["version"] == __version__
+    assert facts["stage_label"] == STAGE_LABEL == "io.gpuspawner.image.stage"
+    assert facts["stages"] == list(STAGES) and facts["full_stage"] == STAGES[-1]
+    assert facts["hub"] == {
+        "name": matrix.hub.name,
+        "repository": f"{matrix.registry}/{matrix.hub.name}",
+        "tag": __version__,
+        "ref": f"{matrix.registry}/{matrix.hub.name}:{__version__}",
+        "z2jh_chart": matrix.hub.z2jh_chart,
+        "jupyterhub": matrix.hub.jupyterhub,
+    }
+    assert facts["hub"]["ref"] == hub_ref(matrix, __version__)
+    assert [i["name"] for i in facts["notebook_images"]] == list(matrix.images)
+    for image in facts["notebook_images"]:
+        spec = matrix.images[image["name"]]
+        assert image["refs"] == {stage: image_ref(matrix, spec, stage=stage) for stage in STAGES}
+        assert image["refs"]["jupyter"].endswith(f":{spec.tag}-jupyter")
+        assert (image["cuda"], image["driver_floor"]) == (spec.cuda, spec.driver_floor)
+    *built, pause = facts["chart_images"]
+    assert built == [
+        {
+            "name": spec.name,
+            "ref": matrix.z2jh.ref(spec.name),
+            "dockerfile": spec.dockerfile,
+            "binaries": list(spec.binaries),
+        }
+        for spec in matrix.z2jh.images.values()
+    ]
+    assert pause == {
+        "name": "pause",
+        "ref": f"{matrix.z2jh.registry}/pause:{matrix.z2jh.pause_tag}",
+        "dockerfile": None,
+        "binaries": [],
+    }
+    assert "catalogs" not in facts
+
+
+def test_facts_without_json_is_the_same_document_as_yaml():
+    as_yaml = run_tool("facts")
+    as_json = run_tool("facts", "--json")
+    assert as_yaml.returncode == as_json.returncode == 0, as_yaml.stderr + as_json.stderr
+    assert yaml.safe_load(as_yaml.stdout) == json.loads(as_json.stdout)
+
+
+def test_facts_registry_moves_the_hub_and_notebook_images_not_the_charts(matrix):
+    facts = json.loads(run_tool("facts", "--json", "--registry", "registry.test/gpu").stdout)
+    assert facts["hub"]["ref"] == f"registry.test/gpu/hub:{__version__}"
+    assert all(
+        ref.startswith("registry.test/gpu/")
+        for image in facts["notebook_images"]
+        for ref in image["refs"].values()
+    )
+    assert {i["ref"] for i in facts["chart_images"]} == {
+        *(matrix.z2jh.ref(n) for n in matrix.z2jh.images),
+        matrix.z2jh.pause_ref,
+    }
+
+
+def test_facts_catalog_lists_the_images_a_catalog_names_as_the_spawner_reads_it(tmp_path):
+    sandbox_catalog = REPO / "config" / "sandbox" / "catalog.yaml"
+    other = tmp_path / "catalog.yaml"
+    other.write_text(
+        "images:\n"
+        "  a: {display_name: A, image: 'r/b:2'}\n"
+        "  b: {display_name: B, image: 'r/a:1'}\n"
+        "  c: {display_name: C, image: 'r/a:1'}\n"
+    )
+    out = io.StringIO()
+    code = cli.main(
+        ["facts", "--json", "--matrix", str(REPO / "images" / "matrix.yaml"),
+         "--catalog", str(sandbox_catalog), "--catalog", str(other)],
+        out=out,
+    )  # fmt: skip
+    assert code == cli.EXIT_OK
+    catalogs = json.loads(out.getvalue())["catalogs"]
+    expected = sorted({i.image for i in load_catalog_file(sandbox_catalog).images.values()})
+    assert catalogs == {str(sandbox_catalog): expected, str(other): ["r/a:1", "r/b:2"]}
+
+
+def test_facts_of_an_invalid_catalog_is_one_sentence(tmp_path):
+    bad = tmp_path / "catalog.yaml"
+    bad.write_text("images: [")
+    proc = run_tool("facts", "--json", "--catalog", str(bad))
+    assert proc.returncode == cli.EXIT_UNUSABLE
+    assert proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"gpuspawner-images: {bad}: invalid YAML at line 1")
+
+
+def test_facts_help_says_what_it_answers():
+    proc = run_tool("facts", "--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    for words in ("--json", "--catalog FILE", "hub.ref", "stage_label", "chart_images"):
+        assert words in text
+    assert "facts" in run_tool("--help").stdout
 
 
 def test_unknown_image_name_is_one_sentence():

@@ -17,6 +17,7 @@ import pytest
 from docker.utils.build import exclude_paths
 from dockerfile_parse import DockerfileParser
 
+from gpuspawner._version import __version__
 from gpuspawner.core import labels
 from gpuspawner.images.plan import HUB_REQUIREMENTS_IN_CONTEXT, STAGE_LABEL, STAGES, plan_builds
 
@@ -250,6 +251,8 @@ def test_hub_image(matrix):
     declared = df.args
     assert declared["JUPYTERHUB_VERSION"] == hub.jupyterhub
     assert parse(hub.dockerfile).args["JUPYTERHUB_VERSION"] == hub.jupyterhub
+    # the build passes the package version; a plain `docker build` gets the same default
+    assert parse(hub.dockerfile).args["IMAGE_VERSION"] == __version__
     copies = instructions(df, "COPY")
     assert f"{HUB_REQUIREMENTS_IN_CONTEXT} /tmp/requirements.txt" in copies
     runs = " ".join(instructions(df, "RUN"))

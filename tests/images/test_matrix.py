@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 
 import pytest
@@ -10,15 +11,16 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from gpuspawner.images.matrix import (
-    MIN_DRIVER_FOR_CUDA_MAJOR,
     MatrixError,
     consistency_problems,
     constraints_cuda,
     find_repo_root,
     load_matrix,
+    min_driver_for_cuda,
     parse_matrix,
     read_constraints,
 )
+from gpuspawner.validation import gpucheck
 
 from .conftest import REPO, package_jupyterhub_requirement
 
@@ -67,8 +69,56 @@ def test_driver_floor_below_the_cuda_major_is_reported(raw):
     problems = consistency_problems(parse_matrix(raw), package_jupyterhub_requirement())
     assert problems == [
         "images.cuda-pytorch.driver_floor 575.51.03 is below "
-        f"{MIN_DRIVER_FOR_CUDA_MAJOR[13]}, the oldest driver for CUDA 13.x"
+        f"{min_driver_for_cuda('13.2')}, the oldest driver for CUDA 13.2 (the GPU check's table)"
     ]
+
+
+def test_the_matrix_reads_the_gpu_checks_driver_table():
+    """One table of driver floors: what the in-pod check enforces is what the images claim."""
+    table = gpucheck.DRIVER_FLOOR_BY_CUDA
+    assert min_driver_for_cuda("13.2") == gpucheck.format_version(table["13"]) == "580.65.06"
+    assert min_driver_for_cuda("12.9") == gpucheck.format_version(table["12"]) == "525.60.13"
+    assert min_driver_for_cuda("11.0") == "450.36.06"
+    assert min_driver_for_cuda("9.2") is None
+    # the check refuses a driver just below CUDA 13's floor, as the matrix would
+    assert gpucheck.parse_version("580.65.05") < gpucheck.driver_floor((13, 2))
+
+
+def test_the_real_images_driver_floors_are_what_the_gpu_check_enforces(matrix):
+    """The check enforces the table by the image's CUDA: a floor above it would not be
+    enforced, one below it is a consistency problem."""
+    for spec in matrix.images.values():
+        assert spec.driver_floor == min_driver_for_cuda(spec.cuda), spec.name
+
+
+def test_an_image_of_a_cuda_the_gpu_check_does_not_know_is_reported(raw):
+    raw["images"]["cuda-pytorch"].update(cuda="14.0", require_cuda="cuda>=14.0")
+    problems = consistency_problems(parse_matrix(raw), package_jupyterhub_requirement())
+    assert problems == [
+        "images.cuda-pytorch.cuda 14.0: the GPU check knows no driver floor for CUDA 14.0"
+    ]
+
+
+def _driver_table_literals() -> set[str]:
+    """The driver floors of the GPU check's table, written as versions ("580.65.06")."""
+    return {gpucheck.format_version(v) for v in gpucheck.DRIVER_FLOOR_BY_CUDA.values()}
+
+
+def test_no_second_copy_of_the_driver_table_in_the_sources():
+    """Only gpucheck.py holds driver floors: no other module of the package or the sandbox
+    writes one as a string (docstrings and error messages that quote one as an example
+    excepted: they are text, not a table)."""
+    floors = _driver_table_literals()
+    check = REPO / "gpuspawner" / "validation" / "gpucheck.py"
+    sources = [*(REPO / "gpuspawner").rglob("*.py"), *(REPO / "sandbox").rglob("*.py")]
+    found = []
+    for path in sources:
+        if path == check or "build" in path.relative_to(REPO).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and node.value in floors:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}")
+    assert found == []
 
 
 def test_require_cuda_must_match_the_floor(raw):

@@ -99,29 +99,34 @@ def test_hub_image_is_the_one_the_image_tool_builds(matrix):
     from packaging.version import Version
 
     from gpuspawner import __version__
-    from gpuspawner.images.plan import repository
+    from gpuspawner.images.plan import hub_ref
 
     image = yaml.safe_load(VALUES.read_text())["hub"]["image"]
-    assert image["name"] == repository(matrix.registry, matrix.hub.name)
     # the release of this package (`gpuspawner-images build hub` tags the package version)
-    assert image["tag"] == Version(__version__).base_version
+    release = Version(__version__).base_version
+    assert f"{image['name']}:{image['tag']}" == hub_ref(matrix, release)
 
 
 def chart_config(chart_defaults, values: dict):
     """z2jh's jupyterhub_config.py turns hub.services/hub.loadRoles into lists, then runs extraConfig."""
+    from unittest import mock
+
     from traitlets.config import Config
+
+    from gpuspawner import hubsetup
 
     hub = merged(chart_defaults, values)["hub"]
     c = Config()
-    for section, settings in hub["config"].items():
-        for name, value in settings.items():
-            c[section][name] = value
     tolerations = chart_defaults["scheduling"]["userPods"]["tolerations"]
     c.KubeSpawner.tolerations = tolerations  # as the chart sets them
     c.JupyterHub.services = [{"name": k, **v} for k, v in hub["services"].items()]
     c.JupyterHub.load_roles = [{"name": k, **v} for k, v in hub["loadRoles"].items()]
-    for snippet in hub["extraConfig"].values():
-        if "check_catalog" not in snippet:  # the catalog file is in the cluster's ConfigMap
+    for section, settings in hub["config"].items():
+        for name, value in settings.items():
+            c[section][name] = value
+    # the catalog file is in the cluster's ConfigMap: its check is left out
+    with mock.patch.object(hubsetup, "check_catalog"):
+        for _, snippet in sorted(hub["extraConfig"].items()):
             exec(snippet, {"c": c})
     return hub, c, tolerations
 
@@ -136,7 +141,7 @@ def test_services_as_the_chart_configures_them(chart_defaults):
     assert set(services) == {"gpuspawner-culler", "gpuspawner-admin", "gpuspawner"}
     service = services["gpuspawner"]
     assert service["url"] == "http://hub:10103"
-    assert service["command"][-1] == "--ip=0.0.0.0"
+    assert "--ip=0.0.0.0" in service["command"]
     env = service["environment"]
     assert env["GPUSPAWNER_CATALOG"] == hub["config"]["GPUSpawner"]["catalog_file"]
     assert json.loads(env[PLACEMENT_ENV])["tolerations"] == tolerations
@@ -144,13 +149,13 @@ def test_services_as_the_chart_configures_them(chart_defaults):
     assert env[ALL_NAMESPACES_ENV] == "0"
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
     # users' tokens may let the service read their own servers with their state
-    # (stop notices); the values list it all, so nothing is added behind them
+    # (stop notices), and users may ask the culler about their own servers
     assert roles["user"]["scopes"] == [
         "self",
+        "access:services!service=gpuspawner-culler",
         "access:services!service=gpuspawner",
         "read:servers!user",
         "admin:server_state!user",
-        "access:services!service=gpuspawner-culler",
     ]
     assert service["oauth_client_allowed_scopes"] == [
         "read:servers!user",

@@ -13,10 +13,7 @@ import sys
 import pytest
 import yaml
 
-import gpuspawner
-from gpuspawner.images.matrix import load_matrix
-from gpuspawner.images.plan import image_ref, repository
-from gpuspawner_sandbox import build, chartimages, helm, testing
+from gpuspawner_sandbox import build, helm, imagefacts, testing
 
 VALUES = build.REPO_ROOT / "config" / "z2jh-values.yaml"
 #: The overrides for a cluster that reaches no registry: only images built on this machine.
@@ -170,11 +167,11 @@ def test_the_released_chart_carries_the_json_schema_helm_reads(chart):
 
 def images_our_build_makes() -> set[str]:
     """What `make test` builds: the hub and the notebook images' Jupyter stage
-    (tests/images/conftest.py's `built`), and z2jh's other images (chartimages)."""
-    matrix = load_matrix(build.REPO_ROOT / "images" / "matrix.yaml")
-    hub = f"{repository(matrix.registry, matrix.hub.name)}:{gpuspawner.__version__}"
-    notebooks = {image_ref(matrix, spec, stage="jupyter") for spec in matrix.images.values()}
-    return {hub, *notebooks, *(i.ref for i in chartimages.load_chart_images())}
+    (tests/images/conftest.py's `built`), and z2jh's other images (chartimages), as the
+    image tool names them (`gpuspawner-images facts --json`, which the sandbox asks)."""
+    facts = imagefacts.image_facts(build.REPO_ROOT)
+    notebooks = facts.stage_refs(facts.notebook_refs, "jupyter")
+    return {facts.hub_ref, *notebooks, *(i.ref for i in facts.chart_images)}
 
 
 def test_with_the_local_overrides_the_chart_runs_only_images_built_here(real_helm, chart):

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from gpuspawner.images.matrix import load_matrix
 from gpuspawner.images.plan import image_ref
-from gpuspawner_sandbox import notebookimage
+from gpuspawner_sandbox import imagefacts, notebookimage
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOGS = [REPO / "config" / "sandbox" / "catalog.yaml", REPO / "tests" / "fixtures" / "catalogs"]
@@ -22,14 +21,17 @@ def _catalog_files() -> list[Path]:
 
 
 def test_the_catalogs_the_sandbox_uses_name_the_jupyter_stage_the_image_tool_tags():
-    """Every image these catalogs name is a stage tag `gpuspawner-images build --target jupyter` makes."""
+    """Every image these catalogs name is a stage tag `gpuspawner-images build --target jupyter`
+    makes (the real tool answers both)."""
     matrix = load_matrix(REPO / "images" / "matrix.yaml")
     built = {
         image_ref(matrix, matrix.images[name], stage=notebookimage.STAGE)
         for name in notebookimage.NOTEBOOK_IMAGES
     }
+    facts = imagefacts.image_facts(REPO)
+    assert set(facts.stage_refs(notebookimage.NOTEBOOK_IMAGES, notebookimage.STAGE)) == built
     for catalog in _catalog_files():
-        refs = notebookimage.catalog_images(catalog)
+        refs = notebookimage.catalog_images(catalog, REPO)
         assert refs, catalog
         assert notebookimage.missing_from(refs, built) == [], catalog
 
@@ -40,22 +42,20 @@ def test_missing_from_names_what_the_nodes_would_not_have():
 
 
 def test_stage_refs_keeps_tagged_jupyter_stage_images_only():
+    label = "example.org/stage"  # the tool's stage label, passed in (imagefacts)
     images = [
         {
             "Id": "sha256:aaa",
             "RepoTags": ["r/cuda-pytorch:1-jupyter", "r/cuda-tensorflow:2-jupyter"],
-            "Labels": {notebookimage.STAGE_LABEL: "jupyter"},
+            "Labels": {label: "jupyter"},
         },
         # an older build of the same stage, untagged since
-        {
-            "Id": "sha256:old",
-            "RepoTags": ["<none>:<none>"],
-            "Labels": {notebookimage.STAGE_LABEL: "jupyter"},
-        },
+        {"Id": "sha256:old", "RepoTags": ["<none>:<none>"], "Labels": {label: "jupyter"}},
+        {"Id": "sha256:other", "RepoTags": ["r/x:1-jupyter"], "Labels": {"other": "jupyter"}},
         {"Id": "sha256:hub", "RepoTags": ["r/hub:0.1"], "Labels": {}},
         {"Id": "sha256:base", "RepoTags": ["debian:trixie-slim"], "Labels": None},
     ]
-    assert notebookimage.stage_refs(images) == {
+    assert notebookimage.stage_refs(images, label) == {
         "sha256:aaa": ["r/cuda-pytorch:1-jupyter", "r/cuda-tensorflow:2-jupyter"]
     }
 
@@ -90,11 +90,14 @@ def test_progress_lines_say_how_far_the_build_is(line, shown):
 
 
 def test_an_unreadable_catalog_is_one_sentence(tmp_path):
+    """The real tool reads the catalog and says what is wrong with it."""
     bad = tmp_path / "catalog.yaml"
     bad.write_text("images: [")
-    with pytest.raises(notebookimage.NotebookImageError, match=r"^The catalog .* cannot be read: "):
-        notebookimage.catalog_images(bad)
-    assert yaml.safe_load("images: {}") == {"images": {}}
+    with pytest.raises(notebookimage.NotebookImageError) as err:
+        notebookimage.catalog_images(bad, REPO)
+    assert str(err.value).startswith(f"The catalog {bad} cannot be read: ")
+    assert f"gpuspawner-images: {bad}: invalid YAML at line 1" in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 def test_an_archive_is_saved_whole_and_older_ones_go(tmp_path, monkeypatch):

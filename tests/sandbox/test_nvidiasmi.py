@@ -246,8 +246,8 @@ def test_old_driver(node, container, monkeypatch):
     assert ctr.check(monkeypatch, 1, cuda="13.0") == (
         gpucheck.EXIT_DRIVER_TOO_OLD,
         "The node's NVIDIA driver 535.161.08 is too old for this image's CUDA 13.0, which "
-        "needs driver 580 or newer: pick an image built for an older CUDA, or ask an admin to "
-        "upgrade the node's driver.",
+        "needs driver 580.65.06 or newer: pick an image built for an older CUDA, or ask an admin "
+        "to upgrade the node's driver.",
     )
     gpudriver.clear_faults(paths.state, "driver-too-old")
     inject(paths, "driver-too-old")

@@ -378,7 +378,7 @@ def test_old_driver_fails_for_a_newer_cuda_major():
     assert result.exit_code == EXIT_DRIVER_TOO_OLD
     assert result.reason.startswith(
         "The node's NVIDIA driver 535.161.08 is too old for this image's CUDA 13.0, which needs "
-        "driver 580 or newer"
+        "driver 580.65.06 or newer"
     )
 
 
@@ -396,6 +396,7 @@ def test_several_problems_name_the_first_and_count_the_rest():
     ("cuda", "driver", "ok"),
     [
         ("13.0", "580.65.06", True),
+        ("13.2", "580.65.05", False),
         ("13.1", "575.57.08", False),
         ("12.8", "525.60.13", True),
         ("12.0", "525.60.11", False),

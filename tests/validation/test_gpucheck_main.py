@@ -236,7 +236,7 @@ def test_old_driver_fails_for_cuda_13(pod):
     )
     result = pod.run(1, cuda="13.0")
     assert result.returncode == gpucheck.EXIT_DRIVER_TOO_OLD
-    assert "needs driver 580 or newer" in pod.message()
+    assert "needs driver 580.65.06 or newer" in pod.message()
 
 
 def test_mig_devices_are_counted_by_profile(pod, python):
