@@ -17,7 +17,11 @@ def __getattr__(name: str):
         from .hub.catalogcheck import check_catalog
 
         return check_catalog
+    if name == "setup":
+        from .hubsetup import setup
+
+        return setup
     raise AttributeError(name)
 
 
-__all__ = ["GPUSpawner", "__version__", "check_catalog"]
+__all__ = ["GPUSpawner", "__version__", "check_catalog", "setup"]

@@ -75,15 +75,19 @@ def test_module_and_console_script_answer_help():
 
 
 def test_z2jh_values_register_the_same_service_and_scopes():
+    """The shipped configs wire the culler with gpuspawner.setup (tests/test_hubsetup.py
+    shows each one's role and service); z2jh's own culler is off, and the chart keeps a
+    token for ours."""
     import yaml
+
+    from gpuspawner.culler.hubconfig import CULLER_SCOPES
 
     from .hubtools import shipped_culler_role
 
+    assert shipped_culler_role()["scopes"] == list(CULLER_SCOPES)
     values = yaml.safe_load((REPO / "config" / "z2jh-values.yaml").read_text())
-    role = values["hub"]["loadRoles"]["gpuspawner-culler"]
-    assert sorted(role["scopes"]) == sorted(shipped_culler_role()["scopes"])
-    assert role["services"] == ["gpuspawner-culler"]
     assert "gpuspawner-culler" in values["hub"]["services"]
+    assert "gpuspawner.setup(" in "".join(values["hub"]["extraConfig"].values())
     for forbidden in ("access:servers", "admin", "admin:users", "admin:servers"):
-        assert forbidden not in role["scopes"]
+        assert forbidden not in CULLER_SCOPES
     assert values["cull"]["enabled"] is False  # one culler only
