@@ -212,7 +212,7 @@ async def form_benchmark(inventory: Inventory, pods: list[dict], runs: int) -> d
 
     def render() -> None:
         profiles = loop.run_until_complete(spawner._catalog_profile_list(spawner))
-        html = spawner._render_options_form(profiles)
+        html = spawner.render_catalog_form(profiles)
         assert "free of" in html
 
     def change_then_render() -> None:

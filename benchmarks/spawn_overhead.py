@@ -223,7 +223,7 @@ async def measure(warm_ups: int, repeat: int, form_repeat: int) -> None:
 
     async def form():
         profiles = await gpu.profile_list(gpu)
-        gpu._render_options_form(profiles)
+        gpu.render_catalog_form(profiles)
 
     for _ in range(warm_ups):  # warm up imports, templates, caches
         await spawn(gpu, options)

@@ -17,8 +17,8 @@ from ..clients.hubapi import HubClient, HubError
 from ..clients.kube import KubeClient
 from ..clients.prometheus import PrometheusClient, PrometheusError
 from ..core.catalog import Catalog, CatalogError, CatalogFile
-from ..core.options import shown
 from ..core.podspec import gpu_resource_names
+from ..core.refusals import shown
 from ..core.serverpod import is_managed
 from ..inventory.figures import catalog_availability
 from ..inventory.model import inventory_from

@@ -17,14 +17,8 @@ from typing import Any
 
 from ..core.catalog import Catalog
 from ..core.limits import effective_limit, format_units
-from ..core.options import (
-    OPTION_GPU_TYPE,
-    OPTION_GPUS,
-    OPTION_PROFILE,
-    escape_unprintable,
-    listing,
-    parse_count,
-)
+from ..core.options import OPTION_GPU_TYPE, OPTION_GPUS, OPTION_PROFILE, parse_count
+from ..core.refusals import escape_unprintable, listing
 from ..core.serverpod import ServerPod, server_pods
 from ..inventory.model import Availability
 
@@ -402,7 +396,7 @@ def server_table(report: PoolReport) -> tuple[list[str], list[list[str]]]:
 
 
 def printable(text: str) -> str:
-    """``text`` safe for a terminal (:func:`~gpuspawner.core.options.escape_unprintable`).
+    """``text`` safe for a terminal (:func:`~gpuspawner.core.refusals.escape_unprintable`).
 
     User and server names, groups and pod labels reach the terminal through
     ``gpuspawner status``; written raw, ESC would start a terminal control

@@ -37,7 +37,7 @@ from ..clients.settings import (
     ServiceEndpointSettings,
 )
 from ..core import labels, serverpod, stopreasons
-from ..core.options import shown
+from ..core.refusals import shown
 from .collect import Collector, KubeReader
 from .page import render_page
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from ..core.options import shown
+from ..core.refusals import shown
 
 
 class PrometheusError(Exception):

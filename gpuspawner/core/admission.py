@@ -12,9 +12,9 @@ Pure decisions over :class:`~gpuspawner.inventory.model.Availability` figures:
 - :func:`figures_label` is the "N free of M (at most K on one node)" text the
   form shows.
 
-Refusals are :class:`~gpuspawner.core.options.Refusal` with reasons
-``never-schedulable`` and ``no-capacity``, so they reach users like every
-other refusal.
+Refusals are :class:`~gpuspawner.core.refusals.Refusal` with reasons
+``never-schedulable`` and ``no-capacity``, their sentences from the table in
+:mod:`gpuspawner.core.refusals`, so they reach users like every other refusal.
 """
 
 from __future__ import annotations
@@ -26,26 +26,18 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from ..core.availability import Availability
-from .options import Refusal
+from .refusals import REASON_NEVER, REASON_NO_CAPACITY, Refusal, listing, refuse
 from .serverpod import is_gpu_resource
 
-# Defined with the other facts read from pods; the spawner's capacity code reads it from here.
-from .serverpod import unschedulable_message as unschedulable_message
-
-REASON_NEVER = "never-schedulable"
-REASON_NO_CAPACITY = "no-capacity"
-REASON_UNSCHEDULABLE = "unschedulable"
+# Defined with the other facts read from pods and with the other refusal reasons;
+# the hub's code reads them from here.
+from .refusals import REASON_UNSCHEDULABLE as REASON_UNSCHEDULABLE  # isort: skip
+from .serverpod import unschedulable_message as unschedulable_message  # isort: skip
 
 
 def _gpus(n: int, name: str = "") -> str:
     noun = "GPU" if n == 1 else "GPUs"
     return f"{n} {name} {noun}" if name else f"{n} {noun}"
-
-
-def _either(names: list[str]) -> str:
-    if len(names) == 1:
-        return names[0]
-    return ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def figures_label(availability: Availability | None) -> str:
@@ -83,52 +75,89 @@ def _alternatives(
     return found
 
 
+def never_refusal(
+    display_name: str, gpus: int, availability: Availability, others: Mapping[str, Availability]
+) -> Refusal:
+    """Why a request can never be scheduled, and what would work instead."""
+    alternatives = [name for name, _ in _alternatives(gpus, others, now=False)]
+    choose = {"alternatives": listing(alternatives)} if alternatives else {}
+    if not availability.nodes:
+        excluded = len(availability.excluded)
+        return refuse(
+            REASON_NEVER,
+            "no-node-of-type"
+            if not excluded
+            else "no-node-of-type-one-excluded"
+            if excluded == 1
+            else "no-node-of-type-excluded",
+            "choose-or-ask-admin" if alternatives else "ask-admin",
+            gpu_type=display_name,
+            **({"excluded": excluded} if excluded else {}),
+            **choose,
+        )
+    return refuse(
+        REASON_NEVER,
+        "too-large",
+        "ask-for-fewer-or-choose" if alternatives else "ask-for-fewer",
+        request=_gpus(gpus, display_name),
+        largest=availability.largest_node,
+        **choose,
+    )
+
+
 def never_message(
     display_name: str, gpus: int, availability: Availability, others: Mapping[str, Availability]
 ) -> str:
-    """Why a request can never be scheduled, and what would work instead."""
-    alternatives = [name for name, _ in _alternatives(gpus, others, now=False)]
-    if not availability.nodes:
-        excluded = len(availability.excluded)
-        why = (
-            f" ({excluded} {'is' if excluded == 1 else 'are'} cordoned or not ready)"
-            if excluded
-            else ""
-        )
-        message = f"No node that can run servers has {display_name} GPUs{why}."
-        if alternatives:
-            return f"{message} Choose {_either(alternatives)}, or ask an admin."
-        return f"{message} Please ask an admin."
-    largest = availability.largest_node
-    message = f"No node has {_gpus(gpus, display_name)}; the largest has {largest}."
-    options = [f"ask for {largest} or fewer"]
+    """The sentences of :func:`never_refusal`."""
+    return never_refusal(display_name, gpus, availability, others).message
+
+
+def busy_refusal(
+    display_name: str,
+    gpus: int,
+    availability: Availability,
+    others: Mapping[str, Availability],
+    *,
+    waited: float | None = None,
+) -> Refusal:
+    """Why a request cannot be scheduled right now, with the current figures.
+
+    ``waited``: the seconds the request waited in the queue before it gave up,
+    said first.
+    """
+    free, total, largest = availability.free, availability.allocatable, availability.largest_free
+    alternatives = [f"{name} ({free} free)" for name, free in _alternatives(gpus, others, now=True)]
+    # Each sentence's values, so the fields always match the sentences chosen.
+    timeout = (
+        {"gpus": gpus, "gpu_type": display_name, "seconds": waited} if waited is not None else {}
+    )
+    many_nodes = len(availability.nodes) > 1
+    figures: dict[str, Any] = {"request": _gpus(gpus, display_name), "total": total}
+    if free:
+        figures |= {"free": free, "largest": largest} if many_nodes else {"free": free}
+    advice: dict[str, Any] = {"largest": largest} if largest > 0 else {}
     if alternatives:
-        options.append(f"choose {_either(alternatives)}")
-    text = ", or ".join(options)
-    return f"{message} {text[0].upper()}{text[1:]}."
+        advice["alternatives"] = listing(alternatives)
+    return refuse(
+        REASON_NO_CAPACITY,
+        *(["queue-timeout"] if waited is not None else []),
+        "all-in-use" if free == 0 else "free-on-nodes" if many_nodes else "free-on-node",
+        "fewer-choose-or-later"
+        if largest > 0 and alternatives
+        else "fewer-or-later"
+        if largest > 0
+        else "choose-or-later"
+        if alternatives
+        else "later",
+        **(timeout | figures | advice),
+    )
 
 
 def busy_message(
     display_name: str, gpus: int, availability: Availability, others: Mapping[str, Availability]
 ) -> str:
-    """Why a request cannot be scheduled right now, with the current figures."""
-    free, total, largest = availability.free, availability.allocatable, availability.largest_free
-    if free == 0:
-        figures = f"all {total} are in use"
-    elif len(availability.nodes) > 1:
-        figures = f"{free} of {total} are free, at most {largest} on one node"
-    else:
-        figures = f"{free} of {total} are free"
-    message = f"No node has {_gpus(gpus, display_name)} free right now: {figures}."
-    options = []
-    if largest > 0:
-        options.append(f"ask for {largest} or fewer")
-    alternatives = [f"{name} ({free} free)" for name, free in _alternatives(gpus, others, now=True)]
-    if alternatives:
-        options.append(f"choose {_either(alternatives)}")
-    options.append("try again later")
-    text = ", ".join(options[:-1]) + ", or " + options[-1] if len(options) > 1 else options[0]
-    return f"{message} {text[0].upper()}{text[1:]}."
+    """The sentences of :func:`busy_refusal`."""
+    return busy_refusal(display_name, gpus, availability, others).message
 
 
 def check_capacity(
@@ -148,20 +177,12 @@ def check_capacity(
     if gpus <= 0:
         return Verdict(wait=False)
     if not availability.fits_ever(gpus):
-        raise Refusal(
-            never_message(display_name, gpus, availability, others),
-            status=400,
-            reason=REASON_NEVER,
-        )
+        raise never_refusal(display_name, gpus, availability, others)
     if availability.fits_now(gpus):
         return Verdict(wait=False)
     if queueing:
         return Verdict(wait=True, message=queue_message(display_name, gpus, availability, 1, 1))
-    raise Refusal(
-        busy_message(display_name, gpus, availability, others),
-        status=503,
-        reason=REASON_NO_CAPACITY,
-    )
+    raise busy_refusal(display_name, gpus, availability, others)
 
 
 def ordinal(n: int) -> str:

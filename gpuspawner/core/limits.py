@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .catalog import Allowance, Catalog, LimitRules
-from .options import Refusal, Selection
+from .options import Selection
+from .refusals import REASON_GROUP_POOL, REASON_LIMIT, Refusal, escape_unprintable, refuse
 from .serverpod import server_pods
 
 #: Tolerance for float comparisons of weighted units (1/7 + … sums).
@@ -180,8 +181,9 @@ def pool_groups_for(rules: LimitRules, groups: Iterable[str]) -> tuple[str, ...]
 
 
 def _servers(holdings: list[Holding]) -> str:
+    # Server names are the user's: a character that is not printable is written as an escape.
     names = sorted({h.server_label for h in holdings})
-    return ", ".join(names)
+    return escape_unprintable(", ".join(names))
 
 
 def check_request(
@@ -209,68 +211,70 @@ def check_request(
 
     if limit.total is not None:
         if limit.total < _EPSILON:
-            raise Refusal(
-                f"Your GPU limit is 0 ({limit.rule}): you can start servers without GPUs. "
-                "Ask an admin if you need GPUs.",
-                status=403,
-                reason="limit",
-            )
+            raise refuse(REASON_LIMIT, "limit-zero", rule=limit.rule)
         used = sum(h.units for h in mine)
         if used + wanted_units > limit.total + _EPSILON:
-            raise Refusal(
-                _over_limit_message(used, limit.total, "", mine, wanted_units),
-                status=403,
-                reason="limit",
-            )
+            raise _over_limit(used, limit.total, None, mine, wanted_units)
 
     type_limit = limit.for_type(gpu_type.key)
     if type_limit is not None:
         if type_limit < _EPSILON:
-            raise Refusal(
-                f"You may not use {gpu_type.display_name} GPUs ({limit.rule}): choose another GPU type.",
-                status=403,
-                reason="limit",
+            raise refuse(
+                REASON_LIMIT, "type-barred", gpu_type=gpu_type.display_name, rule=limit.rule
             )
         of_type = [h for h in mine if h.gpu_type == gpu_type.key]
         used_type = sum(h.gpus for h in of_type)
         if used_type + selection.gpus > type_limit + _EPSILON:
-            raise Refusal(
-                _over_limit_message(
-                    used_type, type_limit, f"{gpu_type.display_name} ", of_type, selection.gpus
-                ),
-                status=403,
-                reason="limit",
-            )
+            raise _over_limit(used_type, type_limit, gpu_type.display_name, of_type, selection.gpus)
 
     for group in pool_groups_for(catalog.limits, groups):
         cap = catalog.limits.group_pools[group]
         used_pool = sum(h.units for h in others if group in h.pool_groups)
         if used_pool + wanted_units > cap + _EPSILON:
-            raise Refusal(
-                f"The group '{group}' is using {format_units(used_pool)} of its "
-                f"{format_units(cap)} shared GPUs. Try again when its members stop servers, "
-                "or ask for fewer GPUs.",
-                status=403,
-                reason="group-pool",
+            raise refuse(
+                REASON_GROUP_POOL,
+                "pool-full",
+                group=group,
+                used=format_units(used_pool),
+                cap=format_units(cap),
             )
 
 
-def _over_limit_message(
-    used: float, limit: float, kind: str, held: list[Holding], wanted: float
-) -> str:
-    servers = _servers(held)
-    held_part = f" (servers: {servers})" if servers else ""
-    room = limit - used
+def _over_limit(
+    used: float, limit: float, gpu_type: str | None, held: list[Holding], wanted: float
+) -> Refusal:
+    """Over the total limit (``gpu_type`` None) or the limit of one GPU type (its name).
+
+    ``held`` are the holdings that count against the limit; when they hold
+    something (``used``), they name at least one server.
+    """
+    typed = {} if gpu_type is None else {"gpu_type": gpu_type}
     if used < _EPSILON:
-        return (
-            f"You asked for {format_units(wanted)} {kind}GPUs but your limit is "
-            f"{format_units(limit)}. Ask for {format_units(limit)} or fewer."
+        return refuse(
+            REASON_LIMIT,
+            "over-limit" if gpu_type is None else "over-type-limit",
+            wanted=format_units(wanted),
+            limit=format_units(limit),
+            **typed,
         )
+    room = limit - used
+    figures = {"used": format_units(used), "limit": format_units(limit), "servers": _servers(held)}
     if room > _EPSILON:
-        advice = f"Stop one of them or ask for {format_units(room)} or fewer."
-    else:
-        advice = "Stop one of them or ask for fewer GPUs."
-    return f"You are using {format_units(used)} of your {format_units(limit)} {kind}GPUs{held_part}. {advice}"
+        return refuse(
+            REASON_LIMIT,
+            "using" if gpu_type is None else "using-type",
+            "stop-or-ask-for-room",
+            room=format_units(room),
+            **figures,
+            **typed,
+        )
+    return refuse(
+        REASON_LIMIT,
+        "using" if gpu_type is None else "using-type",
+        "stop-or-ask-for-fewer",
+        **figures,
+        **typed,
+    )
 
 
 def remaining(

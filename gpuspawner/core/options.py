@@ -3,13 +3,14 @@
 Requests arrive from KubeSpawner's form, from jupyterhub-fancy-profiles, from
 the REST API (``{"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}``) or
 from options saved by an earlier spawn. They all come here, so every path gets
-the same checks and the same messages. A refusal is a :class:`Refusal`: one
-sentence the user can act on, plus the HTTP status and a short reason label
-for metrics.
+the same checks and the same messages. A refusal is a
+:class:`~gpuspawner.core.refusals.Refusal` built with
+:func:`~gpuspawner.core.refusals.refuse`: one sentence from the table of
+refusals, the HTTP status and a short reason label for metrics.
 
-Anything the user sent that a message repeats goes through :func:`shown`,
-so a refusal or a log line never carries a raw newline, NUL or terminal
-escape from a request.
+Anything the user sent that a message repeats is quoted with
+:func:`~gpuspawner.core.refusals.shown`, so a refusal or a log line never carries
+a raw newline, NUL or terminal escape from a request.
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ from typing import Any
 
 from .catalog import Catalog, GPUType, ImageSpec
 
+# ``Refusal``, the reasons, ``shown``, ``listing`` and ``escape_unprintable`` stay
+# importable from here (and from gpuspawner.options) for code written before they
+# moved to gpuspawner.core.refusals; the package's own modules import them from there.
+from .refusals import (
+    REASON_INVALID,
+    REASON_NO_PROFILE,
+    REASON_UNLISTED_CHOICE,
+    Refusal,
+    listing,
+    refuse,
+    shown,
+)
+from .refusals import escape_unprintable as escape_unprintable
+
 #: The keys GPUSpawner reads from ``user_options``; anything else is ignored.
 OPTION_PROFILE = "profile"
 OPTION_GPU_TYPE = "gpu_type"
@@ -31,36 +46,10 @@ OPTION_TITLES = {OPTION_GPU_TYPE: "GPU type", OPTION_GPUS: "Number of GPUs"}
 #: KubeSpawner's key for a free-form value of a profile option (``gpus--unlisted-choice``).
 UNLISTED_CHOICE_SUFFIX = "--unlisted-choice"
 
-#: Refusal reasons (the label of the refusal metric).
-REASON_INVALID = "invalid-request"
-REASON_UNLISTED_CHOICE = "unlisted-choice"
-REASON_NO_PROFILE = "no-such-profile"
-
 # The largest count a request may name: enough for any node, and small enough
 # that a number in a message stays short.
 _MAX_COUNT = 999_999
 _DIGITS = re.compile(r"[0-9]{1,6}")
-_SHOWN_LENGTH = 40
-
-
-class Refusal(ValueError):
-    """A spawn request that is refused, with a message for the user.
-
-    A ``ValueError`` as well, because that is what KubeSpawner raises for bad
-    ``user_options``: code written for KubeSpawner that catches it around
-    ``load_user_options`` sees GPUSpawner's refusals too.
-    """
-
-    def __init__(self, message: str, *, status: int = 400, reason: str = REASON_INVALID):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.reason = reason
-
-    @property
-    def jupyterhub_message(self) -> str:
-        """The sentence JupyterHub shows on its pages and in API errors."""
-        return self.message
 
 
 @dataclass(frozen=True)
@@ -80,45 +69,6 @@ class Selection:
         if not self.is_gpu or self.gpu_type is None:
             return f"{self.image.display_name} without GPUs"
         return f"{self.image.display_name} with {self.gpus} × {self.gpu_type.display_name}"
-
-
-def escape_unprintable(text: str) -> str:
-    """``text`` with every character that is not printable written as an escape.
-
-    NUL, CR/LF, ESC, bidirectional overrides: as ``\\x..`` or ``\\u....``, so that
-    a user's string can neither start a terminal sequence, forge a log or table
-    line, nor turn the rest of a line around.
-    """
-    return "".join(
-        c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
-        for c in text
-    )
-
-
-def shown(value: Any, limit: int = _SHOWN_LENGTH) -> str:
-    """User input as a message or a log line may show it: quoted, escaped and short.
-
-    Strings are quoted as Python writes them (``'jax'``), every character
-    that is not printable — NUL, newline, ESC, bidirectional overrides — is
-    escaped (``'a\\nb'``), and anything longer than ``limit`` characters is cut,
-    with "..." after the closing quote.
-    """
-    if isinstance(value, str):
-        text = repr(value[:limit]) + ("..." if len(value) > limit else "")
-    else:
-        text = repr(value)
-        if len(text) > limit:
-            text = text[:limit] + "..."
-    # repr escapes control characters already; this holds for any object's repr.
-    return escape_unprintable(text)
-
-
-def listing(values: Iterable[str], conjunction: str = "or") -> str:
-    """ "a", "a or b", "a, b or c"."""
-    values = list(values)
-    if len(values) <= 1:
-        return "".join(values)
-    return ", ".join(values[:-1]) + f" {conjunction} " + values[-1]
 
 
 def parse_count(value: Any) -> int | None:
@@ -158,17 +108,17 @@ def unlisted_choice_refusal(option: str, title: str | None, choices: Iterable[st
     ``title`` is the option's name on the form (None: the profile has no such
     option); ``choices`` are the values it lists, already quoted.
     """
-    key = shown(option + UNLISTED_CHOICE_SUFFIX)
+    key = option + UNLISTED_CHOICE_SUFFIX
     choices = list(choices)
     if title is None or not choices:
-        return Refusal(
-            f"{key} is not accepted: there is no option {shown(option)} with an unlisted choice.",
-            reason=REASON_UNLISTED_CHOICE,
-        )
-    return Refusal(
-        f"{key} is not accepted: {title} has no unlisted choice, "
-        f"so send {shown(option)} with {listing(choices)}.",
-        reason=REASON_UNLISTED_CHOICE,
+        return refuse(REASON_UNLISTED_CHOICE, "no-such-option", key=key, option=option)
+    return refuse(
+        REASON_UNLISTED_CHOICE,
+        "not-enabled",
+        key=key,
+        title=title,
+        option=option,
+        choices=listing(choices),
     )
 
 
@@ -179,10 +129,8 @@ def no_such_profile(value: Any, choices: Iterable[str], *, status: int = 400) ->
     status are the same whether the profile does not exist or is not for this
     user, so a refusal reveals nothing about images the user may not see.
     """
-    return Refusal(
-        f"There is no profile {shown(value)} you may use: choose one of {listing(choices)}.",
-        status=status,
-        reason=REASON_NO_PROFILE,
+    return refuse(
+        REASON_NO_PROFILE, "no-such-profile", status=status, value=value, choices=listing(choices)
     )
 
 
@@ -198,7 +146,7 @@ def resolve_selection(user_options: Any, catalog: Catalog) -> Selection:
     if user_options is None:
         user_options = {}
     if not isinstance(user_options, dict):
-        raise Refusal('The server options must be a JSON object such as {"profile": "..."}.')
+        raise refuse(REASON_INVALID, "options-not-object")
 
     image = _resolve_image(user_options.get(OPTION_PROFILE), catalog)
     _refuse_unlisted_choices(user_options, image, catalog)
@@ -210,9 +158,11 @@ def resolve_selection(user_options: Any, catalog: Catalog) -> Selection:
 
     if gpus == 0:
         if not catalog.cpu_allowed(image):
-            raise Refusal(
-                f"{image.display_name} cannot run without GPUs: choose a number of GPUs "
-                f"({listing([str(n) for n in _positive_counts(image, catalog)])})."
+            raise refuse(
+                REASON_INVALID,
+                "cpu-not-allowed",
+                image=image.display_name,
+                counts=listing([str(n) for n in _positive_counts(image, catalog)]),
             )
         # A GPU type sent along with 0 GPUs (KubeSpawner's form always sends
         # both) is still checked, so a typo is not silently accepted.
@@ -241,16 +191,19 @@ def resolve_selection(user_options: Any, catalog: Catalog) -> Selection:
         if catalog.cpu_allowed(image):
             return Selection(image=image, gpu_type=None, gpus=0)
         if gpu_type is None:
-            raise Refusal(f"{image.display_name} has no GPU type configured; ask an admin.")
+            raise refuse(REASON_INVALID, "no-gpu-type", image=image.display_name)
         return Selection(image=image, gpu_type=gpu_type, gpus=catalog.counts_for_type(gpu_type)[0])
 
     if gpu_type is None:
-        raise Refusal(f"{image.display_name} cannot be given GPUs: choose 0 GPUs.")
+        raise refuse(REASON_INVALID, "image-without-gpus", image=image.display_name)
     allowed = catalog.counts_for_type(gpu_type)
     if gpus not in allowed:
-        raise Refusal(
-            f"{gpus} is not an allowed number of {gpu_type.display_name} GPUs: "
-            f"choose {listing([str(n) for n in allowed])}."
+        raise refuse(
+            REASON_INVALID,
+            "count-not-for-type",
+            gpus=gpus,
+            gpu_type=gpu_type.display_name,
+            counts=listing([str(n) for n in allowed]),
         )
     return Selection(image=image, gpu_type=gpu_type, gpus=gpus)
 
@@ -281,16 +234,26 @@ def _resolve_type(value: Any, image: ImageSpec, catalog: Catalog) -> GPUType:
     if not isinstance(value, str) or value not in catalog.gpu_types:
         names = [f"'{t.key}'" for t in catalog.types_for_image(image)]
         if not names:
-            raise Refusal(
-                f"There is no GPU type {shown(value)}, and {image.display_name} runs without GPUs."
+            raise refuse(
+                REASON_INVALID, "no-such-type-cpu-only", value=value, image=image.display_name
             )
-        raise Refusal(f"There is no GPU type {shown(value)}: choose {listing(names)}.")
+        raise refuse(REASON_INVALID, "no-such-type", value=value, types=listing(names))
     gpu_type = catalog.gpu_types[value]
     if gpu_type not in catalog.types_for_image(image):
         names = [t.display_name for t in catalog.types_for_image(image)]
-        alternatives = f"choose {listing(names)}" if names else "choose 0 GPUs"
-        raise Refusal(
-            f"{image.display_name} cannot run on {gpu_type.display_name} GPUs: {alternatives}."
+        if not names:
+            raise refuse(
+                REASON_INVALID,
+                "type-not-for-cpu-image",
+                image=image.display_name,
+                gpu_type=gpu_type.display_name,
+            )
+        raise refuse(
+            REASON_INVALID,
+            "type-not-for-image",
+            image=image.display_name,
+            gpu_type=gpu_type.display_name,
+            types=listing(names),
         )
     return gpu_type
 
@@ -305,14 +268,18 @@ def _default_type(image: ImageSpec, catalog: Catalog, image_is_default: bool) ->
 def _resolve_count(value: Any, catalog: Catalog) -> int:
     count = parse_count(value)
     if count is None:
-        raise Refusal(
-            f"{shown(value)} is not a valid number of GPUs: choose one of "
-            f"{listing([str(n) for n in _all_counts(catalog)])}."
+        raise refuse(
+            REASON_INVALID,
+            "count-invalid",
+            value=value,
+            counts=listing([str(n) for n in _all_counts(catalog)]),
         )
     if count not in _all_counts(catalog):
-        raise Refusal(
-            f"{count} is not an allowed number of GPUs: choose one of "
-            f"{listing([str(n) for n in _all_counts(catalog)])}."
+        raise refuse(
+            REASON_INVALID,
+            "count-not-allowed",
+            gpus=count,
+            counts=listing([str(n) for n in _all_counts(catalog)]),
         )
     return count
 
@@ -371,10 +338,12 @@ def resolve_profile(user_options: Mapping[str, Any], profile_list: list[dict]) -
         regex = settings.get("validation_regex")
         if not isinstance(value, str) or (regex and not re.match(regex, value)):
             hint = str(settings.get("validation_message") or "enter a value it accepts")
-            raise Refusal(
-                f"{shown(value)} is not accepted as the other choice for {title}: "
-                f"{hint.rstrip('.')}.",
-                reason=REASON_UNLISTED_CHOICE,
+            raise refuse(
+                REASON_UNLISTED_CHOICE,
+                "value-refused",
+                value=value,
+                title=title,
+                hint=hint.rstrip("."),
             )
     for name, option in options.items():
         choice = user_options.get(name)
@@ -383,8 +352,11 @@ def resolve_profile(user_options: Mapping[str, Any], profile_list: list[dict]) -
         choices = option.get("choices") or {}
         if not isinstance(choice, str) or choice not in choices:
             title = option.get("display_name", name)
-            raise Refusal(
-                f"{shown(choice)} is not a choice for {title}: choose one of "
-                f"{', '.join(shown(c) for c in choices)}."
+            raise refuse(
+                REASON_INVALID,
+                "not-a-choice",
+                value=choice,
+                title=title,
+                choices=", ".join(shown(c) for c in choices),
             )
     return profile

@@ -26,8 +26,9 @@ from traitlets.config import Configurable
 
 from ..core import admission, limits
 from ..core.catalog import Catalog
-from ..core.options import Refusal, Selection
+from ..core.options import Selection
 from ..core.placement import Placement
+from ..core.refusals import REASON_NO_CAPACITY, REASON_USAGE_UNKNOWN, Refusal, refuse
 from ..inventory import figures as inventory_figures
 from ..inventory.model import Availability
 from ..inventory.reflectors import ALL_NAMESPACES_DEFAULT
@@ -269,12 +270,7 @@ class Capacity:
                 held = await holdings(bool(pools))
             except Exception as e:
                 self.log.error("Could not list GPU pods to check %s's limit: %s", user, e)
-                raise Refusal(
-                    "Your GPU usage could not be checked because the cluster did not answer. "
-                    "Please try again in a minute.",
-                    status=503,
-                    reason="usage-unknown",
-                ) from None
+                raise refuse(REASON_USAGE_UNKNOWN, "cluster-silent") from None
             limits.check_request(
                 catalog=catalog,
                 user=user,
@@ -341,7 +337,7 @@ class Capacity:
         ``allowance``: how many GPUs of the type the user may still take, the
         most their demand counts for however many servers they ask from.
         """
-        if refusal.reason != admission.REASON_NO_CAPACITY or selection.gpu_type is None:
+        if refusal.reason != REASON_NO_CAPACITY or selection.gpu_type is None:
             return
         if queue.demand_window > 0:
             self.state.record_refusal(
@@ -422,12 +418,8 @@ class Capacity:
                 )
                 remaining = deadline - self.clock()
                 if remaining <= 0:
-                    raise Refusal(
-                        f"No node had {selection.gpus} free {name} GPUs within "
-                        f"{timeout:.0f} seconds, so the server was not started. "
-                        f"{admission.busy_message(name, selection.gpus, availability, {})}",
-                        status=503,
-                        reason=admission.REASON_NO_CAPACITY,
+                    raise admission.busy_refusal(
+                        name, selection.gpus, availability, {}, waited=timeout
                     )
                 await inventory.wait_for_change(timeout=min(remaining, 5))
         finally:

@@ -3,6 +3,12 @@
 gpuspawner runs on JupyterHub 5.5 + KubeSpawner 7.0 (zero-to-jupyterhub 4.4.0's
 hub image) and on JupyterHub 6.x + KubeSpawner 7.1. Code that depends on the
 line asks here, so the difference lives in one place.
+
+GPUSpawner extends KubeSpawner through its public hooks (``start``,
+``load_user_options``, ``options_form``, ``modify_pod_hook``, traits). The one
+KubeSpawner private name it still needs is called only here, each beside why;
+``tests/hub/test_compat.py`` fails, naming the KubeSpawner release, when one of
+them changes.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from typing import Any
 from jupyterhub import version_info
 from tornado import web
 
-from ..core.options import Refusal
+from ..core.refusals import REASON_INVALID, refuse
 
 #: JupyterHub 6 reads a server request's body as ``{"user_options": {…},
 #: "display_name": …}``, and a body without those keys as the options; 5.5 takes
@@ -75,8 +81,50 @@ def request_options(user_options: Any, hub_reads_key: bool = HUB_READS_USER_OPTI
     if inner is None:
         return {}
     if not isinstance(inner, dict):
-        raise Refusal("'user_options' must be an object (or null) of server options.")
+        raise refuse(REASON_INVALID, "user-options-not-object")
     return inner
 
 
-__all__ = ["HUB_READS_USER_OPTIONS_KEY", "HTTPSpawnException", "SpawnException", "request_options"]
+def initialized_profile_list(spawner: Any, profile_list: list[dict]) -> list[dict]:
+    """A copy of ``profile_list`` as KubeSpawner reads it: KubeSpawner's private
+    ``_get_initialized_profile_list``.
+
+    KubeSpawner fills in a profile list before it uses one: a slug made from a
+    profile's display name, a default profile, a default choice per option, and
+    the defaults of ``unlisted_choice``. Its form template and its
+    ``load_user_options`` expect those. GPUSpawner needs the list exactly as
+    KubeSpawner will read it, to refuse an unknown profile or choice with a
+    sentence before KubeSpawner sees it, to await async overrides of the chosen
+    profile, and to render the catalog's profiles in KubeSpawner's template.
+    KubeSpawner has no public way to do this, and copying its rules (its slugs
+    included) would drift from the release installed.
+    """
+    return spawner._get_initialized_profile_list(profile_list)
+
+
+def user_label(spawner: Any) -> str:
+    """The value of KubeSpawner's username label on the pods of ``spawner``'s user.
+
+    Used to list a user's pods by label. KubeSpawner builds the label with its
+    public slug functions (:mod:`kubespawner.slugs`), and ``common_labels`` can
+    replace it, as in its private ``_build_common_labels``; a test checks the
+    value against the label of a pod KubeSpawner builds.
+    """
+    from kubespawner.slugs import is_valid_label, safe_slug
+
+    from ..core.labels import KUBESPAWNER_LABEL_USER
+
+    common = spawner.common_labels or {}
+    if KUBESPAWNER_LABEL_USER in common:
+        return common[KUBESPAWNER_LABEL_USER]
+    return safe_slug(spawner.user.name, is_valid=is_valid_label)
+
+
+__all__ = [
+    "HUB_READS_USER_OPTIONS_KEY",
+    "HTTPSpawnException",
+    "SpawnException",
+    "initialized_profile_list",
+    "request_options",
+    "user_label",
+]

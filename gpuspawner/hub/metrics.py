@@ -43,21 +43,23 @@ from typing import Any
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from ..core import refusals
 from ..core.serverpod import ServerPod
 from ..validation import podstatus
 from . import state as hubstate
 
-#: The refusal reasons the spawner gives (other values are counted as "other").
+#: The refusal reasons the spawner gives (other values are counted as "other"); each is
+#: a reason of the table of refusals, :data:`gpuspawner.core.refusals.SENTENCES`.
 REFUSAL_REASONS = (
-    "invalid-request",
-    "limit",
-    "group-pool",
-    "never-schedulable",
-    "no-capacity",
-    "unschedulable",
-    "usage-unknown",
-    "catalog-invalid",
-    "gpu-check",
+    refusals.REASON_INVALID,
+    refusals.REASON_LIMIT,
+    refusals.REASON_GROUP_POOL,
+    refusals.REASON_NEVER,
+    refusals.REASON_NO_CAPACITY,
+    refusals.REASON_UNSCHEDULABLE,
+    refusals.REASON_USAGE_UNKNOWN,
+    refusals.REASON_CATALOG_INVALID,
+    refusals.REASON_GPU_CHECK,
 )
 
 SPAWN_REFUSALS = Counter(

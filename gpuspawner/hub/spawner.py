@@ -10,6 +10,12 @@ Without a catalog, GPUSpawner behaves exactly like KubeSpawner, with two
 fixes: async callables in ``kubespawner_override`` are awaited, and an
 unknown profile, option choice or unlisted choice is a readable 400 instead of a
 ``KeyError`` or a message that repeats the request.
+
+It extends KubeSpawner through public hooks only: ``start()``,
+``load_user_options()``, ``get_pod_manifest()``, a callable ``options_form``
+(with a catalog), JupyterHub's ``get_options_form()``, and an admin's
+``modify_pod_hook`` composed with its own check. What KubeSpawner offers no
+hook for is behind :mod:`gpuspawner.hub.compat`.
 """
 
 from __future__ import annotations
@@ -17,33 +23,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import inspect
 import os
 import time
 from typing import Any
 
 from kubespawner import KubeSpawner
-from traitlets import Bool, Dict, Float, Integer, List, Unicode, observe
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, observe, validate
 
 from ..clients import kube
-from ..core import admission, labels, limits, podspec, profiles, serverpod, stopreasons
+from ..core import admission, labels, limits, podspec, profiles, refusals, serverpod, stopreasons
 from ..core.catalog import Catalog, CatalogError, parse_catalog
 from ..core.endpoints import AVAILABILITY_PATH
 from ..core.options import (
     OPTION_PROFILE,
-    Refusal,
     Selection,
     ignored_options,
     resolve_profile,
     resolve_selection,
-    shown,
 )
 from ..core.placement import Placement
+from ..core.refusals import (
+    REASON_CATALOG_INVALID,
+    REASON_GPU_CHECK,
+    REASON_INVALID,
+    REASON_TIMEOUT,
+    REASON_UNSCHEDULABLE,
+    Refusal,
+    refuse,
+    shown,
+)
 from ..inventory.figures import live_payload
 from . import capacity, metrics, serverprobe
 from . import state as hubstate
 from .capacity import Capacity, CapacityConfig, GPUUnschedulable
-from .compat import SpawnException, request_options
+from .compat import SpawnException, initialized_profile_list, request_options, user_label
 
 
 class RefusedSpawn(SpawnException, ValueError):
@@ -219,6 +234,55 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
                     "and the profiles are built from it."
                 )
             self.profile_list = self._catalog_profile_list
+            if not self._admin_options_form:
+                # An admin's own options_form stays theirs (as with KubeSpawner's
+                # profile_list form): it is shown as configured, without our additions.
+                self.options_form = self._catalog_options_form
+
+    # ------------------------------------------------------------------
+    # the admin's hooks, composed with ours
+    # ------------------------------------------------------------------
+
+    #: Whether options_form was set by someone else than GPUSpawner (the admin's config,
+    #: a profile's override): their form is shown as is, without the stop notice or figures.
+    _admin_options_form: bool = False
+
+    @observe("options_form")
+    def _options_form_set(self, change: dict) -> None:
+        self._admin_options_form = change["new"] != self._catalog_options_form
+
+    @validate("modify_pod_hook")
+    def _compose_modify_pod_hook(self, proposal: dict) -> Any:
+        """Run the admin's ``modify_pod_hook``, then enforce ``NVIDIA_VISIBLE_DEVICES`` again.
+
+        KubeSpawner calls the hook between ``get_pod_manifest`` (which enforces it
+        first) and creating the pod, so a hook could otherwise give a CPU pod the
+        node's GPUs. The admin's hook keeps its own signature, sync or async, and
+        stays reachable as ``__wrapped__``.
+        """
+        hook = proposal["value"]
+        if hook is None or getattr(hook, "_gpuspawner_composed", False):
+            return hook
+        enforce = self._enforce_visible_devices
+
+        def enforced(pod: Any) -> Any:
+            if pod is not None:
+                enforce(pod)
+            return pod
+
+        @functools.wraps(hook)
+        def modify_pod_hook(spawner: Any, pod: Any) -> Any:
+            result = hook(spawner, pod)
+            if inspect.isawaitable(result):
+
+                async def modified() -> Any:
+                    return enforced(await result)
+
+                return modified()
+            return enforced(result)
+
+        modify_pod_hook._gpuspawner_composed = True  # type: ignore[attr-defined]
+        return modify_pod_hook
 
     # ------------------------------------------------------------------
     # catalog
@@ -257,10 +321,9 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             self.log.error("GPU catalog is invalid: %s", e)
             self._refused_before_pod = True
             raise spawn_error(
-                "The GPU catalog is misconfigured, so no server can start right now. "
-                "Please tell an admin (the hub log names the problem).",
-                reason="catalog-invalid",
-                status=500,
+                refusals.sentence(REASON_CATALOG_INVALID, "misconfigured"),
+                reason=REASON_CATALOG_INVALID,
+                status=refusals.SENTENCES[REASON_CATALOG_INVALID].status,
                 log_message=f"GPU catalog is invalid: {e}",
             ) from None
 
@@ -289,9 +352,8 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         """
         if retry_timeout is None:
             retry_timeout = self.k8s_api_request_retry_timeout
-        user_label = None
-        if not every_user:
-            user_label = self._build_common_labels({})[labels.KUBESPAWNER_LABEL_USER]
+        # KubeSpawner's username label, on every pod it makes for this user
+        label = None if every_user else user_label(self)
         reader = kube.Reader(
             retry=kube.RetryPolicy(timeout=retry_timeout),
             timeout=self.k8s_api_request_timeout,
@@ -300,7 +362,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         return await reader.pods(
             self.api,
             namespace=None if self.enable_user_namespaces and every_user else self.namespace,
-            selector=serverpod.selector(user_label),
+            selector=serverpod.selector(label),
         )
 
     async def current_holdings(
@@ -425,15 +487,17 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         """
         from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PackageLoader
 
-        profile_list = self._get_initialized_profile_list(profile_list)
+        profile_list = initialized_profile_list(self, profile_list)
         if self.user_options:
+            # The form pre-selects the saved options where they still match (KubeSpawner
+            # 7.1's template); say when they do not, as KubeSpawner 7.1 does.
             try:
-                self._validate_user_options(profile_list)
-            except ValueError as e:
+                resolve_profile(self.user_options, profile_list)
+            except Refusal as refusal:
                 self.log.warning(
                     "Not pre-selecting saved user_options on the spawn form "
                     "because they failed validation: %s",
-                    shown(str(e), 200),
+                    shown(refusal.message, 200),
                 )
         paths = tuple(self.additional_profile_form_template_paths)
 
@@ -454,9 +518,22 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             template = env.get_template("form.html")
         return template.render(profile_list=profile_list, user_options=self.user_options)
 
-    def _render_options_form(self, profile_list):
-        """KubeSpawner's form (after why this server last stopped), plus the live GPU figures."""
-        return self._stop_notice_html() + self._options_form_body(profile_list)
+    async def _catalog_options_form(self, spawner: GPUSpawner) -> str:
+        """``options_form`` when a catalog is configured: its profiles for this user, in KubeSpawner's form."""
+        return self.render_catalog_form(await self._catalog_profile_list(spawner))
+
+    async def get_options_form(self) -> str:
+        """The spawn form, after why this server last stopped.
+
+        JupyterHub asks this for the form of every spawn page, whatever
+        ``options_form`` is: KubeSpawner's form of a ``profile_list`` (static or
+        callable), or the catalog's. An admin's own ``options_form`` is shown as
+        they wrote it, and no form stays no form (JupyterHub then spawns at once).
+        """
+        form = await super().get_options_form()
+        if not form or self._admin_options_form:
+            return form
+        return self._stop_notice_html() + form
 
     def _stop_notice_html(self) -> str:
         notice = self.stop_notice()
@@ -468,9 +545,8 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         # a plain str: Markup + the form's str would escape the whole form
         return str(html + stopreasons.LOCAL_TIME_SCRIPT)
 
-    def _options_form_body(self, profile_list) -> str:
-        if not self.gpu_catalog_configured:
-            return super()._render_options_form(profile_list)
+    def render_catalog_form(self, profile_list: list[dict]) -> str:
+        """The form of a catalog's ``profile_list``: KubeSpawner's template, escaped, plus the live figures."""
         form = self._kubespawner_form(profile_list)
         if self.gpu_inventory() is None or not self._own_form():
             # another form's labels say when they were counted (see _catalog_profile_list)
@@ -614,27 +690,39 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         )
 
     async def _load_kubespawner_profile(self) -> None:
-        """KubeSpawner's ``load_user_options``, with readable errors and awaited overrides."""
-        profile_list = self._sorted_dict_values(self.profile_list)
+        """KubeSpawner's ``load_user_options``, with readable errors and awaited overrides.
+
+        The admin's ``profile_list`` (a list, a dict, or a callable, called once)
+        is checked here first, and the chosen profile's override callables are
+        called, awaiting async ones. KubeSpawner then checks and applies that
+        resolved list, as its own ``load_user_options`` does with ``profile_list``.
+        """
+        configured = self.profile_list
+        profile_list = _profiles_in_order(configured)
         if callable(profile_list):
             profile_list = profile_list(self)
             if inspect.isawaitable(profile_list):
                 profile_list = await profile_list
-        profile_list = self._get_initialized_profile_list(profile_list)
+        profile_list = initialized_profile_list(self, profile_list)
         if not profile_list:
             return await super().load_user_options()
         try:
             profile = resolve_profile(self.user_options, profile_list)
-            # Anything else KubeSpawner checks; its message may repeat the request.
-            self._validate_user_options(profile_list)
         except Refusal as refusal:
             self.log.info("Refused spawn of %s: %s", self._log_name, refusal.message)
             raise self._refusal(refusal) from None
-        except ValueError as e:
-            refusal = Refusal(f"The server options were not accepted: {shown(str(e), 200)}.")
-            raise self._refusal(refusal) from None
         await self._resolve_async_overrides(profile)
-        self._load_profile(profile["slug"], profile_list)
+        # Given the resolved list, KubeSpawner neither calls a callable profile_list
+        # a second time nor an override callable at all (it would not await one).
+        self.profile_list = profile_list
+        try:
+            await super().load_user_options()
+        except ValueError as e:
+            # Anything else KubeSpawner refuses; its message may repeat the request.
+            refusal = refuse(REASON_INVALID, "options-not-accepted", error=str(e))
+            raise self._refusal(refusal) from None
+        finally:
+            self.profile_list = configured
 
     async def _resolve_async_overrides(self, profile: dict) -> None:
         """Call the selected overrides' callables once, awaiting async ones.
@@ -710,11 +798,6 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             if value is not None:
                 env.append(V1EnvVar(name=labels.ENV_VISIBLE_DEVICES, value=value))
             container.env = env
-
-    async def _make_create_pod_request(self, pod, request_timeout):
-        # modify_pod_hook runs between get_pod_manifest and here: enforce again.
-        self._enforce_visible_devices(pod)
-        return await super()._make_create_pod_request(pod, request_timeout)
 
     # ------------------------------------------------------------------
     # start: fail fast on a failed GPU check
@@ -912,7 +995,16 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         notice = stopreasons.StopNotice(reason, time.time(), **fields)
         self._keep_stop_notice(notice, self._held())
 
-    async def _start(self):
+    async def start(self):
+        """KubeSpawner's start, then the wait for Jupyter to answer; a failed start is cleaned up.
+
+        KubeSpawner's ``start()`` reads the options (our ``load_user_options``:
+        admission, the queue, the start's turn), creates the pod and waits for it
+        to run; its ``progress()`` follows that part. Around it: a failed GPU
+        check or a pod no node can take ends the spawn with its reason and
+        deletes the pod, and the reservation and the start's turn are given back
+        however the start ends (cancelled too).
+        """
         self._refused_before_pod = False
         self._pod_requested = False
         self._stop_notice = None
@@ -920,7 +1012,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         self.capacity.start_over()
         started = time.monotonic()
         try:
-            result = await super()._start()
+            result = await super().start()
             if not self.internal_ssl:
                 # A turn lasts until Jupyter itself is up (its start is the costly part),
                 # and the hub's own backoff would see the server up to a second late
@@ -931,13 +1023,16 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
                 except TimeoutError:
                     # Raised as JupyterHub's own TimeoutError, the hub would log it as a
                     # start_timeout and show the pod's address to the user.
-                    seconds = "second" if self.http_timeout == 1 else "seconds"
                     raise spawn_error(
-                        f"Jupyter did not answer within {self.http_timeout:g} {seconds} of its "
-                        f"pod starting, so the server was stopped: try again, and if it "
-                        f"happens again ask an admin to read the log of pod {self.pod_name}.",
-                        reason="timeout",
-                        status=503,
+                        refusals.sentence(
+                            REASON_TIMEOUT,
+                            "no-answer",
+                            seconds=self.http_timeout,
+                            unit="second" if self.http_timeout == 1 else "seconds",
+                            pod=self.pod_name,
+                        ),
+                        reason=REASON_TIMEOUT,
+                        status=refusals.SENTENCES[REASON_TIMEOUT].status,
                     ) from None
             pod = self._reflected_pod() or {}
             self._running = {
@@ -950,7 +1045,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
                 )
             return result
         except GPUUnschedulable as e:
-            metrics.count_refusal(admission.REASON_UNSCHEDULABLE)
+            metrics.count_refusal(REASON_UNSCHEDULABLE)
             waited = self.gpu_unschedulable_timeout
             self.log.warning(
                 "Giving up on %s after %.0f s without free GPUs: %s", self._log_name, waited, e
@@ -958,22 +1053,20 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             self._failed_start(stopreasons.REASON_STUCK_PENDING, seconds=float(waited))
             await self._delete_failed_pod("it could not be scheduled")
             raise spawn_error(
-                f"The server was not started because no node had the GPUs for it for "
-                f"{waited:.0f} seconds. {e} Ask for fewer GPUs or another GPU type, "
-                f"or try again later.",
-                reason=admission.REASON_UNSCHEDULABLE,
-                status=503,
+                refusals.sentence(REASON_UNSCHEDULABLE, "not-scheduled", seconds=waited, detail=e),
+                reason=REASON_UNSCHEDULABLE,
+                status=refusals.SENTENCES[REASON_UNSCHEDULABLE].status,
             ) from None
         except GPUCheckFailed as e:
-            metrics.count_refusal("gpu-check")
+            metrics.count_refusal(REASON_GPU_CHECK)
             reason = str(e)
             self.log.warning("GPU check failed for %s: %s", self._log_name, reason)
             self._failed_start(stopreasons.REASON_GPU_CHECK, kind=e.kind, detail=reason)
             await self._delete_failed_pod("its GPU check failed")
             raise spawn_error(
-                f"The GPUs given to this server failed their check, so it was not started: {reason}",
-                reason="gpu-check",
-                status=503,
+                refusals.sentence(REASON_GPU_CHECK, "failed", detail=reason),
+                reason=REASON_GPU_CHECK,
+                status=refusals.SENTENCES[REASON_GPU_CHECK].status,
             ) from None
         except Exception:
             # Any other failure once the pod was asked for (KubeSpawner's create timing out
@@ -1026,6 +1119,16 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             self.log.error(
                 "Could not delete the pod of %s after %s: %s", self._log_name, why, stop_error
             )
+
+
+def _profiles_in_order(profile_list: Any) -> Any:
+    """A ``profile_list`` dict's profiles ordered by key, as KubeSpawner 7.1 reads one.
+
+    Lists and callables are returned as they are (KubeSpawner 7.0 takes no dict).
+    """
+    if isinstance(profile_list, dict):
+        return [profile_list[key] for key in sorted(profile_list)]
+    return profile_list
 
 
 def _env_name(env_var: Any) -> str | None:

@@ -8,7 +8,7 @@ import pytest
 
 from gpuspawner.core import admission
 from gpuspawner.core.catalog import load_catalog_file
-from gpuspawner.core.options import Refusal
+from gpuspawner.core.refusals import Refusal
 from gpuspawner.inventory.model import Availability, NodeFigures, demand_for, inventory_from
 
 from ..conftest import FIXTURES

@@ -13,7 +13,8 @@ from gpuspawner.core.limits import (
     merge_reservations,
     remaining,
 )
-from gpuspawner.core.options import Refusal, resolve_selection
+from gpuspawner.core.options import resolve_selection
+from gpuspawner.core.refusals import Refusal
 
 from ..conftest import FIXTURES
 

@@ -1,13 +1,12 @@
 import pytest
 
 from gpuspawner.core.options import (
-    Refusal,
     ignored_options,
     parse_count,
     resolve_profile,
     resolve_selection,
-    shown,
 )
+from gpuspawner.core.refusals import Refusal, shown
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,9 @@ import yaml
 
 from gpuspawner.core.catalog import parse_catalog
 from gpuspawner.core.limits import Holding
-from gpuspawner.core.options import Refusal, resolve_selection
+from gpuspawner.core.options import resolve_selection
 from gpuspawner.core.placement import Placement
+from gpuspawner.core.refusals import Refusal
 from gpuspawner.hub import state as hubstate
 from gpuspawner.hub.capacity import (
     Capacity,
@@ -537,7 +538,7 @@ async def test_a_spawner_whose_start_is_cancelled_leaves_the_queue_and_its_reser
     spawner.gpu_inventory = lambda: inventory
     spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "4"}
     try:
-        start = asyncio.ensure_future(spawner._start())
+        start = asyncio.ensure_future(spawner.start())
         await wait_until_queued(spawner.capacity)
         assert spawner._gpu_check_progress().startswith("1st in line for 4 × NVIDIA A100")
         start.cancel()  # what the hub does when the user cancels the spawn

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from importlib.metadata import version
 
 import pytest
@@ -13,7 +14,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from gpuspawner.core.options import Refusal
+from gpuspawner.core.refusals import Refusal
 from gpuspawner.hub.compat import HTTPSpawnException, SpawnException, request_options
 from gpuspawner.hub.spawner import RefusedSpawn, spawn_error
 from gpuspawner.images.matrix import load_matrix, read_constraints
@@ -123,3 +124,177 @@ def test_request_options_that_are_not_an_object_are_one_sentence():
         400,
         "'user_options' must be an object (or null) of server options.",
     )
+
+
+# ---------------------------------------------------------------------------
+# KubeSpawner's private names: the one still used, and that no other creeps in
+# ---------------------------------------------------------------------------
+
+KUBESPAWNER = f"KubeSpawner {version('jupyterhub-kubespawner')}"
+
+
+def kubespawner_private_names() -> set[str]:
+    """The private names KubeSpawner's class defines itself (not traitlets' own bookkeeping)."""
+    from kubespawner import KubeSpawner
+    from traitlets import HasTraits
+
+    class Probe(HasTraits):
+        pass
+
+    return {
+        name
+        for name in vars(KubeSpawner)
+        if name.startswith("_") and not name.startswith("__") and name not in vars(Probe)
+    }
+
+
+#: KubeSpawner's private names gpuspawner uses, each only in gpuspawner/hub/compat.py.
+PRIVATE_NAMES_USED = {"_get_initialized_profile_list"}
+
+#: A private attribute of a spawner: ``self._x``, ``super()._x``, ``spawner._x``, ``cls._x``.
+SPAWNER_ATTRIBUTE = re.compile(r"\b(?:self|super\(\)|spawner|[A-Za-z]*Spawner)\.(_[A-Za-z]\w*)\b")
+
+
+async def test_kubespawner_still_initializes_a_profile_list_as_gpuspawner_reads_it(
+    offline_kubeconfig,
+):
+    """compat.initialized_profile_list: KubeSpawner's private ``_get_initialized_profile_list``."""
+    import inspect
+
+    from kubespawner import KubeSpawner
+
+    from gpuspawner.hub.compat import initialized_profile_list
+
+    from .test_spawner import make_spawner
+
+    name = f"{KUBESPAWNER}: KubeSpawner._get_initialized_profile_list"
+    method = getattr(KubeSpawner, "_get_initialized_profile_list", None)
+    assert callable(method), (
+        f"{name} is gone: gpuspawner.hub.compat.initialized_profile_list needs another way "
+        "to fill in a profile list as KubeSpawner reads it"
+    )
+    params = list(inspect.signature(method).parameters)
+    assert params == ["self", "profile_list"], (
+        f"{name} now takes {params}, not (self, profile_list)"
+    )
+    given = [
+        {
+            "display_name": "Big GPU box",
+            "profile_options": {
+                "gpus": {
+                    "display_name": "GPUs",
+                    "choices": {"1": {"display_name": "1"}, "2": {"display_name": "2"}},
+                }
+            },
+        },
+        {"display_name": "Small", "slug": "small"},
+    ]
+    spawner = make_spawner(cls=KubeSpawner)
+    result = initialized_profile_list(spawner, given)
+    option = result[0]["profile_options"]["gpus"]
+    found = {
+        "a copy": result is not given and "slug" not in given[0],
+        "slug from display_name": result[0].get("slug") == "big-gpu-box",
+        "given slug kept": result[1].get("slug") == "small",
+        "first profile the default": result[0].get("default") is True,
+        "first choice the default": option["choices"]["1"].get("default") is True,
+        "unlisted_choice filled in": option.get("unlisted_choice") == {"enabled": False},
+        "empty list stays empty": initialized_profile_list(spawner, []) == [],
+    }
+    assert all(found.values()), f"{name} no longer gives: " + ", ".join(
+        what for what, ok in found.items() if not ok
+    )
+
+
+@pytest.mark.parametrize(
+    "username, common_labels",
+    [
+        ("carol", {}),
+        ("Élodie.Dupont@example.org", {}),
+        ("UPPER_case-", {}),
+        ("x" * 80, {}),
+        ("carol", {"hub.jupyter.org/username": "team-a"}),
+    ],
+)
+async def test_the_username_label_gpuspawner_selects_is_the_one_kubespawner_puts_on_pods(
+    offline_kubeconfig, username, common_labels
+):
+    """compat.user_label: KubeSpawner's rule (its private ``_build_common_labels``), on a real pod."""
+    from kubespawner import KubeSpawner
+    from traitlets.config import Config
+
+    from gpuspawner.core.labels import KUBESPAWNER_LABEL_USER
+    from gpuspawner.hub.compat import user_label
+
+    from .test_spawner import User, make_spawner
+
+    c = Config()
+    c.KubeSpawner.common_labels = common_labels
+    spawner = make_spawner(c, user=User(username), cls=KubeSpawner)
+    pod = await spawner.get_pod_manifest()
+    on_the_pod = pod.metadata.labels.get(KUBESPAWNER_LABEL_USER)
+    assert user_label(spawner) == on_the_pod, (
+        f"{KUBESPAWNER} labels {username!r}'s pods {KUBESPAWNER_LABEL_USER}={on_the_pod!r}, "
+        f"but gpuspawner.hub.compat.user_label says {user_label(spawner)!r}: GPUSpawner "
+        "would not find the user's pods when it counts their GPUs"
+    )
+
+
+def test_gpuspawner_overrides_no_kubespawner_private_name():
+    """KubeSpawner would call an override of a private name only while that name lasts."""
+    from kubespawner import KubeSpawner
+
+    from gpuspawner.hub.spawner import GPUSpawner
+
+    private = kubespawner_private_names()
+    ours = GPUSpawner.__mro__[: GPUSpawner.__mro__.index(KubeSpawner)]
+    overridden = sorted(
+        f"{cls.__name__}.{name}" for cls in ours for name in vars(cls) if name in private
+    )
+    assert not overridden, (
+        f"{KUBESPAWNER}'s private names are overridden: {', '.join(overridden)}; "
+        "use a public hook (README, Compatibility)"
+    )
+
+
+def test_kubespawner_private_names_are_used_only_in_compat():
+    """Each private name gpuspawner still needs is called in gpuspawner/hub/compat.py alone."""
+    private = kubespawner_private_names()
+    missing = sorted(PRIVATE_NAMES_USED - private)
+    assert not missing, (
+        f"{KUBESPAWNER} no longer defines {', '.join(missing)}, which "
+        "gpuspawner/hub/compat.py calls"
+    )
+    package = REPO / "gpuspawner"
+    used = {}
+    for path in sorted(package.rglob("*.py")):
+        if path == package / "hub" / "compat.py":
+            continue
+        for name in set(SPAWNER_ATTRIBUTE.findall(path.read_text())) & private:
+            used.setdefault(name, []).append(str(path.relative_to(REPO)))
+    assert not used, f"{KUBESPAWNER} private names used outside gpuspawner/hub/compat.py: {used}"
+    compat = (package / "hub" / "compat.py").read_text()
+    in_compat = set(SPAWNER_ATTRIBUTE.findall(compat)) & private
+    assert in_compat == PRIVATE_NAMES_USED, in_compat
+
+
+def test_the_public_hooks_gpuspawner_builds_on_are_there():
+    """start, load_user_options, get_pod_manifest, get_options_form, modify_pod_hook, options_form."""
+    import inspect
+
+    from jupyterhub.spawner import Spawner
+    from kubespawner import KubeSpawner
+
+    takes_self = {
+        "start": KubeSpawner.start,
+        "load_user_options": KubeSpawner.load_user_options,
+        "get_pod_manifest": KubeSpawner.get_pod_manifest,
+        "get_options_form": Spawner.get_options_form,
+    }
+    for name, method in takes_self.items():
+        params = list(inspect.signature(method).parameters)
+        assert params == ["self"], f"{KUBESPAWNER}: {name} now takes {params}"
+    assert inspect.iscoroutinefunction(Spawner.get_options_form), "get_options_form is not async"
+    traits = KubeSpawner.class_traits()
+    for name in ("modify_pod_hook", "options_form", "profile_list", "pre_spawn_hook"):
+        assert name in traits, f"{KUBESPAWNER} has no {name} trait"

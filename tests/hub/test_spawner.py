@@ -198,18 +198,12 @@ async def test_modify_pod_hook_cannot_give_a_cpu_pod_gpus():
     c = Config()
     c.KubeSpawner.modify_pod_hook = hook
     spawner = make_spawner(c)
-    created = []
-
-    async def create(namespace, body, **kwargs):
-        created.append(as_dict(spawner, body))
-
-    spawner.api.create_namespaced_pod = create
     spawner.user_options = {"profile": "pytorch", "gpus": "0"}
     await spawner.load_user_options()
+    # what KubeSpawner's start does with the manifest before it creates the pod
     pod = await spawner.get_pod_manifest()
-    pod = hook(spawner, pod)
-    await spawner._make_create_pod_request(pod, 5)
-    env = env_of(created[0]["spec"]["containers"][0])
+    pod = spawner.modify_pod_hook(spawner, pod)
+    env = env_of(as_dict(spawner, pod)["spec"]["containers"][0])
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
 
 
@@ -799,7 +793,7 @@ async def test_failed_check_deletes_the_pod_and_fails_the_spawn_with_the_reason(
     spawner.stop = stop
     spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
     with pytest.raises(SpawnException) as info:
-        await spawner._start()
+        await spawner.start()
     assert stopped == [True]
     assert info.value.status_code == 503
     assert info.value.reason == "gpu-check"
@@ -831,7 +825,7 @@ async def test_a_failed_start_deletes_its_pod_by_name_even_if_the_hub_never_saw_
     monkeypatch.setattr(KubeSpawner, "_start", create_timed_out)
     try:
         with pytest.raises(asyncio.TimeoutError):
-            await spawner._start()
+            await spawner.start()
     finally:
         await spawner.api.api_client.close()
     deletes = [r for r in kubeapi.requests if r[0] == "DELETE"]
@@ -866,7 +860,7 @@ async def test_a_server_that_never_answers_fails_its_start_and_its_pod_is_delete
     spawner.user_options = {"profile": "pytorch", "gpus": "0"}
     try:
         with pytest.raises(SpawnException) as info:
-            await asyncio.wait_for(spawner._start(), 20)
+            await asyncio.wait_for(spawner.start(), 20)
     finally:
         await spawner.api.api_client.close()
     assert (info.value.status_code, info.value.reason) == (503, "timeout")
@@ -905,7 +899,7 @@ async def test_with_concurrent_starts_the_next_start_waits_until_the_first_serve
     second = make_spawner(config, user=User("bob"))
     for spawner in (first, second):
         spawner.user_options = {"profile": "pytorch", "gpus": "0"}
-    starting = [asyncio.ensure_future(first._start()), asyncio.ensure_future(second._start())]
+    starting = [asyncio.ensure_future(first.start()), asyncio.ensure_future(second.start())]
     await asyncio.sleep(1)
     # The first pod is made; its server does not answer yet, so the second waits.
     assert created == ["ann"]
@@ -935,7 +929,7 @@ async def test_a_refused_start_never_waits_for_a_turn():
     spawner = make_spawner(config, user=User("cal"))
     spawner.user_options = {"profile": "pytorch", "gpus": "3"}  # not an allowed count
     with pytest.raises(SpawnException):
-        await asyncio.wait_for(spawner._start(), 5)
+        await asyncio.wait_for(spawner.start(), 5)
     assert gate.starting == 1 and gate.ahead_of("cal/") is None
 
 

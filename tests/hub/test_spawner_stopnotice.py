@@ -76,7 +76,7 @@ async def started(spawner, reflector, monkeypatch, options=None):
 
     monkeypatch.setattr(KubeSpawner, "_start", kube_start)
     spawner.user_options = options or {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
-    await spawner._start()
+    await spawner.start()
     return spawner
 
 
@@ -184,7 +184,7 @@ async def test_a_failed_gpu_check_keeps_its_kind_and_reason(monkeypatch):
     spawner.stop = stop
     spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
     with pytest.raises(SpawnException):
-        await spawner._start()
+        await spawner.start()
     notice = saved_and_restored(spawner, "t").stop_notice()
     assert notice.reason == stopreasons.REASON_GPU_CHECK
     assert notice.kind == "gpus-missing"
@@ -232,7 +232,7 @@ async def test_a_start_given_up_for_lack_of_gpus_is_stuck_pending(monkeypatch):
     spawner.stop = stop
     spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
     with pytest.raises(SpawnException):
-        await spawner._start()
+        await spawner.start()
     notice = saved_and_restored(spawner, "p").stop_notice()
     assert notice.reason == stopreasons.REASON_STUCK_PENDING
     assert notice.sentence().endswith("because no node had free GPUs for it for 5 minutes.")

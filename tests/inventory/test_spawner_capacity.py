@@ -138,7 +138,7 @@ def with_services(*names):
 async def test_rendered_form_carries_the_figures_and_polls_the_service(reflector):
     spawner = capacity_spawner(reflector, user=with_services("gpuspawner-admin", "gpuspawner"))
     profiles = await spawner._catalog_profile_list(spawner)
-    html = spawner._render_options_form(profiles)
+    html = spawner.render_catalog_form(profiles)
     assert 'name="profile-option-pytorch--gpu_type"' in html  # KubeSpawner's own field names
     assert re.search(r'var url = "([^"]*)";', html).group(1) == (
         "/base/services/gpuspawner/availability"
@@ -151,10 +151,10 @@ async def test_rendered_form_carries_the_figures_and_polls_the_service(reflector
 
 async def test_without_the_service_the_form_keeps_its_figures_and_says_when(reflector):
     spawner = capacity_spawner(reflector, user=with_services("gpuspawner-admin"))
-    html = spawner._render_options_form(await spawner._catalog_profile_list(spawner))
+    html = spawner.render_catalog_form(await spawner._catalog_profile_list(spawner))
     assert 'var url = "";' in html  # nothing to poll: the note gives the time of counting
     other = capacity_spawner(reflector, user=with_services("gpuspawner"), gpu_figures_service="")
-    assert 'var url = "";' in other._render_options_form(await other._catalog_profile_list(other))
+    assert 'var url = "";' in other.render_catalog_form(await other._catalog_profile_list(other))
 
 
 FANCY_LIKE_FORM = (
@@ -184,7 +184,7 @@ async def test_another_form_gets_labels_with_their_time_and_no_live_script(
         r" as of \d\d:\d\d UTC",
         a100_label,
     )
-    html = spawner._render_options_form(profiles)
+    html = spawner.render_catalog_form(profiles)
     assert f"[{a100_label}]" in html
     assert "<script" not in html and "counted live" not in html
 
@@ -199,7 +199,7 @@ async def test_a_template_path_without_a_form_keeps_kubespawners_form_and_the_sc
         additional_profile_form_template_paths=[str(tmp_path)],
     )
     profiles = await spawner._catalog_profile_list(spawner)
-    html = spawner._render_options_form(profiles)
+    html = spawner.render_catalog_form(profiles)
     assert 'name="profile-option-pytorch--gpu_type"' in html and "var url = " in html
     assert " as of " not in html
 
@@ -418,7 +418,7 @@ async def test_stuck_pod_is_deleted_and_the_spawn_fails_with_the_reason(reflecto
     spawner.stop = stop
     spawner.user_options = {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
     with pytest.raises(SpawnException) as info:
-        await spawner._start()
+        await spawner.start()
     assert stopped == [True]
     assert info.value.reason == "unschedulable"
     assert info.value.status_code == 503
@@ -481,7 +481,7 @@ async def test_figures_and_the_endpoint_payload_are_per_user(reflector, tmp_path
         spawner.gpu_inventory = lambda: reflector
         payload = spawner.gpu_availability_payload()
         profiles = await spawner._catalog_profile_list(spawner)
-        html = spawner._render_options_form(profiles)
+        html = spawner.render_catalog_form(profiles)
         seen[name] = (sorted(payload["images"]), sorted(payload["types"]), html)
     assert seen["carol"][:2] == (["pytorch", "tensorflow"], ["a100", "h100"])
     assert seen["rosa"][:2] == (["pytorch", "rocm", "tensorflow"], ["a100", "h100", "mi300x"])

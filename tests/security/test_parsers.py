@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from gpuspawner.core import stopreasons
 from gpuspawner.core.admission import RefusedDemand, person_demand
 from gpuspawner.core.catalog import CatalogError, parse_catalog
-from gpuspawner.core.options import Refusal, Selection, ignored_options, resolve_selection, shown
+from gpuspawner.core.options import Selection, ignored_options, resolve_selection
+from gpuspawner.core.refusals import Refusal, shown
 from gpuspawner.hub.compat import request_options
 
 from ..conftest import FIXTURES
