@@ -7,7 +7,6 @@ config/sandbox/jupyterhub_config.py, config/z2jh-values.yaml), scope for scope.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import re
@@ -17,13 +16,15 @@ from unittest import mock
 
 import pytest
 import yaml
-from traitlets.config import Config, LazyConfigValue, PyFileConfigLoader
+from traitlets.config import Config, PyFileConfigLoader
 
 import gpuspawner
 from gpuspawner import hubsetup
 from gpuspawner.hub.pages import TEMPLATE_PATH
 
 from .conftest import FIXTURES, REPO
+from .hubconfigs import final, load_as_subconfig
+from .hubconfigs import helm_merged as merged
 
 CHART = REPO.parent / "shared" / "third-party" / "zero-to-jupyterhub-k8s-4.4.0" / "jupyterhub"
 PY = sys.executable
@@ -63,13 +64,6 @@ IN_CLUSTER = {
     "POD_NAMESPACE": "jupyterhub",
 }
 NO_PLACEMENT = '{"node_selector": {}, "tolerations": []}'
-
-
-def final(value, default):
-    """A setting as the hub will load it (a lazy value applied to the default)."""
-    if isinstance(value, LazyConfigValue):
-        return copy.deepcopy(value).get_value(default)
-    return value
 
 
 def wiring(c: Config, spawner_section: str = "Spawner") -> dict:
@@ -217,16 +211,7 @@ def test_setup_keeps_what_the_config_has_and_adds_nothing_twice():
 
 def test_a_sub_config_keeps_the_parents_services_and_roles(tmp_path):
     """config/sandbox/jupyterhub_config.py is loaded with load_subconfig after a preamble."""
-    (tmp_path / "sub.py").write_text(
-        "import gpuspawner\ngpuspawner.setup(get_config(), environ={})\n"
-    )
-    (tmp_path / "main.py").write_text(
-        "c = get_config()\n"
-        "c.JupyterHub.services = [{'name': 'tester'}]\n"
-        "c.JupyterHub.load_roles = [{'name': 'tester', 'scopes': ['admin:users']}]\n"
-        f"load_subconfig({str(tmp_path / 'sub.py')!r})\n"
-    )
-    c = PyFileConfigLoader("main.py", path=str(tmp_path)).load_config()
+    c = load_as_subconfig(tmp_path, "import gpuspawner\ngpuspawner.setup(c, environ={})\n")
     got = wiring(c)
     assert list(got["services"]) == [
         "tester",
@@ -389,17 +374,6 @@ def test_the_local_clusters_opt_in_to_every_namespace_reaches_the_service(hub_en
     c = PyFileConfigLoader("jupyterhub_config.py", str(REPO / "config" / "sandbox")).load_config()
     service = wiring(c)["services"]["gpuspawner"]
     assert service["environment"]["GPUSPAWNER_ALL_NAMESPACES"] == "1"
-
-
-def merged(defaults: dict, override: dict) -> dict:
-    """Helm's merge of a values file over the chart's values (maps merge, the rest replaces)."""
-    out = copy.deepcopy(defaults)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merged(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 def z2jh_config(*values_files) -> tuple[dict, Config]:

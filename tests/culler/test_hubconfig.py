@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import copy
 import sys
 
-from traitlets.config import Config, LazyConfigValue, PyFileConfigLoader
+from traitlets.config import Config
 
 from gpuspawner.culler.hubconfig import add_culler
+
+from ..hubconfigs import final, load_as_subconfig
 
 #: The spec: the scopes config/jupyterhub_config.py gave the culler by hand before add_culler.
 CULLER_SCOPES = [
@@ -26,13 +27,6 @@ CULLER_ROLE = {
 }
 #: The server role's defaults, plus the culler for JupyterLab's cull warning.
 SERVER_TOKEN_SCOPES = ["users:activity!user", "access:servers!server", ACCESS]
-
-
-def final(value, default=None):
-    """A setting as the hub will load it (a lazy value applied to the default)."""
-    if isinstance(value, LazyConfigValue):
-        return copy.deepcopy(value).get_value([] if default is None else default)
-    return value
 
 
 def test_the_service_its_role_and_every_users_access():
@@ -162,18 +156,10 @@ def test_a_callable_server_token_scopes_is_left_to_the_admin():
 
 def test_a_sub_config_keeps_the_parents_services_and_roles(tmp_path):
     """config/sandbox/jupyterhub_config.py is loaded with load_subconfig after a preamble."""
-    (tmp_path / "sub.py").write_text(
-        "c = get_config()\n"
-        "from gpuspawner.culler.hubconfig import add_culler\n"
-        "add_culler(c, url='http://127.0.0.1:9')\n"
+    c = load_as_subconfig(
+        tmp_path,
+        "from gpuspawner.culler.hubconfig import add_culler\nadd_culler(c, url='http://127.0.0.1:9')\n",
     )
-    (tmp_path / "main.py").write_text(
-        "c = get_config()\n"
-        "c.JupyterHub.services = [{'name': 'tester'}]\n"
-        "c.JupyterHub.load_roles = [{'name': 'tester', 'scopes': ['admin:users']}]\n"
-        f"load_subconfig({str(tmp_path / 'sub.py')!r})\n"
-    )
-    c = PyFileConfigLoader("main.py", path=str(tmp_path)).load_config()
     assert [s["name"] for s in final(c.JupyterHub.services)] == ["tester", "gpuspawner-culler"]
     assert [r["name"] for r in final(c.JupyterHub.load_roles)] == [
         "tester",

@@ -7,6 +7,7 @@ from traitlets.config import Config
 from gpuspawner.core import stopreasons
 from gpuspawner.hub import pages as hubpages
 
+from ..hubconfigs import load_as_subconfig
 from ..security.payloads import PAYLOADS, assert_escaped
 
 AT = 1_800_000_000.0
@@ -84,18 +85,14 @@ def test_configure_adds_the_template_path_and_vars_once():
 
 
 def test_configure_in_a_sub_config_keeps_the_parents_settings(tmp_path):
-    from traitlets.config.loader import PyFileConfigLoader
-
-    (tmp_path / "sub.py").write_text(
-        "c = get_config()\nfrom gpuspawner.hub.pages import configure\nconfigure(c)\nconfigure(c)\n"
+    c = load_as_subconfig(
+        tmp_path,
+        "from gpuspawner.hub.pages import configure\nconfigure(c)\nconfigure(c)\n",
+        parent=(
+            "c.JupyterHub.template_paths = ['/site/templates']\n"
+            "c.JupyterHub.template_vars = {'site': 'x'}\n"
+        ),
     )
-    (tmp_path / "main.py").write_text(
-        "c = get_config()\n"
-        "c.JupyterHub.template_paths = ['/site/templates']\n"
-        "c.JupyterHub.template_vars = {'site': 'x'}\n"
-        f"load_subconfig({str(tmp_path / 'sub.py')!r})\n"
-    )
-    c = PyFileConfigLoader("main.py", path=str(tmp_path)).load_config()
     paths = c.JupyterHub.template_paths
     assert paths == [hubpages.TEMPLATE_PATH, "/site/templates"]
     assert sorted(c.JupyterHub.template_vars) == [

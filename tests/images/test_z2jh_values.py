@@ -3,7 +3,6 @@ prePuller block against what `gpuspawner-images catalog --z2jh` prints."""
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 
@@ -14,21 +13,11 @@ import yaml
 from gpuspawner.core.catalog import DEFAULT_GPU_TOLERATIONS
 from gpuspawner.images.plan import image_ref, prepuller_values
 
+from ..hubconfigs import helm_merged as merged
 from .conftest import REPO
 
 CHART = REPO.parent / "shared" / "third-party" / "zero-to-jupyterhub-k8s-4.4.0" / "jupyterhub"
 VALUES = REPO / "config" / "z2jh-values.yaml"
-
-
-def merged(defaults: dict, override: dict) -> dict:
-    """Helm's merge of a values file over the chart's values.yaml (maps merge, the rest replaces)."""
-    out = copy.deepcopy(defaults)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merged(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 @pytest.fixture(scope="module")

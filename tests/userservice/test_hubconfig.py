@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 
-from traitlets.config import Config, LazyConfigValue, PyFileConfigLoader
+from traitlets.config import Config
 
 from gpuspawner.userservice import SERVICE_NAME
 from gpuspawner.userservice.app import (
@@ -17,15 +16,12 @@ from gpuspawner.userservice.app import (
 )
 from gpuspawner.userservice.hubconfig import add_service, spawner_setting
 
+from ..hubconfigs import final, load_as_subconfig
+
 SCOPE = "access:services!service=gpuspawner"
 #: What a user's own token lets the service read for /stop-notices: their own servers,
 #: with the saved state the notices are kept in, and nobody else's.
 OWN_SERVERS = ["read:servers!user", "admin:server_state!user"]
-
-
-def final(value):
-    """A list setting as the hub will load it (a lazy value applied to the default [])."""
-    return copy.deepcopy(value).get_value([]) if isinstance(value, LazyConfigValue) else value
 
 
 def test_the_service_gets_the_catalog_and_placement_the_spawner_has():
@@ -139,19 +135,12 @@ def test_an_existing_user_role_and_service_entry_are_completed_not_replaced():
 
 def test_a_sub_config_keeps_the_parents_services_and_roles(tmp_path):
     """config/sandbox/jupyterhub_config.py is loaded with load_subconfig after a preamble."""
-    (tmp_path / "sub.py").write_text(
-        "c = get_config()\n"
+    c = load_as_subconfig(
+        tmp_path,
         "c.JupyterHub.services.append({'name': 'gpuspawner-culler'})\n"
         "from gpuspawner.userservice.hubconfig import add_service\n"
-        "add_service(c, url='http://127.0.0.1:9')\n"
+        "add_service(c, url='http://127.0.0.1:9')\n",
     )
-    (tmp_path / "main.py").write_text(
-        "c = get_config()\n"
-        "c.JupyterHub.services = [{'name': 'tester'}]\n"
-        "c.JupyterHub.load_roles = [{'name': 'tester', 'scopes': ['admin:users']}]\n"
-        f"load_subconfig({str(tmp_path / 'sub.py')!r})\n"
-    )
-    c = PyFileConfigLoader("main.py", path=str(tmp_path)).load_config()
     assert [s["name"] for s in final(c.JupyterHub.services)] == [
         "tester",
         "gpuspawner-culler",
