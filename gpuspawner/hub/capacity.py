@@ -248,16 +248,20 @@ class Capacity:
             return
         user, groups, server = requester.user, list(requester.groups), requester.server
         pools = limits.pool_groups_for(catalog.limits, groups)
+
+        def check_limits(held: Iterable[limits.Holding]) -> None:
+            limits.check_request(
+                catalog=catalog,
+                user=user,
+                groups=groups,
+                server=server,
+                selection=selection,
+                holdings=held,
+            )
+
         # A request over the user's limit even with nothing held is refused
         # without asking the cluster (and before taking any lock).
-        limits.check_request(
-            catalog=catalog,
-            user=user,
-            groups=groups,
-            server=server,
-            selection=selection,
-            holdings=[],
-        )
+        check_limits([])
         # Locks are always taken in the same order (pools sorted, then the
         # user) so two users sharing a pool cannot deadlock.
         held_locks = [self.state.lock(f"pool:{g}") for g in pools] + [
@@ -271,14 +275,7 @@ class Capacity:
             except Exception as e:
                 self.log.error("Could not list GPU pods to check %s's limit: %s", user, e)
                 raise refuse(REASON_USAGE_UNKNOWN, "cluster-silent") from None
-            limits.check_request(
-                catalog=catalog,
-                user=user,
-                groups=groups,
-                server=server,
-                selection=selection,
-                holdings=held,
-            )
+            check_limits(held)
             # What the user may still take of the type: their demand, if refused, is capped at it.
             allowance = (
                 limits.remaining(catalog, user, groups, server, held).get(selection.gpu_type.key)
