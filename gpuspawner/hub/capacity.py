@@ -249,7 +249,7 @@ class Capacity:
         user, groups, server = requester.user, list(requester.groups), requester.server
         pools = limits.pool_groups_for(catalog.limits, groups)
 
-        def check_limits(held: Iterable[limits.Holding]) -> None:
+        def check_limits(held: list[limits.Holding]) -> None:
             limits.check_request(
                 catalog=catalog,
                 user=user,
