@@ -13,6 +13,7 @@ from gpuspawner.core import labels, stopreasons
 from gpuspawner.hub.compat import SpawnException
 from gpuspawner.hub.spawner import GPUCheckFailed, GPUSpawner
 
+from ..scriptedhttp import scripted_server
 from .test_spawner import _isolated, build, make_spawner  # noqa: F401 (the fixture)
 
 AT = 1_800_000_000.0
@@ -67,16 +68,21 @@ def pod_of(spawner, node="gpu-a-1", **annotations):
 
 
 async def started(spawner, reflector, monkeypatch, options=None):
-    """A spawner whose start succeeded, its pod in the watch."""
+    """A spawner whose start succeeded, its pod in the watch.
 
-    async def kube_start(self):
-        await self.load_user_options()
-        reflector.pods[f"{self.namespace}/{self.pod_name}"] = pod_of(self)
-        return "http://10.0.0.1:8888"
+    Its "Jupyter" is a server on loopback that answers, as GPUSpawner asks the
+    started server itself before its start returns (serverprobe).
+    """
+    with scripted_server(r"/.*") as jupyter:
 
-    monkeypatch.setattr(KubeSpawner, "_start", kube_start)
-    spawner.user_options = options or {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
-    await spawner.start()
+        async def kube_start(self):
+            await self.load_user_options()
+            reflector.pods[f"{self.namespace}/{self.pod_name}"] = pod_of(self)
+            return jupyter["url"]
+
+        monkeypatch.setattr(KubeSpawner, "_start", kube_start)
+        spawner.user_options = options or {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"}
+        await spawner.start()
     return spawner
 
 
