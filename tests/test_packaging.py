@@ -52,7 +52,13 @@ def test_gpuspawner_wheel_holds_only_the_gpuspawner_package(gpuspawner_wheel):
     assert top_level == {"gpuspawner"}
     assert not [n for n in gpuspawner_wheel.namelist() if "sandbox" in n]
     # what the spawner ships besides the sandbox is still there
-    for module in ("spawner.py", "culler/app.py", "admin/service.py", "images/cli.py"):
+    for module in (
+        "hub/spawner.py",
+        "core/catalog.py",
+        "culler/app.py",
+        "admin/service.py",
+        "images/cli.py",
+    ):
         assert f"gpuspawner/{module}" in gpuspawner_wheel.namelist()
 
 
