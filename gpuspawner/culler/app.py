@@ -35,11 +35,11 @@ from ..clients.settings import (
 )
 from ..core.serverpod import selector
 from ..core.stopreasons import CullWarning
-from . import annotations, policy
+from . import annotations, gpustatus, policy
 from .demand import HubDemand, parse_hub_metrics, total_by_type
 from .hub import list_servers
 from .pods import pods_by_server, waiting_requests, warnings_on_pods, with_pods
-from .prometheus import gpu_view
+from .prometheus import GPUStatusReader, gpu_view
 from .warningapi import warning_answer
 
 #: The hub scope a token needs to read the culler's /metrics (the hub's /hub/metrics needs it too).
@@ -223,6 +223,10 @@ class GPUCuller(
         300,
         help="A GPU server without GPU samples in this many seconds has missing metrics and counts as busy.",
     ).tag(config=True)
+    gpu_status_poll = Integer(
+        15,
+        help="How often, in seconds, clients of /api/gpu-status (JupyterLab's GPU item) are told to ask, and how long the culler reuses one reading of Prometheus for them all: set it to Prometheus's scrape interval of the DCGM exporter. Kept within 5..60.",
+    ).tag(config=True)
 
     # --- pressure (Kubernetes: `kubernetes`, `namespace`) ---------------------
     pressure_timeout = Integer(
@@ -239,7 +243,7 @@ class GPUCuller(
 
     # --- metrics endpoint ---------------------------------------------------
     metrics_url = Unicode(
-        help="Where /metrics (a hub token with read:metrics), /warnings (every warned server; a hub token with read:servers) and /api/warning (the caller's own warned servers; a hub token) are served, also under the service's prefix. Default: $JUPYTERHUB_SERVICE_URL (the service's url in the hub config), else http://127.0.0.1:10101. Empty string: no endpoint."
+        help="Where /metrics (a hub token with read:metrics), /warnings (every warned server; a hub token with read:servers), /api/warning (the caller's own warned servers; a hub token) and /api/gpu-status (the GPU load of the caller's own servers; a hub token) are served, also under the service's prefix. Default: $JUPYTERHUB_SERVICE_URL (the service's url in the hub config), else http://127.0.0.1:10101. Empty string: no endpoint."
     ).tag(config=True)
 
     @default("metrics_url")
@@ -278,6 +282,9 @@ class GPUCuller(
         #: The servers of the last pass: a warning on their pods is not taken up again.
         self._seen: set[tuple[str, str]] = set()
         self.last_decisions: list[policy.Decision] = []
+        #: When the last pass began (None: none yet); passes follow every cull_every seconds.
+        self.last_pass_at: float | None = None
+        self.gpu_status: GPUStatusReader | None = None
         self.hub: HubClient | None = None
         self.prometheus: PrometheusClient | None = None
         self.pods: KubeClient | None = None
@@ -354,6 +361,9 @@ class GPUCuller(
             self.exit_with(str(e))
         if self.prometheus is None:
             self.log.info("No prometheus_url: only Jupyter activity decides idleness.")
+        self.gpu_status = GPUStatusReader(
+            self.prometheus, ttl=gpustatus.poll_seconds(self.gpu_status_poll)
+        )
         if self.use_kubernetes():
             self.pods = KubeClient(self.namespace, Reader(logger=self.log))
         else:
@@ -427,6 +437,7 @@ class GPUCuller(
         )
         decisions, self.warned = result.decisions, result.warned
         self.last_decisions = decisions
+        self.last_pass_at = now
         self.last_pressure = result.pressure
         self._seen = {d.server.key for d in decisions}
         await self._act(decisions, marks)
@@ -653,9 +664,38 @@ class GPUCuller(
             )
         return result
 
+    async def gpu_status_answer(self, model: dict) -> dict:
+        """The ``/api/gpu-status`` answer: the last pass's servers, figures read at most once
+        per poll interval for all callers, and the caller's servers' last hour."""
+        servers = [d.server for d in self.last_decisions]
+        figures = await self.gpu_status.figures(
+            frozenset((s.namespace, s.pod) for s in servers if s.gpus > 0 and s.pod and s.namespace)
+        )
+        mine = gpustatus.gpu_servers(model, servers)
+        # the last hour only of servers with figures now: no query for a pod without series
+        shown = [s for s in mine if (s.namespace, s.pod) in figures.pods]
+        points = await asyncio.gather(*(self.gpu_status.history(s.namespace, s.pod) for s in shown))
+        histories = {s.key: p for s, p in zip(shown, points, strict=True)}
+        rules = gpustatus.Rules(
+            self.policy,
+            self.last_pass_at or time.time(),
+            self.cull_every,
+            self.standing_warnings(),
+            self.dry_run,
+        )
+        return gpustatus.status_answer(
+            model,
+            servers,
+            figures,
+            histories,
+            rules,
+            self.gpu_busy_threshold / 100,
+            gpustatus.poll_seconds(self.gpu_status_poll),
+        )
+
     # --- serving --------------------------------------------------------------
     def hub_auth(self):
-        """Identifies the tokens of requests to /api/warning and /warnings through the hub."""
+        """Identifies the tokens of requests to /api/warning, /api/gpu-status and /warnings through the hub."""
         from jupyterhub.services.auth import HubAuth
 
         service = os.environ.get("JUPYTERHUB_SERVICE_NAME", self.name)
@@ -686,6 +726,17 @@ class GPUCuller(
                     raise web.HTTPError(403, need)
                 return model
 
+            async def user_caller(self) -> dict:
+                """A caller whose token may use the culler (its own servers' answers)."""
+                model = await self.caller()
+                if not auth.check_scopes(auth.access_scopes, model):
+                    raise web.HTTPError(
+                        403,
+                        "this token may not use the culler: grant "
+                        f"{', '.join(sorted(auth.access_scopes))} (c.Spawner.server_token_scopes)",
+                    )
+                return model
+
             def write_error(self, status_code, **kwargs):
                 self.set_header("Content-Type", "application/json")
                 reason = kwargs.get("exc_info", (None, None))[1]
@@ -708,13 +759,7 @@ class GPUCuller(
             """The caller's own warned servers: what a single-user server asks about itself."""
 
             async def get(self):
-                model = await self.caller()
-                if not auth.check_scopes(auth.access_scopes, model):
-                    raise web.HTTPError(
-                        403,
-                        "this token may not use the culler: grant "
-                        f"{', '.join(sorted(auth.access_scopes))} (c.Spawner.server_token_scopes)",
-                    )
+                model = await self.user_caller()
                 self.set_header("Content-Type", "application/json")
                 self.set_header("Cache-Control", "no-store")
                 self.write(
@@ -727,6 +772,16 @@ class GPUCuller(
                         )
                     )
                 )
+
+        class GPUStatusHandler(TokenHandler):
+            """The GPU load of the caller's own servers, and when the culler would stop them."""
+
+            async def get(self):
+                model = await self.user_caller()
+                answer = await culler.gpu_status_answer(model)
+                self.set_header("Content-Type", "application/json")
+                self.set_header("Cache-Control", "no-store")
+                self.write(json.dumps(answer))
 
         class WarningsHandler(TokenHandler):
             """Every warned server: only for tokens that may read every server anyway."""
@@ -744,6 +799,7 @@ class GPUCuller(
             (r"/metrics", MetricsHandler),
             (r"/warnings", WarningsHandler),
             (r"/api/warning", WarningHandler),
+            (r"/api/gpu-status", GPUStatusHandler),
         ]
         if prefix:
             routes += [(prefix + path, handler) for path, handler in list(routes)]
@@ -756,7 +812,9 @@ class GPUCuller(
         host = url.hostname or "127.0.0.1"
         port = url.port or (443 if url.scheme == "https" else 80)
         self._web_app().listen(port, address=host)
-        self.log.info("Serving /metrics, /warnings and /api/warning on %s:%d", host, port)
+        self.log.info(
+            "Serving /metrics, /warnings, /api/warning and /api/gpu-status on %s:%d", host, port
+        )
 
     async def run(self) -> None:
         self._listen()

@@ -390,6 +390,115 @@ def decide_one(server: Server, now: float, policy: Policy, gpu: GPUView) -> Deci
     )
 
 
+def _words(seconds: float) -> str:
+    """A timeout in words: ``90 s``, ``60 min``, ``8 h``, ``2 h 30 min``."""
+    seconds = round(seconds)
+    if seconds < 120:
+        return f"{seconds} s"
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours < 2:
+        text = f"{seconds // 60} min"
+        return f"{text} {secs} s" if secs else text
+    parts = (
+        [f"{hours} h"] + ([f"{minutes} min"] if minutes else []) + ([f"{secs} s"] if secs else [])
+    )
+    return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class StopForecast:
+    """When the culler's rules would first find a server over a timeout, if nothing changes.
+
+    ``due`` is that time (before rounding to a pass); ``rule`` says which rule, in words.
+    """
+
+    due: float
+    reason: str
+    rule: str
+
+
+def stop_forecast(server: Server, policy: Policy, gpu: GPUView) -> StopForecast | None:
+    """The earliest time a rule of ``decide_one`` would cull ``server`` if it stays as idle as
+    ``gpu`` and its ``last_activity`` say; None when no rule would (exempt, no timeout, or its
+    GPU data missing, which counts as busy).
+
+    The same rules as :func:`decide_one`, from the same helpers: ``max_age`` counts from the
+    start, a GPU-idle timeout from the GPUs' last busy time (at the earliest the start), the
+    idle timeout from :func:`idle_since` (the later of Jupyter's and the GPUs' activity); none
+    comes before ``min_running``. Pressure is left out: it depends on who else waits.
+    """
+    if _skip_reason(server, policy) is not None:
+        return None
+    earliest = server.started + policy.min_running if server.started is not None else None
+    candidates: list[StopForecast] = []
+    if policy.max_age is not None and server.started is not None:
+        candidates.append(
+            StopForecast(
+                server.started + policy.max_age,
+                REASON_MAX_AGE,
+                f"maximum age of {_words(policy.max_age)}",
+            )
+        )
+    since, gpu_state = idle_since(server, gpu)
+    if since is not None:
+        timeout, gpu_timeout, _ = policy.timeout_for(server)
+        if gpu_state == GPU_FRESH and gpu_timeout is not None:
+            sample = gpu.samples[(server.namespace, server.pod)]
+            gpu_since = sample.last_busy if sample.last_busy is not None else sample.window_start
+            if server.started is not None:
+                gpu_since = max(gpu_since, server.started)
+            candidates.append(
+                StopForecast(
+                    gpu_since + gpu_timeout,
+                    REASON_GPU_IDLE,
+                    f"GPU idle timeout of {_words(gpu_timeout)}",
+                )
+            )
+        if timeout is not None:
+            candidates.append(
+                StopForecast(since + timeout, REASON_IDLE, f"idle timeout of {_words(timeout)}")
+            )
+    if not candidates:
+        return None
+    if earliest is not None:
+        candidates = [replace(f, due=max(f.due, earliest)) for f in candidates]
+    # on a tie, the first in decide_one's order (max_age, GPU idle, idle) names the rule
+    return min(candidates, key=lambda f: f.due)
+
+
+def next_pass(t: float, last_pass: float, cull_every: float) -> float:
+    """The first pass after ``last_pass`` at or after ``t``: culls happen on passes only.
+
+    Passes come every ``cull_every`` seconds from ``last_pass``; a time at or before
+    ``last_pass`` is the next pass's (the last one did not cull).
+    """
+    if cull_every <= 0:
+        return max(t, last_pass)
+    passes = max(1, -(-(t - last_pass) // cull_every))
+    return last_pass + passes * cull_every
+
+
+def stop_at(
+    server: Server,
+    policy: Policy,
+    gpu: GPUView,
+    last_pass: float,
+    cull_every: float,
+) -> StopForecast | None:
+    """When the culler would stop ``server`` if it stays as it is: the pass at or after
+    :func:`stop_forecast`'s time, and with a warning period, the first pass at or after the
+    period's end counted from that pass's warning (``due`` rounded so); None when no rule would.
+    """
+    forecast = stop_forecast(server, policy, gpu)
+    if forecast is None:
+        return None
+    at = next_pass(forecast.due, last_pass, cull_every)
+    if policy.warning_period > 0:
+        at = next_pass(at + policy.warning_period, at, cull_every)
+    return replace(forecast, due=at)
+
+
 # Where waiting requests come from, in the order they are served.
 SOURCES = ("queued", "pending", "refused")
 

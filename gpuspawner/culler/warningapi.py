@@ -62,6 +62,14 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
 
 
+def cull_at(mark: WarningMark, warning_period: float, cull_every: float) -> float:
+    """When a warned server is culled if it stays idle: the first pass at or after the
+    end of its warning period (the ``/api/warning`` and ``/api/gpu-status`` answers)."""
+    # culls happen on passes: the first one at or after the period's end
+    passes = -(-warning_period // cull_every) if cull_every > 0 else 1
+    return mark.warned_at + passes * (cull_every if cull_every > 0 else warning_period)
+
+
 def warning_answer(
     model: Mapping,
     warned: Mapping[tuple[str, str], WarningMark],
@@ -78,9 +86,7 @@ def warning_answer(
     for (owner, name), mark in sorted(warned.items()):
         if owner != user or (names is not None and name not in names):
             continue
-        # culls happen on passes: the first one at or after the period's end
-        passes = -(-warning_period // cull_every) if cull_every > 0 else 1
-        cull_at = mark.warned_at + passes * (cull_every if cull_every > 0 else warning_period)
+        at = cull_at(mark, warning_period, cull_every)
         keep = KEEP.get(mark.reason, "To keep it, use it before then.")
         servers.append(
             {
@@ -90,11 +96,11 @@ def warning_answer(
                 "why": WHY.get(mark.reason, f"of {mark.reason}"),
                 "keep": keep,
                 "warned_at": mark.warned_at,
-                "cull_at": cull_at,
-                "cull_at_iso": _iso(cull_at),
+                "cull_at": at,
+                "cull_at_iso": _iso(at),
                 "message": (
                     f"Your server {'/'.join(filter(None, (owner, name)))!r} will be stopped "
-                    f"at {_iso(cull_at)} because {WHY.get(mark.reason, mark.reason)}. "
+                    f"at {_iso(at)} because {WHY.get(mark.reason, mark.reason)}. "
                     f"{keep}"
                 ),
             }

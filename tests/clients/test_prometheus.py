@@ -253,3 +253,98 @@ async def test_answers_that_are_not_json_or_not_a_vector_raise_prometheus_error(
             await client.per_pod("up", 1.0)
         assert expected in str(e.value), (status, body[:40], str(e.value))
         assert len(str(e.value)) < 300
+
+
+# --- /api/gpu-status's queries: pods named in PromQL ------------------------------------
+
+HOSTILE_NAMES = [
+    'pod"} or vector(1) #',
+    "back\\slash",
+    "dot.star.*",
+    "a|b",
+    "new\nline",
+    "(group)[class]{3}^$",
+    "ünïcødé-名前",
+]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_a_pod_name_in_promql_is_a_string_and_a_regex_of_itself_only(name):
+    import ast
+    import re
+
+    from gpuspawner.clients.prometheus import one_of, promql_string
+
+    # PromQL's double-quoted strings take Go's escapes, which Python's read alike
+    assert ast.literal_eval(promql_string(name)) == name
+    literal = one_of([name, "jupyter-ann"])
+    assert literal.startswith('"') and literal.endswith('"')
+    assert '"' not in literal[1:-1].replace('\\"', "")
+    pattern = ast.literal_eval(literal)
+    assert re.fullmatch(pattern, name) and re.fullmatch(pattern, "jupyter-ann")
+    for other in ("", "x", name + "x", "jupyter-ann|x", "pod"):
+        assert not re.fullmatch(pattern, other), other
+
+
+def test_the_status_queries_name_only_the_pods_asked_for():
+    q = GPUQueries(pod_label="exported_pod", namespace_label="exported_namespace")
+    pods = [("jupyterhub", "jupyter-ann"), ("jupyterhub", 'x"} or vector(1) #')]
+    devices = q.devices_query(pods)
+    assert devices.startswith(
+        '{__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_PROF_GR_ENGINE_ACTIVE|'
+        'DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_FREE", exported_namespace=~"jupyterhub", '
+    )
+    assert 'exported_pod=~"jupyter\\\\-ann|x\\\\\\"\\\\}\\\\ or\\\\ vector' in devices
+    assert q.last_busy_query(pods).count('exported_pod=~"jupyter') == 2
+    history = q.history_query("jupyterhub", "jupyter-ann")
+    assert history.startswith("avg(") and "by (gpu, UUID, GPU_I_ID)" in history
+    with pytest.raises(ValueError):
+        GPUQueries(memory_used_metric="FB USED")
+
+
+def test_series_and_matrix_answers_are_checked():
+    from gpuspawner.clients.prometheus import parse_matrix, parse_series
+
+    body = vector(
+        {"metric": {"__name__": "DCGM_FI_DEV_FB_USED", "pod": "p", "gpu": "0"}, "value": [1, "7"]}
+    )
+    assert parse_series(body, ("__name__", "pod", "UUID")) == [
+        ({"__name__": "DCGM_FI_DEV_FB_USED", "pod": "p", "UUID": ""}, 7.0)
+    ]
+    for wrong in WRONG_SHAPES.values():
+        with pytest.raises(PrometheusError):
+            parse_series(wrong, ("namespace", "pod"))
+
+    def matrix(*series):
+        return {"status": "success", "data": {"resultType": "matrix", "result": list(series)}}
+
+    points = {"metric": {}, "values": [[120, "0.5"], [60, "1"]]}
+    assert parse_matrix(matrix(points)) == [(60.0, 1.0), (120.0, 0.5)]
+    assert parse_matrix(matrix()) == []
+    for wrong in (
+        vector(GOOD_ITEM),  # a vector where a matrix was asked for
+        matrix(points, points),  # two series where avg() gives one
+        matrix({"metric": {}, "values": [[60, "NaN"]]}),
+        matrix({"metric": {}, "values": "1"}),
+        matrix({"values": [[60, "1"]]}),
+    ):
+        with pytest.raises(PrometheusError) as e:
+            parse_matrix(wrong)
+        assert str(e.value).startswith("Prometheus answered")
+
+
+@pytest.fixture
+async def fake_range():
+    with scripted_server(r"/api/v1/query_range") as answer:
+        yield answer
+
+
+async def test_query_range_posts_to_the_range_api(fake_range):
+    client = PrometheusClient(fake_range["url"], GPUQueries(), timeout=5)
+    body = {"status": "success", "data": {"resultType": "matrix", "result": []}}
+    fake_range.update(status=200, body=json.dumps(body).encode())
+    assert await client.query_range("up", 0, 3600, 60) == body
+    fake_range.update(status=400, body=json.dumps({"error": "bad step"}).encode())
+    with pytest.raises(PrometheusError, match="answered 400: 'bad step'"):
+        await client.query_range("up", 0, 3600, 60)
+    assert client.requests == 2

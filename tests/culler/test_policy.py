@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuspawner.culler import policy as P
 from gpuspawner.culler.policy import GPUSample, GPUView, Policy, Server, decide, parse_rule
@@ -357,3 +359,85 @@ def test_log_line_names_user_server_gpus_idle_time_and_reason():
     for part in ("culling", "'alice/exp1'", "2 x a100", "reason idle", "idle 3h00m"):
         assert part in line, line
     assert P.log_line(d, dry_run=True).startswith("would cull")
+
+
+# --- when the rules would stop a server (/api/gpu-status) ---------------------------
+
+
+def test_stop_forecast_names_the_earliest_rule():
+    rules = Policy(
+        rules=(parse_rule({"min_gpus": 1, "timeout": 2 * H, "gpu_timeout": 0.5 * H}),),
+        max_age=24 * H,
+    )
+    gpu = gpu_view(("g", 600))
+    forecast = P.stop_forecast(server("g", gpus=1, gpu_type="a100", idle=60), rules, gpu)
+    assert (forecast.due, forecast.reason) == (NOW - 600 + 0.5 * H, P.REASON_GPU_IDLE)
+    assert forecast.rule == "GPU idle timeout of 30 min"
+    # Jupyter idle longer than the GPUs: the idle rule counts from the later of the two
+    forecast = P.stop_forecast(server("c", idle=3 * H), Policy(default_timeout=4 * H), GPUView())
+    assert (forecast.due, forecast.rule) == (NOW + H, "idle timeout of 4 h")
+    forecast = P.stop_forecast(server("o", age=23.5 * H, idle=0), rules, gpu_view(("o", 0)))
+    assert (forecast.due, forecast.reason) == (NOW + 0.5 * H, P.REASON_MAX_AGE)
+    assert forecast.rule == "maximum age of 24 h"
+    # not before min_running
+    young = Policy(default_timeout=60.0, min_running=600.0)
+    assert P.stop_forecast(server("y", age=10, idle=10), young, GPUView()).due == NOW + 590
+    # GPU data missing: counted busy, only max_age could stop it
+    assert P.stop_forecast(server("m", gpus=1, gpu_type="a100"), rules, gpu_view()).reason == (
+        P.REASON_MAX_AGE
+    )
+    assert P.stop_forecast(server("n"), Policy(default_timeout=None), GPUView()) is None
+
+
+def test_next_pass_rounds_up_to_a_pass():
+    assert P.next_pass(100.0, 100.0, 300) == 400.0  # the last pass did not cull
+    assert P.next_pass(50.0, 100.0, 300) == 400.0
+    assert P.next_pass(400.0, 100.0, 300) == 400.0
+    assert P.next_pass(400.5, 100.0, 300) == 700.0
+    forecast = P.stop_at(
+        server("w", idle=0), Policy(default_timeout=H, warning_period=600), GPUView(), NOW, 300
+    )
+    assert forecast.due == NOW + H + 600
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    gpus=st.integers(0, 8),
+    idle=st.floats(0, 10 * H),
+    gpu_ago=st.none() | st.floats(0, 10 * H),
+    age=st.floats(0, 20 * H),
+    timeout=st.none() | st.floats(1, 5 * H),
+    gpu_timeout=st.none() | st.floats(1, 5 * H),
+    max_age=st.none() | st.floats(1, 20 * H),
+    min_running=st.floats(0, H),
+)
+def test_the_forecast_is_when_decide_one_first_culls(
+    gpus, idle, gpu_ago, age, timeout, gpu_timeout, max_age, min_running
+):
+    """One place decides: at the forecast time decide_one culls, for the forecast's reason,
+    and a second before it does not (the server staying as it is)."""
+    idle = min(idle, age)
+    s = server("p", gpus=gpus, gpu_type="a100", idle=idle, age=age)
+    rules = Policy(
+        rules=(
+            parse_rule({"min_gpus": 1, "timeout": timeout or H, "gpu_timeout": gpu_timeout})
+            if gpu_timeout
+            else parse_rule({"min_gpus": 1, "timeout": timeout or H}),
+        ),
+        default_timeout=timeout,
+        max_age=max_age,
+        min_running=min_running,
+    )
+    gpu = gpu_view(("p", gpu_ago), window=12 * H)
+    forecast = P.stop_forecast(s, rules, gpu)
+    if forecast is None:
+        assert P.decide_one(s, NOW + 100 * H, rules, gpu).action != P.CULL
+        return
+    # a millisecond after: times are floats near 1.8e9, the sums round
+    at = max(forecast.due, NOW) + 1e-3
+    decision = P.decide_one(s, at, rules, gpu)
+    assert decision.action == P.CULL, (forecast, decision)
+    if forecast.due > NOW:  # overdue by several rules, decide_one names max_age first
+        assert decision.reason == forecast.reason, (forecast, decision)
+    if forecast.due - 1 > NOW:
+        assert P.decide_one(s, forecast.due - 1, rules, gpu).action != P.CULL
