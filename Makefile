@@ -46,12 +46,12 @@ $(VENV_JH55)/.installed: pyproject.toml sandbox/pyproject.toml .ci/jupyterhub-5.
 	$(VENV_JH55)/bin/python -m pip install --quiet -e '.[test]' -e ./sandbox -c .ci/jupyterhub-5.5.txt
 	@touch $@
 
-# JupyterLab's cull warning (extensions/gpuspawner-jupyterlab): its wheel, built with npm
+# JupyterLab's cull warning and GPU status item (extensions/gpuspawner-jupyterlab): its wheel, built with npm
 # and JupyterLab's builder, goes into the notebook images' build context and this venv.
 LABEXT := extensions/gpuspawner-jupyterlab
 LABEXT_WHEELS := images/common/wheels
 $(LABEXT_WHEELS)/.built: $(VENV)/.installed $(LABEXT)/pyproject.toml $(LABEXT)/hatch_build.py \
-		$(LABEXT)/package.json $(LABEXT)/src/index.js $(wildcard $(LABEXT)/gpuspawner_jupyterlab/*.py)
+		$(LABEXT)/package.json $(wildcard $(LABEXT)/src/*.js) $(wildcard $(LABEXT)/gpuspawner_jupyterlab/*.py)
 	rm -rf $(LABEXT_WHEELS)
 	$(PY) -m pip wheel --quiet --no-deps -w $(LABEXT_WHEELS) ./$(LABEXT)
 	@touch $@

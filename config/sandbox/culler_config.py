@@ -1,6 +1,7 @@
 # gpuspawner-culler settings for the local GPU cluster demo: the shipped policy
-# (config/gpuspawner_culler_config.py) with Jupyter activity only, because the
-# emulated GPUs publish no DCGM metrics (see docs/culler.md).
+# (config/gpuspawner_culler_config.py). The emulated GPUs' DCGM exporters are scraped
+# by the local cluster's Prometheus, whose URL the hub config passes on, so GPU
+# activity counts as on a real cluster (docs/culler.md).
 c = get_config()  # noqa: F821
 
 c.GPUCuller.cull_every = 60

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-SOURCES = ("package.json", "src/index.js")
+SOURCES = ("package.json", "src/index.js", "src/gpustatus.js")
 BUILT = Path("gpuspawner_jupyterlab") / "labextension" / "package.json"
 
 

@@ -133,3 +133,285 @@ def test_jupyterlab_shows_the_cull_warning_once(lab_hub, browser):  # noqa: F811
     assert toast.count() == 1
 
     page.context.close()
+
+
+# --- GPU load in the status bar: /gpuspawner/gpu-status against a stand-in culler ---
+#
+# A real JupyterLab server (``python -m jupyterlab``) with this extension, told
+# by the environment the hub would set where the culler is; the culler is a
+# stand-in on 127.0.0.1 whose answer each test sets, so that every case the
+# contract allows (busy, idle, no DCGM, a CPU server, a failing culler,
+# hostile strings) is shown without a cluster. tests/e2e/test_gpu_status_bar.py
+# shows the same against the real culler, Prometheus and nodes.
+
+SERVER_TOKEN = "server-token-for-the-culler"
+LAB_TOKEN = "lab-token"
+GIB = 1024**3
+HOSTILE = '<img src=x onerror="document.title=1">'
+
+
+class StandInCuller:
+    """``/services/gpuspawner-culler/api/gpu-status`` answering what the test sets."""
+
+    def __init__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.code, self.answer, self.asked = 200, {"poll_seconds": 5, "servers": []}, []
+        culler = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                culler.asked.append((self.path, self.headers.get("Authorization")))
+                body = json.dumps(culler.answer).encode()
+                self.send_response(culler.code)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/services/{CULLER_SERVICE}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def answer_with(self, *servers, code=200):
+        self.code = code
+        self.answer = {"user": USER, "poll_seconds": 5, "servers": list(servers)}
+
+    def wait_asked(self, more: int, timeout: float = 60) -> None:
+        """Until JupyterLab's server asked ``more`` more times."""
+        target = len(self.asked) + more
+        deadline = time.monotonic() + timeout
+        while len(self.asked) < target and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(self.asked) >= target, f"asked {len(self.asked)} times, not {target}"
+
+
+def gpu_entry(**changes) -> dict:
+    """This server's entry as the culler's contract writes it: two busy A100s."""
+    now = time.time()
+    entry = {
+        "user": USER,
+        "server": "",
+        "gpus": 2,
+        "gpu_type": "A100",
+        "source": "dcgm",
+        "unavailable": None,
+        "utilization": 0.87,
+        "memory_used_bytes": 12 * GIB,
+        "memory_total_bytes": 160 * GIB,
+        "devices": [
+            {
+                "gpu": "0",
+                "uuid": "GPU-0",
+                "utilization": 0.9,
+                "memory_used_bytes": 8 * GIB,
+                "memory_total_bytes": 80 * GIB,
+            },
+            {
+                "gpu": "1",
+                "uuid": "GPU-1",
+                "utilization": 0.84,
+                "memory_used_bytes": 4 * GIB,
+                "memory_total_bytes": 80 * GIB,
+            },
+        ],
+        "busy": True,
+        "idle_since": None,
+        "idle_seconds": None,
+        "stop_at": None,
+        "stop_at_iso": None,
+        "stop_rule": None,
+        "history": {
+            "step": 60,
+            # the last hour, a point a minute up to now: 0 %, 10 %, ... 90 %, and again
+            "points": [[now - 3540 + 60 * i, (i % 10) / 10] for i in range(60)],
+        },
+    }
+    entry.update(changes)
+    return entry
+
+
+@pytest.fixture(scope="module")
+def stand_in_lab(tmp_path_factory):
+    if not (Path(sys.prefix) / "share/jupyter/labextensions/gpuspawner-jupyterlab").is_dir():
+        pytest.fail("gpuspawner-jupyterlab is not installed in this environment: run make setup")
+    import subprocess
+
+    workdir = tmp_path_factory.mktemp("gpulab")
+    culler = StandInCuller()
+    port = free_port()
+    args = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        f"--IdentityProvider.token={LAB_TOKEN}",
+        f"--ServerApp.root_dir={workdir}",
+        "--LanguageServerManager.autodetect=False",
+        # nothing may dial out: no update check, no extension index
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.extension_manager=readonly",
+    ]
+    if os.geteuid() == 0:
+        args.append("--allow-root")
+    env = {
+        **os.environ,
+        "GPUSPAWNER_CULLER_URL": culler.url,
+        "JUPYTERHUB_API_TOKEN": SERVER_TOKEN,
+        "JUPYTERHUB_SERVER_NAME": "",
+        "JUPYTER_CONFIG_DIR": str(workdir / "config"),
+        "JUPYTER_RUNTIME_DIR": str(workdir / "runtime"),
+        "HOME": str(workdir),
+    }
+    log = open(workdir / "lab.log", "wb")
+    process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            lab_get(base, "api/status")
+            break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        process.kill()
+        pytest.fail(f"JupyterLab did not start:\n{(workdir / 'lab.log').read_text()[-3000:]}")
+    yield base, culler
+    process.terminate()
+    process.wait(timeout=30)
+    culler.server.shutdown()
+
+
+def lab_get(base: str, path: str) -> tuple[int, dict]:
+    request = urllib.request.Request(base + path, headers={"Authorization": f"token {LAB_TOKEN}"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def test_gpu_status_asks_the_culler_with_the_servers_own_token(stand_in_lab):
+    base, culler = stand_in_lab
+    culler.answer_with(gpu_entry(server="other"), gpu_entry())
+    code, answer = lab_get(base, "gpuspawner/gpu-status")
+    assert code == 200
+    assert answer["status"]["server"] == "" and answer["status"]["utilization"] == 0.87
+    assert answer["poll_seconds"] == 5
+    path, authorization = culler.asked[-1]
+    assert path == f"/services/{CULLER_SERVICE}/api/gpu-status"
+    assert authorization == f"token {SERVER_TOKEN}"
+
+
+def test_a_cpu_server_or_a_culler_without_the_api_has_no_status(stand_in_lab):
+    base, culler = stand_in_lab
+    culler.answer_with(gpu_entry(server="other"))  # this server is not listed: no GPUs
+    assert lab_get(base, "gpuspawner/gpu-status") == (200, {"status": None, "poll_seconds": 5})
+    culler.answer_with(gpu_entry(), code=404)  # a culler from before /api/gpu-status
+    assert lab_get(base, "gpuspawner/gpu-status") == (200, {"status": None, "poll_seconds": 30})
+    culler.answer_with(gpu_entry(), code=403)  # a token without the culler's scope
+    assert lab_get(base, "gpuspawner/gpu-status") == (200, {"status": None, "poll_seconds": 30})
+
+
+def test_a_failing_culler_is_a_502_so_jupyterlab_keeps_its_figures(stand_in_lab):
+    base, culler = stand_in_lab
+    culler.answer_with(gpu_entry(), code=500)
+    code, answer = lab_get(base, "gpuspawner/gpu-status")
+    assert code == 502 and answer == {"status": None, "poll_seconds": 30}
+
+
+def test_asking_for_the_gpu_status_is_not_activity(stand_in_lab):
+    base, culler = stand_in_lab
+    culler.answer_with(gpu_entry())
+    before = lab_get(base, "api/status")[1]["last_activity"]
+    time.sleep(1.1)  # last_activity has millisecond resolution: a tracked request would move it
+    for _ in range(3):
+        assert lab_get(base, "gpuspawner/gpu-status")[0] == 200
+    assert lab_get(base, "api/status")[1]["last_activity"] == before
+
+
+def test_jupyterlab_shows_gpu_load_idle_time_and_no_item_without_gpus(stand_in_lab, browser):  # noqa: F811
+    base, culler = stand_in_lab
+    culler.answer_with(gpu_entry(gpu_type=f"A100 {HOSTILE}"))
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.goto(f"{base}lab?token={LAB_TOKEN}")
+    item = page.locator(".gpuspawner-gpu-item")
+    item.wait_for(timeout=120_000)
+
+    # busy: count, type, utilisation and memory; the hostile type is text, not markup
+    assert item.inner_text() == f"GPU 2×A100 {HOSTILE} 87% · 12.0/160 GiB"
+    assert page.locator("#jp-main-statusbar img").count() == 0
+    assert item.get_attribute("title").startswith("No culler rule stops this server as it is now.")
+
+    # the panel: per-GPU figures, the rule and the last hour as a hand-drawn line
+    item.click()
+    panel = page.locator("#gpuspawner-gpu-panel")
+    panel.wait_for(timeout=30_000)
+    rows = panel.locator(".gpuspawner-gpu-devices tr")
+    assert rows.count() == 3
+    assert rows.nth(1).inner_text().split() == ["0", "90%", "8.0/80", "GiB"]
+    points = panel.locator("polyline.gpuspawner-gpu-line").get_attribute("points").split()
+    assert len(points) == 60
+    ys = [float(p.split(",")[1]) for p in points]
+    assert max(ys) == 120.0 and min(ys) == pytest.approx(
+        120 * 0.1
+    )  # 0 % at the bottom, 90 % near the top
+
+    # the culler fails: the last figures stay while JupyterLab asks again
+    culler.answer_with(gpu_entry(utilization=0.1), code=500)
+    culler.wait_asked(2)
+    assert item.inner_text() == f"GPU 2×A100 {HOSTILE} 87% · 12.0/160 GiB"
+
+    # idle for 12 minutes, stopped in 48 by the GPU idle timeout if it stays so
+    now = time.time()
+    culler.answer_with(
+        gpu_entry(
+            busy=False,
+            utilization=0.0,
+            idle_since=now - 12 * 60 - 5,
+            idle_seconds=12 * 60 + 5,
+            stop_at=now + 48 * 60,
+            stop_rule="GPU idle timeout of 60 min",
+        )
+    )
+    stops_at = page.evaluate(
+        "t => new Date(t * 1000).toLocaleTimeString([], {hour: '2-digit', minute: '2-digit'})",
+        now + 48 * 60,
+    )
+    expected = f"GPUs idle 12 min · stops {stops_at}"
+    poll_until(lambda: item.inner_text() == expected, what=f"the item to read {expected!r}")
+    title = item.get_attribute("title")
+    assert "GPU idle timeout of 60 min" in title and f"at {stops_at} (in 4" in title, title
+    assert "GPU idle timeout of 60 min" in panel.locator(".gpuspawner-gpu-rule").inner_text()
+
+    # no DCGM source: one short line, the reason as its title, no dialog
+    reason = "The culler has no Prometheus configured, so there are no GPU figures."
+    culler.answer_with(gpu_entry(source=None, unavailable=reason, utilization=None))
+    poll_until(lambda: item.inner_text() == "GPU load unavailable", what="the unavailable line")
+    assert item.get_attribute("title") == reason
+    assert page.locator(".jp-Dialog").count() == 0
+
+    # a CPU server (not listed by the culler): no item at all
+    culler.answer_with(gpu_entry(server="other"))
+    poll_until(lambda: page.locator(".gpuspawner-gpu-item").count() == 0, what="the item to go")
+
+    # listed again (a culler that restarted lists no server until its first pass): back
+    culler.answer_with(gpu_entry())
+    poll_until(lambda: page.locator(".gpuspawner-gpu-item").count() == 1, what="the item again")
+    assert item.inner_text() == "GPU 2×A100 87% · 12.0/160 GiB"
+    context.close()
+
+
+def poll_until(predicate, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"never saw {what}")

@@ -1,8 +1,10 @@
-"""gpuspawner-jupyterlab: gpuspawner-culler's warning, shown inside JupyterLab.
+"""gpuspawner-jupyterlab: gpuspawner-culler's warning and this server's GPU load, inside JupyterLab.
 
-The server part (``/gpuspawner/warning`` on this server) asks the culler's
-``/api/warning`` with the server's own hub token; the lab part polls it and
-shows a JupyterLab notification once per warning.
+The server part (``/gpuspawner/warning`` and ``/gpuspawner/gpu-status`` on this
+server) asks the culler's ``/api/warning`` and ``/api/gpu-status`` with the
+server's own hub token; the lab part polls them, shows a JupyterLab
+notification once per warning, and a status-bar item (with a panel of the last
+hour) for this server's GPUs.
 """
 
 from __future__ import annotations

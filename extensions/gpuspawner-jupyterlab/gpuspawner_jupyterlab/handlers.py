@@ -1,4 +1,8 @@
-"""``GET /gpuspawner/warning``: this server's cull warning, asked of the culler (the I/O part)."""
+"""This server's cull warning and GPU load, asked of the culler (the I/O part).
+
+``GET /gpuspawner/warning`` and ``GET /gpuspawner/gpu-status``: each asks the
+culler with the server's own hub token and answers JupyterLab.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,18 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
+from .gpustatus import GpuStatus, gpu_status_url, status_answer
 from .warning import CullWarning, this_servers_warning, warning_url
+
+
+def _warn_refused_once(handler: APIHandler, url: str) -> None:
+    if not handler.settings.get("gpuspawner_warned_403"):
+        handler.settings["gpuspawner_warned_403"] = True
+        handler.log.warning(
+            "gpuspawner-culler refused this server's token at %s: grant servers "
+            "access:services!service=gpuspawner-culler (c.Spawner.server_token_scopes).",
+            url,
+        )
 
 
 class WarningHandler(APIHandler):
@@ -40,13 +55,8 @@ class WarningHandler(APIHandler):
             )
             return this_servers_warning(json.loads(response.body), config.server_name)
         except HTTPClientError as e:
-            if e.code == 403 and not self.settings.get("gpuspawner_warned_403"):
-                self.settings["gpuspawner_warned_403"] = True
-                self.log.warning(
-                    "gpuspawner-culler refused this server's token at %s: grant servers "
-                    "access:services!service=gpuspawner-culler (c.Spawner.server_token_scopes).",
-                    url,
-                )
+            if e.code == 403:
+                _warn_refused_once(self, url)
             else:
                 self.log.debug("No cull warning from %s: %s", url, e)
         except (OSError, ValueError) as e:
@@ -55,11 +65,70 @@ class WarningHandler(APIHandler):
         return None
 
 
+class GpuStatusHandler(APIHandler):
+    """This server's GPU load for JupyterLab's status bar, asked of the culler.
+
+    ``{"status": null}`` when there is nothing to show: no culler configured,
+    a CPU server (the culler does not list it), a culler without the API, or
+    one that refuses the token. A culler that cannot be reached now answers
+    502, so that JupyterLab keeps its last figures and asks again.
+    """
+
+    # polling from an open tab is not use: it must not keep an idle server alive
+    _track_activity = False
+
+    @web.authenticated
+    async def get(self):
+        where: CullWarning = self.settings["gpuspawner_cull_warning"]
+        fallback = self.settings["gpuspawner_gpu_status"].poll_seconds
+        culler_answer, failed = None, False
+        if where.culler_url and where.api_token:
+            culler_answer, failed = await self.ask_culler(where)
+        answer = status_answer(culler_answer, where.server_name, fallback)
+        self.set_header("Cache-Control", "no-store")
+        if failed:
+            self.set_status(502)
+        self.finish(json.dumps(answer))
+
+    async def ask_culler(self, where: CullWarning) -> tuple[dict | None, bool]:
+        """The culler's answer (None: nothing to show), and whether asking failed for now."""
+        url = gpu_status_url(where.culler_url)
+        try:
+            response = await AsyncHTTPClient().fetch(
+                url,
+                headers={"Authorization": f"token {where.api_token}"},
+                request_timeout=where.timeout,
+                follow_redirects=False,
+            )
+            answer = json.loads(response.body)
+            return (answer if isinstance(answer, dict) else None), False
+        except HTTPClientError as e:
+            if e.code == 403:
+                _warn_refused_once(self, url)
+                return None, False
+            if e.code == 404:
+                # a culler from before /api/gpu-status, or none under this URL
+                self.log.debug("No GPU status at %s: %s", url, e)
+                return None, False
+            self.log.debug("No GPU status from %s for now: %s", url, e)
+        except (OSError, ValueError) as e:
+            # the culler is restarting or unreachable: JupyterLab keeps its figures
+            self.log.debug("No GPU status from %s for now: %s", url, e)
+        return None, True
+
+
 def setup_handlers(serverapp) -> None:
     config = CullWarning(parent=serverapp)
     web_app = serverapp.web_app
     web_app.settings["gpuspawner_cull_warning"] = config
-    route = url_path_join(web_app.settings["base_url"], "gpuspawner", "warning")
-    web_app.add_handlers(".*$", [(route, WarningHandler)])
+    web_app.settings["gpuspawner_gpu_status"] = GpuStatus(parent=serverapp)
+    base = web_app.settings["base_url"]
+    web_app.add_handlers(
+        ".*$",
+        [
+            (url_path_join(base, "gpuspawner", "warning"), WarningHandler),
+            (url_path_join(base, "gpuspawner", "gpu-status"), GpuStatusHandler),
+        ],
+    )
     if not config.culler_url:
         serverapp.log.debug("gpuspawner-jupyterlab: no culler URL, no cull warnings.")

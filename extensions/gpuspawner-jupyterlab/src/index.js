@@ -1,9 +1,13 @@
-// The JupyterLab half of gpuspawner's cull warning: poll this server's
-// /gpuspawner/warning (the server extension asks gpuspawner-culler with the
-// server's own hub token) and show one notification per warning.
+// The JupyterLab half of gpuspawner's cull warning and GPU load: poll this
+// server's /gpuspawner/warning and /gpuspawner/gpu-status (the server extension
+// asks gpuspawner-culler with the server's own hub token), show one
+// notification per warning and a status-bar item for this server's GPUs.
 import { Notification } from '@jupyterlab/apputils';
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
+import { IStatusBar } from '@jupyterlab/statusbar';
+
+import { GpuItem, GpuPanel } from './gpustatus';
 
 // Used until the server says how often to ask (poll_seconds in its answer).
 const DEFAULT_POLL_SECONDS = 60;
@@ -69,4 +73,85 @@ const plugin = {
   }
 };
 
-export default plugin;
+// Used until the server says how often to ask for the GPU status.
+const DEFAULT_GPU_POLL_SECONDS = 30;
+
+const gpuStatusPlugin = {
+  id: 'gpuspawner-jupyterlab:gpu-status',
+  description: "This server's GPU load and the culler's rule, in the status bar.",
+  autoStart: true,
+  requires: [IStatusBar],
+  activate: (app, statusBar) => {
+    const settings = app.serviceManager.serverSettings;
+    const url = URLExt.join(settings.baseUrl, 'gpuspawner', 'gpu-status');
+    let status = null; // the last figures: kept while asking fails
+    let registration = null; // the item is in the status bar only while there is a status
+    let panel = null;
+
+    const now = () => Date.now() / 1000;
+    const openPanel = () => {
+      if (!panel || panel.isDisposed) {
+        panel = new GpuPanel();
+      }
+      panel.render(status, now());
+      if (!panel.isAttached) {
+        app.shell.add(panel, 'main');
+      }
+      app.shell.activateById(panel.id);
+    };
+    let item = null;
+
+    const show = () => {
+      if (status === null) {
+        if (registration) {
+          registration.dispose(); // a CPU server, or no culler: no item at all
+          registration = null;
+        }
+      } else {
+        if (!registration) {
+          // the status bar disposes an item it lets go of: a new one each time
+          item = new GpuItem(openPanel);
+          registration = statusBar.registerStatusItem(gpuStatusPlugin.id, {
+            item,
+            align: 'left',
+            rank: 100
+          });
+        }
+        item.render(status, now());
+      }
+      if (panel && !panel.isDisposed && panel.isAttached) {
+        panel.render(status, now());
+      }
+    };
+
+    const poll = async () => {
+      let next = DEFAULT_GPU_POLL_SECONDS;
+      try {
+        let response;
+        try {
+          response = await ServerConnection.makeRequest(url, {}, settings);
+        } catch (error) {
+          return; // the server is restarting or the network blinked: keep the figures
+        }
+        if (response.status === 404) {
+          next = null; // the server part is not installed here: nothing to ask
+        } else {
+          const answer = await response.json().catch(() => null);
+          next = (answer && answer.poll_seconds) || next;
+          if (response.ok && answer) {
+            status = answer.status || null;
+          }
+          // not ok (the culler is unreachable for now): keep the last figures
+        }
+        show();
+      } finally {
+        if (next !== null) {
+          setTimeout(poll, next * 1000);
+        }
+      }
+    };
+    void app.restored.then(poll);
+  }
+};
+
+export default [plugin, gpuStatusPlugin];
