@@ -22,9 +22,12 @@ c.JupyterHub.spawner_class = "gpu"
 c.GPUSpawner.catalog_file = os.environ.get("GPUSPAWNER_CATALOG", "/etc/gpuspawner/catalog.yaml")
 
 # The nvidia-smi check in every GPU pod (on by default). It runs in the
-# notebook's own image; set validation_image to run it from another one.
+# notebook's own image; set validation_image to run it from another one, which
+# must have python3 on its PATH (NVIDIA's cuda:*-base images have none) and
+# must not set NVIDIA_VISIBLE_DEVICES: NVIDIA's runtime mounts nvidia-smi into
+# it. `gpuspawner-images build validation` builds this one (docs/validation.md).
 c.GPUSpawner.validation_enabled = True
-# c.GPUSpawner.validation_image = "nvcr.io/nvidia/cuda:12.8.1-base-ubuntu24.04"
+# c.GPUSpawner.validation_image = "registry.example.org/gpuspawner/validation:trixie-py3.13"
 
 # --- the cluster ------------------------------------------------------------
 # In the cluster the hub uses its service account (rbac.yaml); KubeSpawner

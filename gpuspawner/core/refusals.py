@@ -290,7 +290,9 @@ SENTENCES: Mapping[str, Wording] = MappingProxyType(
         REASON_GPU_CHECK: Wording(
             503,
             {
-                "failed": "The GPUs given to this server failed their check, so it was not started: {detail}"
+                "failed": "The GPUs given to this server failed their check, so it was not started: {detail}",
+                # The check never ran (no python3 in its image): nothing is known of the GPUs.
+                "not-run": "The GPUs given to this server could not be checked, so it was not started: {detail}",
             },
         ),
         REASON_TIMEOUT: Wording(

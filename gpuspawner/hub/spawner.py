@@ -138,6 +138,11 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         Image for the GPU check init container. Empty (the default) uses the
         notebook's own image, so nothing extra is pulled; the check needs only
         ``nvidia-smi`` (injected by the NVIDIA runtime) and ``python3``.
+
+        The image must have ``python3`` on its ``PATH`` (NVIDIA's ``cuda:*-base``
+        images have none) and must not set ``NVIDIA_VISIBLE_DEVICES``.
+        ``gpuspawner-images build validation`` builds one
+        (``images/validation/Dockerfile``, docs/validation.md).
         """,
     ).tag(config=True)
 
@@ -1063,8 +1068,16 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             self.log.warning("GPU check failed for %s: %s", self._log_name, reason)
             self._failed_start(stopreasons.REASON_GPU_CHECK, kind=e.kind, detail=reason)
             await self._delete_failed_pod("its GPU check failed")
+            from ..validation.podstatus import NOT_STARTABLE_KIND
+
+            # A check that never started says nothing of the GPUs: not "failed their check".
+            message = (
+                refusals.sentence(REASON_GPU_CHECK, "not-run", detail=reason)
+                if e.kind == NOT_STARTABLE_KIND
+                else refusals.sentence(REASON_GPU_CHECK, "failed", detail=reason)
+            )
             raise spawn_error(
-                refusals.sentence(REASON_GPU_CHECK, "failed", detail=reason),
+                message,
                 reason=REASON_GPU_CHECK,
                 status=refusals.SENTENCES[REASON_GPU_CHECK].status,
             ) from None

@@ -14,11 +14,14 @@ from datetime import datetime
 from typing import Any
 
 from ..core.labels import VALIDATION_CONTAINER_NAME
+from ..core.refusals import shown
 from ..core.serverpod import ServerPod, is_gpu_resource
 from .gpucheck import EXIT_CODES, EXIT_NVIDIA_SMI_FAILED
 
 _NOT_STARTABLE = 127
 _KILLED = 137
+#: The kind of a check the runtime could not start (no python3 in its image): it never ran.
+NOT_STARTABLE_KIND = "check-not-startable"
 
 #: Every exit code of the GPU check container: the check's own (``gpucheck.EXIT_CODES``) and
 #: the container runtime's. Code -> (kind, reason): the kind is the bounded label the hub's
@@ -26,12 +29,12 @@ _KILLED = 137
 CHECK_EXIT_CODES: dict[int, tuple[str, str]] = {
     **EXIT_CODES,
     126: (
-        "check-not-startable",
+        NOT_STARTABLE_KIND,
         "The GPU check could not start: python3 in the notebook image is not executable; "
         "ask an admin to check the image.",
     ),
     _NOT_STARTABLE: (
-        "check-not-startable",
+        NOT_STARTABLE_KIND,
         "The GPU check could not start because the notebook image has no python3; ask an "
         "admin to check the image or to override the GPU check command.",
     ),
@@ -81,6 +84,40 @@ def _last_line(message: str | None) -> str | None:
         return None
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     return lines[-1] if lines else None
+
+
+def _separate_check_image(pod: dict[str, Any], container_name: str) -> str | None:
+    """The check container's image when it is not the notebook's own (``validation_image``).
+
+    None when the check runs in the notebook's image, or either image is unknown: then the
+    exit code's reason, which speaks of the notebook image, is right.
+    """
+    spec = pod.get("spec") or {}
+    check = next(
+        (c for c in spec.get("initContainers") or [] if c.get("name") == container_name), None
+    )
+    containers = spec.get("containers") or []
+    image = (check or {}).get("image")
+    notebook = (containers[0] if containers else {}).get("image")
+    if not isinstance(image, str) or not image or not isinstance(notebook, str):
+        return None
+    return image if image != notebook else None
+
+
+def _not_startable_reason(pod: dict[str, Any], container_name: str, exit_code: int) -> str:
+    """Why the check could not start (no python3, or not executable), naming a separate image.
+
+    An admin who set ``validation_image`` to an image without python3 (NVIDIA's
+    ``cuda:*-base`` images have none) learns which image it was and what to set instead.
+    """
+    image = _separate_check_image(pod, container_name)
+    if image is None:
+        return CHECK_EXIT_CODES[exit_code][1]
+    problem = "python3 is not executable in" if exit_code == 126 else "there is no python3 in"
+    return (
+        f"The GPU check could not start because {problem} its image {shown(image, 200)}; ask "
+        "an admin to set validation_image to an image with python3 (docs/validation.md)."
+    )
 
 
 def reason_for_exit_code(exit_code: int) -> str:
@@ -222,13 +259,15 @@ def check_failure(
     if terminated.get("reason") in _START_FAILURES:
         # The runtime's own message, not the check's: the command never ran.
         if message and any(marker in message.lower() for marker in _NOT_FOUND_MARKERS):
-            return CHECK_EXIT_CODES[_NOT_STARTABLE][1]
+            return _not_startable_reason(pod, container_name, _NOT_STARTABLE)
         return (
             "The GPU check container could not start; ask an admin to look at the pod's "
             f"events. The container runtime said: {message or terminated.get('reason')}"
         )
     if message:
         return message
+    if exit_code in (126, _NOT_STARTABLE):
+        return _not_startable_reason(pod, container_name, exit_code)
     return reason_for_exit_code(exit_code)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from . import build, nodebuild, nodeconfig, notebookimage
+from . import build, nodebuild, nodeconfig, notebookimage, validationimage
 from .controlplane import ControlPlane, ControlPlaneError
 from .hubprocess import REPO, Hub, proxy_command, start_hub
 from .kubeapi import ApiError
@@ -135,6 +135,8 @@ class SandboxStack:
         self.nodes: RealNodes | None = None
         self.prometheus: Prometheus | None = None
         self.notebook_images: notebookimage.NotebookImages | None = None
+        #: The GPU check's image every node holds (images/validation), for validation_image.
+        self.validation_image: str | None = None
 
     def start_cluster(self) -> None:
         from .topology import TopologyError, load_topology
@@ -156,6 +158,11 @@ class SandboxStack:
                 f"have: the notebook image is built as {', '.join(images.refs)}."
             )
         self.notebook_images = images
+        try:
+            check = validationimage.ensure_validation_image(IMAGE_CACHE, REPO, self.emit)
+        except validationimage.ValidationImageError as e:
+            raise NodeError(str(e)) from None
+        self.validation_image = check.ref
         cp = ControlPlane(
             self.state_dir, self.binary or binaries.k8s, api_address=nodeconfig.API_ADDRESS
         )
@@ -167,7 +174,7 @@ class SandboxStack:
             binaries,
             names,
             specs={n.name: n for n in topology.nodes},
-            images=[images.archive],
+            images=[images.archive, check.archive],
             cluster_network=True,
             machine_wait=self.machine_wait,
             emit=self.emit,

@@ -52,6 +52,9 @@ class ImageFacts:
     chart_images: tuple[ChartImage, ...]
     #: Catalog file (as passed) -> the image references it names, sorted.
     catalogs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: The GPU check's image (``gpuspawner-images build NAME``): (name, reference), or None
+    #: when the matrix has none.
+    validation: tuple[str, str] | None = None
 
     def stage_refs(self, names: Iterable[str], stage: str) -> list[str]:
         """The references of these notebook images at ``stage``, in the order given."""
@@ -116,6 +119,12 @@ def parse_facts(text: str) -> ImageFacts:
         )
         for image in _get(data, "chart_images", list)
     )
+    check = data.get("validation")
+    validation = (
+        (_get(check, "name", str, "validation."), _get(check, "ref", str, "validation."))
+        if check is not None
+        else None
+    )
     return ImageFacts(
         version=_get(data, "version", str),
         stage_label=_get(data, "stage_label", str),
@@ -124,6 +133,7 @@ def parse_facts(text: str) -> ImageFacts:
         notebook_refs=notebook_refs,
         chart_images=chart,
         catalogs={str(path): tuple(refs) for path, refs in (data.get("catalogs") or {}).items()},
+        validation=validation,
     )
 
 

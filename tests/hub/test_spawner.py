@@ -803,6 +803,40 @@ async def test_failed_check_deletes_the_pod_and_fails_the_spawn_with_the_reason(
     assert hubstate.current().reservations() == []  # the GPUs are no longer counted for this server
 
 
+async def test_a_check_image_without_python3_is_named_and_not_called_a_gpu_failure(monkeypatch):
+    """validation_image set to an image without python3 (nvidia/cuda's -base images): the
+    user reads one sentence that names that image and what the admin must set."""
+    config = Config()
+    config.GPUSpawner.validation_image = "nvcr.io/nvidia/cuda:12.8.1-base-ubuntu24.04"
+    spawner = make_spawner(config)
+    await build(spawner, {"profile": "pytorch", "gpu_type": "a100", "gpus": "2"})
+    (check,) = [c for c in spawner.init_containers if c["name"] == "gpu-check"]
+    assert check["image"] == "nvcr.io/nvidia/cuda:12.8.1-base-ubuntu24.04"
+    pod = pod_fixture("gpu-check-start-error.json")  # exec: "python3": executable file not found
+    pod["spec"]["initContainers"][0]["image"] = check["image"]
+    with pytest.raises(GPUCheckFailed) as failed:
+        spawner.is_pod_running(pod)
+
+    async def failing_start(self):
+        await self.load_user_options()
+        raise failed.value
+
+    async def stop(now=False):
+        pass
+
+    monkeypatch.setattr(KubeSpawner, "_start", failing_start)
+    spawner.stop = stop
+    with pytest.raises(SpawnException) as info:
+        await spawner.start()
+    assert info.value.reason == "gpu-check"
+    assert info.value.jupyterhub_message == (
+        "The GPUs given to this server could not be checked, so it was not started: The GPU "
+        "check could not start because there is no python3 in its image "
+        "'nvcr.io/nvidia/cuda:12.8.1-base-ubuntu24.04'; ask an admin to set validation_image "
+        "to an image with python3 (docs/validation.md)."
+    )
+
+
 @pytest.mark.parametrize("pod_was_made", [True, False])
 async def test_a_failed_start_deletes_its_pod_by_name_even_if_the_hub_never_saw_it(
     kubeapi, monkeypatch, pod_was_made

@@ -215,3 +215,22 @@ def test_the_sandbox_writes_none_of_the_tools_facts_itself():
         if value in facts or any(fact in value for fact in (STAGE_LABEL, __version__))
     }
     assert found == set()
+
+
+def test_the_gpu_check_image_comes_from_the_tools_answer():
+    """`validation` names the GPU check's image; an older tool's answer without it reads as None."""
+    assert imagefacts.parse_facts(json.dumps(ANSWER)).validation is None
+    answer = {**ANSWER, "validation": {"name": "check", "ref": "r.test/check:1", "python": "3"}}
+    assert imagefacts.parse_facts(json.dumps(answer)).validation == ("check", "r.test/check:1")
+    with pytest.raises(imagefacts.ImageFactsError, match=r"validation\.ref"):
+        imagefacts.parse_facts(json.dumps({**ANSWER, "validation": {"name": "check"}}))
+    from gpuspawner.images.plan import validation_ref
+
+    matrix = load_matrix(REPO / "images" / "matrix.yaml")
+    assert imagefacts.image_facts(REPO).validation == (
+        matrix.validation.name,
+        validation_ref(matrix),
+    )
+    # The sandbox's module that builds it asks the tool too: no reference of its own.
+    source = (SANDBOX / "validationimage.py").read_text()
+    assert validation_ref(matrix) not in source and matrix.validation.tag not in source

@@ -13,6 +13,7 @@ from gpuspawner.validation import gpucheck
 from gpuspawner.validation.podstatus import (
     CHECK_EXIT_CODES,
     CHECK_FAILURE_KINDS,
+    NOT_STARTABLE_KIND,
     OVERDUE_GRACE,
     check_failure,
     check_failure_kind,
@@ -73,6 +74,45 @@ def test_a_missing_python3_is_named():
     assert reason.startswith(
         "The GPU check could not start because the notebook image has no python3"
     )
+
+
+def test_a_separate_check_image_without_python3_is_named_with_what_to_set():
+    """validation_image set to an image without python3: the reason names that image (not
+    "the notebook image") and the setting, in one sentence."""
+    data = pod("gpu-check-start-error")
+    data["spec"]["initContainers"][0]["image"] = "nvcr.io/nvidia/cuda:12.8.1-base-ubuntu24.04"
+    reason = check_failure(data)
+    assert reason == (
+        "The GPU check could not start because there is no python3 in its image "
+        "'nvcr.io/nvidia/cuda:12.8.1-base-ubuntu24.04'; ask an admin to set validation_image to "
+        "an image with python3 (docs/validation.md)."
+    )
+    assert check_failure_kind(data) == NOT_STARTABLE_KIND
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "phrase"),
+    [(127, "there is no python3 in"), (126, "python3 is not executable in")],
+)
+def test_a_separate_check_image_is_named_for_the_shells_exit_codes(exit_code, phrase):
+    data = pod("gpu-check-restarted-no-message")
+    data["spec"]["initContainers"][0]["image"] = "r.test/check:1"
+    status = data["status"]["initContainerStatuses"][0]
+    terminated = status["state"].get("terminated") or status["lastState"]["terminated"]
+    terminated["exitCode"] = exit_code
+    assert check_failure(data) == (
+        f"The GPU check could not start because {phrase} its image 'r.test/check:1'; ask an "
+        "admin to set validation_image to an image with python3 (docs/validation.md)."
+    )
+
+
+def test_a_hostile_check_image_name_is_quoted_and_escaped():
+    data = pod("gpu-check-start-error")
+    data["spec"]["initContainers"][0]["image"] = "evil\n<b>image</b>\u202e"
+    reason = check_failure(data)
+    assert "\n" not in reason and "\u202e" not in reason
+    assert "'evil\\n<b>image</b>\\u202e'" in reason
+    assert reason.count(".") == 1 + reason.count("docs/validation.md")  # one sentence
 
 
 def test_other_start_errors_quote_the_runtime():
