@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """notebook-healthcheck: the Docker HEALTHCHECK of gpuspawner's notebook images.
 
-Healthy means: a Jupyter server of this container has written its runtime file
-and answers `GET <url>api` with 200. Kubernetes ignores Docker health checks (it
+Healthy means: a Jupyter server of this container answers `GET <url>api` with 200,
+where <url> comes from its runtime file or, when none can be read, from where the
+server must listen (the hub's JUPYTERHUB_SERVICE_URL, else JUPYTER_PORT, default 8888). Kubernetes ignores Docker health checks (it
 has its own probes); this one is for `docker run` and `gpuspawner-images test`.
 Standard library only: it runs inside the images, not from the gpuspawner package.
 """
@@ -15,6 +16,10 @@ import os
 import sys
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
+
+#: start-notebook.sh's port when JUPYTER_PORT is unset (the image's EXPOSE).
+DEFAULT_PORT = 8888
 
 
 def runtime_dirs(env: dict[str, str]) -> list[Path]:
@@ -26,7 +31,31 @@ def runtime_dirs(env: dict[str, str]) -> list[Path]:
         dirs.append(Path(env["JUPYTER_DATA_DIR"]) / "runtime")
     home = Path(env.get("HOME", "/home/jovyan"))
     dirs.append(home / ".local" / "share" / "jupyter" / "runtime")
+    # Started as root with NB_USER, the server runs in that user's home, not in ours.
+    user = env.get("NB_USER", "")
+    if user and "/" not in user and user not in (".", ".."):
+        user_dir = Path("/home") / user / ".local" / "share" / "jupyter" / "runtime"
+        if user_dir not in dirs:
+            dirs.append(user_dir)
     return dirs
+
+
+def expected_url(env: dict[str, str]) -> str:
+    """Where this container's server must answer when no runtime file tells: under a
+    hub, JUPYTERHUB_SERVICE_URL's port and path; else start-notebook.sh's JUPYTER_PORT."""
+    service = env.get("JUPYTERHUB_SERVICE_URL", "")
+    if service:
+        try:
+            parts = urlsplit(service)
+            port = parts.port
+        except ValueError:  # not a URL: the port below is the best guess left
+            port = None
+        if port:
+            path = "/" + parts.path.strip("/") + "/"
+            return f"{parts.scheme or 'http'}://127.0.0.1:{port}{path.replace('//', '/')}"
+    port_text = env.get("JUPYTER_PORT", "").strip()
+    port = int(port_text) if port_text.isdigit() and 0 < int(port_text) < 65536 else DEFAULT_PORT
+    return f"http://127.0.0.1:{port}/"
 
 
 def local_url(info: dict) -> str | None:
@@ -64,10 +93,11 @@ def server_urls(dirs: list[Path]) -> list[str]:
 
 
 def main() -> int:
-    urls = server_urls(runtime_dirs(dict(os.environ)))
-    if not urls:
-        print("unhealthy: no Jupyter server runtime file yet", file=sys.stderr)
-        return 1
+    env = dict(os.environ)
+    urls = server_urls(runtime_dirs(env))
+    fallback = not urls
+    if fallback:
+        urls = [expected_url(env)]
     for url in urls:
         try:
             # The server is in this container: plain loopback HTTP is expected.
@@ -76,7 +106,8 @@ def main() -> int:
                     return 0
         except OSError:
             continue
-    print(f"unhealthy: no answer from {', '.join(urls)}", file=sys.stderr)
+    why = "no Jupyter server runtime file yet, and " if fallback else ""
+    print(f"unhealthy: {why}no answer from {', '.join(urls)}", file=sys.stderr)
     return 1
 
 

@@ -3,16 +3,25 @@
 #
 #   start.sh COMMAND [ARGS...]
 #
+# It is the image's entry point (tini -g -- start.sh), as in docker-stacks, so any
+# command goes through it: the default start-notebook.sh, `docker run IMAGE bash`, and
+# z2jh's `singleuser.cmd: jupyterhub-singleuser` (KubeSpawner passes it as args).
 # 1. runs the hooks in /usr/local/bin/start-notebook.d (as whoever started the container);
 # 2. as root: applies NB_USER/NB_UID/NB_GID, CHOWN_HOME, CHOWN_EXTRA, GRANT_SUDO as
 #    docker-stacks documents them; as any other uid: gives that uid a passwd entry;
 # 3. runs the hooks in /usr/local/bin/before-notebook.d;
 # 4. runs COMMAND, as NB_USER when started as root.
 # A hook is sourced when it is a *.sh file and executed when it is executable.
+#
+# It does all this once per container. start-notebook.sh and start-singleuser.sh call
+# start.sh too, so that the hooks also run when the entry point is overridden (a pod's
+# `command`, `docker run --entrypoint`); with start.sh in the entry point that second
+# call, like an old-style `docker run IMAGE start.sh bash`, only runs its command.
 set -e
 
 _log() {
-    if [[ "${JUPYTER_DOCKER_STACKS_QUIET}" == "" ]]; then
+    # Warnings and errors are always shown, as in docker-stacks.
+    if [[ "${JUPYTER_DOCKER_STACKS_QUIET}" == "" || "$*" == "WARNING:"* || "$*" == "ERROR:"* ]]; then
         echo "$@" >&2
     fi
 }
@@ -50,6 +59,14 @@ if [[ $# -eq 0 ]]; then
     set -- start-notebook.sh
 fi
 
+# Exported, so that it reaches the command (through sudo's --preserve-env as well) and
+# any start.sh it calls; kernels and terminals inherit it, where the hooks ran already.
+if [[ "${GPUSPAWNER_START_SH_RAN}" == "1" ]]; then
+    _log "Running: $*"
+    exec "$@"
+fi
+export GPUSPAWNER_START_SH_RAN=1
+
 run-hooks /usr/local/bin/start-notebook.d
 
 if [[ "$(id -u)" == 0 ]]; then
@@ -86,6 +103,12 @@ if [[ "$(id -u)" == 0 ]]; then
     fi
     run-hooks /usr/local/bin/before-notebook.d
     _log "Running as ${NB_USER}: $*"
+    # sudo looks commands up in its secure_path, which lacks /opt/venv/bin
+    # (jupyter, jupyterhub-singleuser): name the command by the path ours finds.
+    resolved="$(command -v "$1" || true)"
+    if [[ "${resolved}" == /* ]]; then
+        set -- "${resolved}" "${@:2}"
+    fi
     # --preserve-env keeps the hub's variables; PATH and LD_LIBRARY_PATH are
     # passed explicitly because sudo resets them.
     exec sudo --preserve-env --set-home --user "${NB_USER}" \

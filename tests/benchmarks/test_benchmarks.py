@@ -55,6 +55,7 @@ STEPS = {
     "inventory.py": ["inventory", "forms", "naive", "api-loaded", "api"],
     "real_nodes.py": ["control-plane", "nodes", "idle", "pods"],
     "sandbox_spawn.py": ["cluster", "hubs", "warm-up", "rounds", "burst-sent", "burst"],
+    "jupyter_start_cpu.py": ["engine", "hub", "runs"],
 }
 
 #: Exit status of a run failed on purpose, by --fail-with.
@@ -332,6 +333,25 @@ def test_sandbox_spawn(bench, pytestconfig):
     assert_nothing_left(run, before, roots)
 
 
+def test_jupyter_start_cpu(bench, matrix_jupyter_image):
+    """One start of the jupyter stage on the image tests' private engine, measured."""
+    run = bench("jupyter_start_cpu.py")
+    assert_smoke_run(run, "jupyter_start_cpu.py", ["| image | container CPU-s, median |"])
+    cells = table_rows(run.stdout)[matrix_jupyter_image]
+    assert float(cells[0]) > 0 and float(cells[3]) > 0, run.explain()
+    assert cells[-1] == "1", run.explain()
+    assert_nothing_left(run)
+
+
+@pytest.fixture
+def matrix_jupyter_image() -> str:
+    from gpuspawner.images.matrix import load_matrix
+    from gpuspawner.images.plan import image_ref
+
+    matrix = load_matrix(REPO / "images" / "matrix.yaml")
+    return image_ref(matrix, next(iter(matrix.images.values())), stage="jupyter")
+
+
 # -- runs cut short ------------------------------------------------------------------------
 
 
@@ -344,6 +364,8 @@ def test_sandbox_spawn(bench, pytestconfig):
         pytest.param("real_nodes.py", [], "nodes", "error", id="real_nodes-error"),
         pytest.param("culler_pass.py", [], "hub", "sigint", id="culler_pass-sigint"),
         pytest.param("inventory.py", ["--api"], "api-loaded", "error", id="inventory-error"),
+        # The private dockerd and the stand-in hub up.
+        pytest.param("jupyter_start_cpu.py", [], "hub", "sigterm", id="jupyter_start_cpu-sigterm"),
     ],
 )
 def test_a_run_cut_short_leaves_nothing_running(bench, pytestconfig, script, args, step, how):

@@ -72,6 +72,7 @@ def test_user_is_jovyan_1000_100_with_a_writable_home(docker_client, notebook):
         docker_client,
         image,
         ["bash", "-c", "id -un; id -u; id -g; echo $HOME; touch ~/probe && echo home-writable"],
+        stdout_only=True,
     )
     assert rc == 0, out
     assert out.split() == ["jovyan", "1000", "100", "/home/jovyan", "home-writable"]
@@ -245,6 +246,7 @@ def test_labels_match_the_matrix(docker_client, notebook, matrix):
     assert labels[STAGE_LABEL] == "jupyter"
     assert labels[JUPYTERHUB_LABEL] == spec.jupyterhub
     assert labels["io.gpuspawner.image.jupyterlab"] == spec.jupyterlab
+    assert labels["io.gpuspawner.image.notebook"] == spec.notebook
     assert labels["org.opencontainers.image.revision"] not in ("", "unknown")
     # The jupyter stage has no framework, so it must not claim one.
     for key in (IMAGE_LABEL_CUDA, IMAGE_LABEL_DRIVER_FLOOR, IMAGE_LABEL_FRAMEWORK):
@@ -258,7 +260,12 @@ def test_environment_has_the_driver_paths_and_no_visible_devices(docker_client, 
     assert "/usr/local/nvidia/bin" in env["PATH"].split(":")
     assert "/usr/local/nvidia/lib64" in env["LD_LIBRARY_PATH"].split(":")
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
-    rc, out = run(docker_client, image, ["bash", "-c", "echo ${NVIDIA_VISIBLE_DEVICES-unset}"])
+    rc, out = run(
+        docker_client,
+        image,
+        ["bash", "-c", "echo ${NVIDIA_VISIBLE_DEVICES-unset}"],
+        stdout_only=True,
+    )
     assert (rc, out.strip()) == (0, "unset")
 
 
@@ -299,7 +306,9 @@ def test_gpu_check_passes_with_the_emulated_driver(docker_client, notebook, tmp_
     rc, out = run(
         docker_client,
         image,
-        command,
+        # The init container sets `command`, which replaces the entry point (tini,
+        # start.sh): no hooks, no NB_UID, as on the node (podspec.validation_container).
+        entrypoint=command,
         volumes={str(bindir): {"bind": "/usr/local/nvidia/bin", "mode": "ro"}},
         # What the NVIDIA runtime sets in a container given one GPU.
         environment={"NVIDIA_VISIBLE_DEVICES": "GPU-00000000-0000-0000-0000-000000000000"},
@@ -310,7 +319,7 @@ def test_gpu_check_passes_with_the_emulated_driver(docker_client, notebook, tmp_
 
 def test_gpu_check_fails_clearly_without_a_driver(docker_client, notebook):
     spec, image = notebook
-    rc, out = run(docker_client, image, check_command(1, "nvidia.com/gpu", spec.cuda))
+    rc, out = run(docker_client, image, entrypoint=check_command(1, "nvidia.com/gpu", spec.cuda))
     assert rc != 0
     assert "nvidia-smi was not found in the container" in out
     assert "Traceback" not in out
@@ -320,7 +329,10 @@ def test_gpu_smoke_test_in_the_jupyter_stage_fails_with_its_message(docker_clien
     """The jupyter stage has no framework: the smoke test says so in one sentence (the full
     images' no-GPU failure is recorded in docs/images.md)."""
     _, image = notebook
-    rc, out = run(docker_client, image, ["gpu-smoke-test"])
+    # Through start.sh (the entry point), quiet: its messages would precede the test's.
+    rc, out = run(
+        docker_client, image, ["gpu-smoke-test"], environment={"JUPYTER_DOCKER_STACKS_QUIET": "1"}
+    )
     assert rc == 2, out
     assert out.strip() == (
         "gpu-smoke-test: none of torch, tensorflow, numpy can be imported in this environment."

@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from gpuspawner.images import healthcheck
+from gpuspawner_sandbox.hubprocess import free_port
 
 from .conftest import REPO
 
@@ -20,7 +21,7 @@ SCRIPT = REPO / "gpuspawner" / "images" / "healthcheck.py"
 
 class _API(BaseHTTPRequestHandler):
     def do_GET(self):
-        ok = self.path == "/user/ada/api"
+        ok = self.path in ("/user/ada/api", "/api")
         self.send_response(200 if ok else 404)
         self.end_headers()
         self.wfile.write(b'{"version": "2.0.0"}' if ok else b"")
@@ -60,9 +61,57 @@ def test_healthy_when_the_server_answers(tmp_path, server):
 
 
 def test_unhealthy_before_the_server_starts(tmp_path):
-    proc = run(tmp_path)
+    closed = free_port()
+    proc = run(tmp_path, {"JUPYTER_PORT": str(closed)})
     assert proc.returncode == 1
-    assert proc.stderr.strip() == "unhealthy: no Jupyter server runtime file yet"
+    assert proc.stderr.strip() == (
+        "unhealthy: no Jupyter server runtime file yet, and no answer from "
+        f"http://127.0.0.1:{closed}/"
+    )
+
+
+def test_without_a_runtime_file_the_server_is_asked_on_jupyter_port(tmp_path, server):
+    """A server whose runtime file is out of reach (another user's home) is still found
+    where start-notebook.sh put it."""
+    port = server.rsplit(":", 1)[1]
+    proc = run(tmp_path, {"JUPYTER_PORT": port})
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_without_a_runtime_file_a_hub_server_is_asked_at_its_service_url(tmp_path, server):
+    proc = run(tmp_path, {"JUPYTERHUB_SERVICE_URL": f"{server}/user/ada/", "JUPYTER_PORT": "1"})
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "url"),
+    [
+        ({}, "http://127.0.0.1:8888/"),
+        ({"JUPYTER_PORT": "9000"}, "http://127.0.0.1:9000/"),
+        ({"JUPYTER_PORT": "99999"}, "http://127.0.0.1:8888/"),
+        ({"JUPYTER_PORT": "8888; rm -rf ~"}, "http://127.0.0.1:8888/"),
+        (
+            {"JUPYTERHUB_SERVICE_URL": "http://0.0.0.0:8888/user/a%20b/"},
+            "http://127.0.0.1:8888/user/a%20b/",
+        ),
+        (
+            {"JUPYTERHUB_SERVICE_URL": "http://[::1:bad/", "JUPYTER_PORT": "9000"},
+            "http://127.0.0.1:9000/",
+        ),
+    ],
+)
+def test_expected_url(env, url):
+    assert healthcheck.expected_url(env) == url
+
+
+def test_runtime_dirs_include_nb_user_home():
+    dirs = healthcheck.runtime_dirs({"HOME": "/home/jovyan", "NB_USER": "ada"})
+    assert [str(d) for d in dirs] == [
+        "/home/jovyan/.local/share/jupyter/runtime",
+        "/home/ada/.local/share/jupyter/runtime",
+    ]
+    # NB_USER is never a path: "../../etc" names no directory to read.
+    assert len(healthcheck.runtime_dirs({"HOME": "/h", "NB_USER": "../../etc"})) == 1
 
 
 def test_unhealthy_when_the_server_does_not_answer_200(tmp_path, server):
