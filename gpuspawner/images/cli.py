@@ -8,13 +8,16 @@ their catalog entries.
     gpuspawner-images push  [NAME ...]
     gpuspawner-images catalog [NAME ...] [--output FILE] [--only-built]
     gpuspawner-images facts [--json] [--catalog FILE ...]
+    gpuspawner-images describe [NAME ...] [--target STAGE] [--json]
 
 Every verb reads images/matrix.yaml (found from the current directory upwards, or
 --matrix). `list`, `catalog` and `facts` need no Docker engine; the others fail at
 once, with one sentence, when none is reachable. `facts --json` is for programs
 (the sandbox runs it rather than parse the matrix itself): the hub image, the
 notebook images' stage tags and stage label, the chart's images, and the images
-catalog files name (docs/images.md, "Facts for programs").
+catalog files name (docs/images.md, "Facts for programs"). `describe` lists, for each
+built notebook image, its framework, CUDA, labels and the version of every package
+the matrix puts in its stage; it fails when one is missing or not the pinned version.
 """
 
 from __future__ import annotations
@@ -32,9 +35,17 @@ import yaml
 
 from .._version import __version__
 from ..core.catalog import CatalogError, load_catalog_file
+from . import describe as desc
 from . import engine
 from .base import BaseError, make_base, plan_base
-from .matrix import MATRIX_RELPATH, Matrix, MatrixError, find_repo_root, load_matrix
+from .matrix import (
+    MATRIX_RELPATH,
+    Matrix,
+    MatrixError,
+    find_repo_root,
+    load_matrix,
+    read_constraints,
+)
 from .plan import (
     FULL_STAGE,
     STAGES,
@@ -51,6 +62,7 @@ from .plan import (
     plan_builds,
     plan_test,
     prepuller_values,
+    validation_ref,
 )
 
 EXIT_OK = 0
@@ -108,6 +120,9 @@ def matrix_table(matrix: Matrix, registry: str | None) -> str:
             "-",
         ]
     )
+    check = validation_ref(matrix, registry)
+    if check is not None and matrix.validation is not None:
+        rows.append([check, "(gpu check)", "-", "-", matrix.validation.python, "-", "-"])
     rows += [
         [matrix.z2jh.ref(name), "(z2jh)", "-", "-", "-", "-", "-"] for name in matrix.z2jh.images
     ]
@@ -286,6 +301,27 @@ def _parser() -> argparse.ArgumentParser:
         "people; --json prints the same document as JSON. No Docker engine is needed.",
     )
     f.add_argument("--json", action="store_true", help="print JSON (default: YAML)")
+    d = sub.add_parser(
+        "describe",
+        parents=[common],
+        help="list each built notebook image's framework, CUDA, labels and the installed "
+        "version of every package the matrix puts in it",
+        description="For each built notebook image (all by default), run python in a "
+        "throwaway container (no network, entry point replaced) and list the version "
+        "installed of each package the matrix puts in its stage: the server's (jupyterhub, "
+        "jupyterlab, notebook) and, in the framework stage, the framework and the image's "
+        "libraries, beside the version the matrix or the constraints file pins. Exits 1 "
+        "when an image is not built or a package is missing or another version.",
+    )
+    d.add_argument("names", nargs="*", metavar="NAME")
+    d.add_argument(
+        "--target",
+        choices=STAGES,
+        default=FULL_STAGE,
+        help="the stage built with build --target (the jupyter stage carries no framework "
+        "and no libraries, so only the server's packages are expected there)",
+    )
+    d.add_argument("--json", action="store_true", help="print JSON for programs")
     f.add_argument(
         "--catalog",
         action="append",
@@ -517,6 +553,68 @@ def cmd_facts(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -
     return EXIT_OK
 
 
+def _pins(root: Path, constraints: str | None) -> dict[str, str]:
+    if constraints is None:
+        return {}
+    try:
+        return read_constraints((root / constraints).read_text())
+    except OSError:
+        # Then a library may have any version: describe still says what is installed.
+        return {}
+
+
+def describe_one(client: Any, matrix: Matrix, root: Path, name: str, args) -> desc.Description:
+    spec = matrix.images[name]
+    ref = image_ref(matrix, spec, args.registry, args.target)
+    labels = engine.image_labels(client, ref)
+    if labels is None:
+        return desc.failed(spec, ref, args.target, "not built (run gpuspawner-images build)")
+    expected = desc.expected_packages(spec, args.target, _pins(root, spec.constraints))
+    try:
+        code, output = engine.run_python(client, ref, desc.probe_command(expected))
+    except engine.EngineError as e:
+        return desc.failed(spec, ref, args.target, str(e))
+    try:
+        answer = desc.parse_probe(output)
+    except desc.ProbeError as e:
+        return desc.failed(spec, ref, args.target, f"python exited with {code}: {e}")
+    return desc.describe(spec, ref, args.target, labels, expected, answer)
+
+
+def format_description(d: desc.Description) -> str:
+    c = desc.clean
+    lines = [f"==> {d.image} ({d.name}, stage {d.stage})"]
+    if d.error:
+        return "\n".join([*lines, f"    {c(d.error)}"])
+    lines.append(
+        f"    framework {c(d.framework or '-')}  CUDA {c(d.cuda or '-')}  "
+        f"Python {c(d.python or '-')}"
+    )
+    lines += [f"    label {c(k)}={c(v)}" for k, v in sorted(d.labels.items())]
+    rows = [
+        [p.name, p.role, c(p.installed or "-"), p.expected or "-", p.status.upper()]
+        for p in d.packages
+    ]
+    if rows:
+        table = format_table(["PACKAGE", "ROLE", "INSTALLED", "EXPECTED", "STATUS"], rows)
+        lines += ["    " + line for line in table.splitlines()]
+    return "\n".join(lines)
+
+
+def cmd_describe(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
+    client = engine.connect()
+    selected = [s.name for s in matrix.select(notebook_names(matrix, names))]
+    found = [describe_one(client, matrix, root, name, args) for name in selected]
+    if args.json:
+        out.write(json.dumps(desc.as_json(found), indent=2) + "\n")
+    else:
+        print("\n\n".join(format_description(d) for d in found), file=out)
+    wrong = [line for d in found for line in desc.problems(d)]
+    for line in wrong:
+        print(f"gpuspawner-images: {desc.clean(line)}", file=sys.stderr)
+    return EXIT_FAILED if wrong else EXIT_OK
+
+
 VERBS = {
     "list": cmd_list,
     "base": cmd_base,
@@ -525,6 +623,7 @@ VERBS = {
     "push": cmd_push,
     "catalog": cmd_catalog,
     "facts": cmd_facts,
+    "describe": cmd_describe,
 }
 
 

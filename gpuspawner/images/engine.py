@@ -203,6 +203,45 @@ def image_exists(client: Any, ref: str) -> bool:
     return True
 
 
+def image_labels(client: Any, ref: str) -> dict[str, str] | None:
+    """The image's labels ({} when it has none), or None when it is not built."""
+    import docker
+
+    try:
+        image = client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return None
+    return dict((image.attrs.get("Config") or {}).get("Labels") or {})
+
+
+def run_python(client: Any, image: str, args: list[str], timeout: int = 300) -> tuple[int, str]:
+    """``python ARGS`` in a throwaway container of `image`: (exit code, its stdout).
+
+    The entry point is replaced (start.sh's messages and hooks have no part in a
+    probe), the network is off and the container is removed whatever happens.
+    """
+    import docker
+    import requests
+
+    try:
+        container = client.containers.run(
+            image, args, entrypoint=["python"], network_mode="none", detach=True
+        )
+    except docker.errors.ImageNotFound:
+        raise EngineError(f"{image} is not built yet (run gpuspawner-images build)") from None
+    except docker.errors.APIError as e:
+        raise EngineError(f"cannot start {image}: {e.explanation or e}") from None
+    try:
+        try:
+            result = container.wait(timeout=timeout)
+        except requests.exceptions.RequestException:
+            raise EngineError(f"python in {image} did not finish within {timeout}s") from None
+        output = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+        return int(result.get("StatusCode", 1)), output
+    finally:
+        container.remove(force=True)
+
+
 def wait_healthy(container: Any, timeout: float) -> tuple[bool, str]:
     """Poll a started container's health until it is decided: (healthy, last status)."""
     deadline = time.monotonic() + timeout

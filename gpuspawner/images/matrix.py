@@ -41,6 +41,8 @@ _IMAGE_NAME_RE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*$")
 _CUDA_RE = re.compile(r"^\d+\.\d+$")
 _DRIVER_RE = re.compile(r"^\d+(\.\d+){1,2}$")
 _TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+# A PyPI project name (PEP 508), without extras or versions: the constraints pin those.
+_DIST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 
 _REQUIRED_IMAGE_KEYS = (
     "profile",
@@ -52,7 +54,7 @@ _REQUIRED_IMAGE_KEYS = (
     "driver_floor",
     "require_cuda",
 )
-_DEFAULT_KEYS = ("base_image", "python", "jupyterhub", "jupyterlab", "tag_template")
+_DEFAULT_KEYS = ("base_image", "python", "jupyterhub", "jupyterlab", "notebook", "tag_template")
 
 
 class MatrixError(ValueError):
@@ -77,7 +79,11 @@ class ImageSpec:
     python: str
     jupyterhub: str
     jupyterlab: str
+    notebook: str
     tag_template: str
+    #: What the framework stage installs besides the framework (pip distribution
+    #: names, each pinned in the constraints file): what `describe` reports.
+    libraries: tuple[str, ...] = ()
 
     @property
     def tag(self) -> str:
@@ -104,6 +110,7 @@ class ImageSpec:
             "REQUIRE_CUDA": self.require_cuda,
             "JUPYTERHUB_VERSION": self.jupyterhub,
             "JUPYTERLAB_VERSION": self.jupyterlab,
+            "NOTEBOOK_VERSION": self.notebook,
             "IMAGE_VERSION": self.tag,
         }
 
@@ -126,6 +133,29 @@ class HubSpec:
             "BASE_IMAGE": self.base_image,
             "JUPYTERHUB_VERSION": self.jupyterhub,
             "IMAGE_VERSION": package_version,
+        }
+
+
+@dataclass(frozen=True)
+class ValidationSpec:
+    """The GPU check's image (``validation_image``): a Debian base with its python3, no more.
+
+    The check's code is not in it: the spawner passes the check's source in the init
+    container's command, so the image works with any gpuspawner version.
+    """
+
+    name: str
+    dockerfile: str
+    base_image: str
+    #: The Python the base's ``python3`` package brings (checked against the base).
+    python: str
+    tag: str
+
+    def build_args(self) -> dict[str, str]:
+        return {
+            "BASE_IMAGE": self.base_image,
+            "PYTHON_VERSION": self.python,
+            "IMAGE_VERSION": self.tag,
         }
 
 
@@ -172,6 +202,8 @@ class Matrix:
     hub: HubSpec
     source: str = "<matrix>"
     z2jh: ChartImages = ChartImages(registry="", images={}, pause_tag="")
+    #: The GPU check's image; None when the matrix has no ``validation:`` section.
+    validation: ValidationSpec | None = None
 
     def select(self, names: list[str] | None) -> list[ImageSpec]:
         """The named notebook images in matrix order (all when names is empty)."""
@@ -240,13 +272,25 @@ def parse_matrix(data: Any, source: str = "<matrix>") -> Matrix:
                 f"images.{profiles[values['profile']]}"
             )
         profiles[values["profile"]] = name
-        for key in ("framework_version", "python", "jupyterhub", "jupyterlab", "driver_floor"):
+        for key in (
+            "framework_version",
+            "python",
+            "jupyterhub",
+            "jupyterlab",
+            "notebook",
+            "driver_floor",
+        ):
             _version(values[key], f"{where}.{key}")
         if not _CUDA_RE.match(values["cuda"]):
             raise MatrixError(f"{where}.cuda = {values['cuda']!r}: write MAJOR.MINOR, e.g. 12.9")
         if not _DRIVER_RE.match(values["driver_floor"]):
             raise MatrixError(f"{where}.driver_floor = {values['driver_floor']!r}: e.g. 580.65.06")
-        spec = ImageSpec(name=name, constraints=constraints, **values)
+        libraries = merged.get("libraries") or []
+        if not isinstance(libraries, list) or not all(
+            isinstance(lib, str) and _DIST_RE.match(lib) for lib in libraries
+        ):
+            raise MatrixError(f"{where}.libraries must be a list of pip distribution names")
+        spec = ImageSpec(name=name, constraints=constraints, libraries=tuple(libraries), **values)
         try:
             tag = spec.tag
         except (KeyError, IndexError, ValueError) as e:
@@ -274,7 +318,34 @@ def parse_matrix(data: Any, source: str = "<matrix>") -> Matrix:
         raise MatrixError(
             f"{source}: z2jh.images {', '.join(clashes)} clash with other image names"
         )
-    return Matrix(registry=registry, images=images, hub=hub, source=source, z2jh=z2jh)
+    validation = parse_validation(data.get("validation"), f"{source}: validation")
+    if validation is not None and validation.name in {*images, hub.name, *z2jh.images}:
+        raise MatrixError(
+            f"{source}: validation.name {validation.name!r} is also another image's name"
+        )
+    return Matrix(
+        registry=registry,
+        images=images,
+        hub=hub,
+        source=source,
+        z2jh=z2jh,
+        validation=validation,
+    )
+
+
+def parse_validation(raw: Any, where: str) -> ValidationSpec | None:
+    """The matrix's ``validation:`` section (absent: none)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise MatrixError(f"{where} must be a mapping")
+    values = {k: _str(raw, k, where) for k in ("name", "dockerfile", "base_image", "tag")}
+    if not _IMAGE_NAME_RE.match(values["name"]):
+        raise MatrixError(f"{where}.name: image names are lowercase letters, digits, '.-_'")
+    if not _TAG_RE.match(values["tag"]):
+        raise MatrixError(f"{where}.tag {values['tag']!r} is not a valid Docker tag")
+    python = _version(_str(raw, "python", where), f"{where}.python")
+    return ValidationSpec(python=python, **values)
 
 
 def parse_chart_images(raw: Any, where: str, default_base: Any) -> ChartImages:
@@ -341,6 +412,11 @@ def _driver_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split("."))
 
 
+def canonical_name(name: str) -> str:
+    """A distribution name as pip compares them (PEP 503): "PyYAML" -> "pyyaml"."""
+    return re.sub(r"[-_.]+", "-", name).lower().strip()
+
+
 def read_constraints(text: str) -> dict[str, str]:
     """`name==version` lines of a pip constraints file, names normalised."""
     pins: dict[str, str] = {}
@@ -391,6 +467,13 @@ def consistency_problems(
                 f"{where}.jupyterhub {single} is not the hub's release line "
                 f"{hub_version.major}.{hub_version.minor} (hub.jupyterhub {hub_version})"
             )
+        lab, notebook = Version(spec.jupyterlab), Version(spec.notebook)
+        # Notebook 7.N pins JupyterLab 4.N (jupyterlab>=4.N.x,<4.N+1): pip would refuse the pair.
+        if (notebook.major - 3, notebook.minor) != (lab.major, lab.minor):
+            problems.append(
+                f"{where}.notebook {notebook} is not the release for jupyterlab {lab}: "
+                f"Notebook {lab.major + 3}.{lab.minor}.x goes with JupyterLab {lab.major}.{lab.minor}"
+            )
         cuda_major = int(spec.cuda.split(".")[0])
         floor = min_driver_for_cuda(spec.cuda)
         if floor is None:
@@ -415,6 +498,7 @@ def consistency_problems(
             )
         if root is not None:
             problems.extend(_file_problems(spec, root))
+    problems.extend(_validation_problems(matrix.validation, root))
     if root is not None:
         problems.extend(_hub_file_problems(matrix.hub, root))
         problems.extend(
@@ -422,6 +506,20 @@ def consistency_problems(
             for spec in matrix.z2jh.images.values()
             if not (root / spec.dockerfile).is_file()
         )
+    return problems
+
+
+def _validation_problems(spec: ValidationSpec | None, root: Path | None) -> list[str]:
+    if spec is None:
+        return []
+    problems = []
+    base_python = BASE_IMAGE_PYTHON.get(spec.base_image)
+    if base_python is not None and base_python != spec.python:
+        problems.append(
+            f"validation.python {spec.python}: {spec.base_image} provides Python {base_python}"
+        )
+    if root is not None and not (root / spec.dockerfile).is_file():
+        problems.append(f"validation.dockerfile {spec.dockerfile} does not exist")
     return problems
 
 
@@ -462,4 +560,10 @@ def _file_problems(spec: ImageSpec, root: Path) -> list[str]:
     cuda = constraints_cuda(pins)
     if cuda != spec.cuda:
         problems.append(f"{spec.constraints} pins CUDA runtime {cuda}, the matrix says {spec.cuda}")
+    unpinned = [lib for lib in spec.libraries if canonical_name(lib) not in pins]
+    if unpinned:
+        problems.append(
+            f"{spec.constraints} does not pin {', '.join(unpinned)} ({where}.libraries): "
+            "resolve them with the framework as its header says"
+        )
     return problems

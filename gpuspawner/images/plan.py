@@ -104,6 +104,15 @@ def hub_ref(matrix: Matrix, package_version: str, registry: str | None = None) -
     return f"{repository(reg, matrix.hub.name)}:{package_version}"
 
 
+def validation_ref(matrix: Matrix, registry: str | None = None) -> str | None:
+    """The GPU check's image, ``<registry>/<validation.name>:<validation.tag>``; None without one."""
+    spec = matrix.validation
+    if spec is None:
+        return None
+    reg = matrix.registry if registry is None else registry
+    return f"{repository(reg, spec.name)}:{spec.tag}"
+
+
 def build_labels(provenance: Provenance) -> dict[str, str]:
     """Labels only known at build time; the rest are in the Dockerfiles."""
     return {
@@ -118,6 +127,8 @@ def dockerfile_of(matrix: Matrix, name: str) -> str:
         return matrix.images[name].dockerfile
     if name == matrix.hub.name:
         return matrix.hub.dockerfile
+    if matrix.validation is not None and name == matrix.validation.name:
+        return matrix.validation.dockerfile
     if name in matrix.z2jh.images:
         return matrix.z2jh.images[name].dockerfile
     raise MatrixError(f"{name} is not an image of {matrix.source}")
@@ -195,8 +206,8 @@ def plan_builds(
     hub_requirements: str | None = None,
     binaries: Mapping[str, str] | None = None,
 ) -> list[BuildStep]:
-    """The builds for `names` (notebook images, the hub and/or z2jh's other images; all
-    notebook images if empty).
+    """The builds for `names` (notebook images, the hub, the GPU check's image and/or z2jh's
+    other images; all notebook images if empty).
 
     `provenance` gives each image's revision and build date by name (unknown where
     missing); `stage` stops the notebook images at that Dockerfile stage; `hub_requirements`
@@ -212,7 +223,11 @@ def plan_builds(
     include_hub = matrix.hub.name in wanted
     if include_hub:
         wanted.remove(matrix.hub.name)
-    specs = matrix.select(wanted) if wanted or not (include_hub or chart) else []
+    check = matrix.validation
+    include_check = check is not None and check.name in wanted
+    if check is not None and include_check:
+        wanted.remove(check.name)
+    specs = matrix.select(wanted) if wanted or not (include_hub or chart or include_check) else []
     for spec in specs:
         made = provenance.get(spec.name, UNKNOWN_PROVENANCE)
         args = {**spec.build_args(), "BUILD_DATE": made.created, "VCS_REF": made.revision}
@@ -263,6 +278,23 @@ def plan_builds(
                 extra_files=(
                     {HUB_REQUIREMENTS_IN_CONTEXT: hub_requirements} if hub_requirements else {}
                 ),
+            )
+        )
+    if check is not None and include_check:
+        made = provenance.get(check.name, UNKNOWN_PROVENANCE)
+        steps.append(
+            BuildStep(
+                name=check.name,
+                dockerfile=check.dockerfile,
+                context=context,
+                repository=repository(reg, check.name),
+                tags=(check.tag,),
+                buildargs={
+                    **check.build_args(),
+                    "BUILD_DATE": made.created,
+                    "VCS_REF": made.revision,
+                },
+                labels=build_labels(made),
             )
         )
     steps.extend(
@@ -429,6 +461,16 @@ def facts_document(
             "z2jh_chart": hub.z2jh_chart,
             "jupyterhub": hub.jupyterhub,
         },
+        # The GPU check's image (c.GPUSpawner.validation_image); null without one.
+        "validation": (
+            {
+                "name": matrix.validation.name,
+                "ref": validation_ref(matrix, registry),
+                "python": matrix.validation.python,
+            }
+            if matrix.validation is not None
+            else None
+        ),
         "notebook_images": [
             {
                 "name": spec.name,
@@ -469,11 +511,14 @@ def base_images(matrix: Matrix) -> list[str]:
     """Every base image the matrix builds on, each once, in matrix order."""
     seen = [spec.base_image for spec in matrix.images.values()] + [matrix.hub.base_image]
     seen += [spec.base_image for spec in matrix.z2jh.images.values() if spec.base_image]
+    if matrix.validation is not None:
+        seen.append(matrix.validation.base_image)
     return list(dict.fromkeys(seen))
 
 
 def known_names(matrix: Matrix) -> list[str]:
-    return [*matrix.images, matrix.hub.name, *matrix.z2jh.images]
+    check = [matrix.validation.name] if matrix.validation is not None else []
+    return [*matrix.images, matrix.hub.name, *check, *matrix.z2jh.images]
 
 
 def notebook_names(matrix: Matrix, names: list[str]) -> list[str]:

@@ -59,6 +59,8 @@ class FakeEngine:
     fail_build: dict[str, str] = field(default_factory=dict)
     test_results: dict[str, tuple[int, bytes]] = field(default_factory=dict)
     present: set[str] = field(default_factory=set)
+    #: An image's labels, by reference (the images in `present` have none otherwise).
+    labels: dict[str, dict[str, str]] = field(default_factory=dict)
     builds: list[dict[str, Any]] = field(default_factory=list)
     tags: list[tuple[str, str, str]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
@@ -105,7 +107,8 @@ class FakeEngine:
     # images ------------------------------------------------------------------------
     def get(self, ref):
         if ref.startswith("sha256:") or ref in self.present:
-            return type("Image", (), {"attrs": {"Size": 12_345_678_901}})()
+            attrs = {"Size": 12_345_678_901, "Config": {"Labels": self.labels.get(ref)}}
+            return type("Image", (), {"attrs": attrs})()
         raise docker.errors.ImageNotFound(f"No such image: {ref}")
 
     # containers ----------------------------------------------------------------

@@ -37,7 +37,8 @@ def run_tool(*args: str, cwd=REPO, docker_host: str | None = None) -> subprocess
 
 
 @pytest.mark.parametrize(
-    "verb", [["build"], ["test"], ["push", "cuda-pytorch"], ["catalog", "--only-built"]]
+    "verb",
+    [["build"], ["test"], ["push", "cuda-pytorch"], ["catalog", "--only-built"], ["describe"]],
 )
 def test_engine_verbs_fail_at_once_without_an_engine(verb, tmp_path):
     host = f"unix://{tmp_path}/docker.sock"  # a socket path that does not exist
@@ -204,7 +205,7 @@ def test_unknown_image_name_is_one_sentence():
     assert proc.stderr.strip().splitlines() == [
         "gpuspawner-images: cuda-jax is not an image of "
         f"{REPO / 'images' / 'matrix.yaml'}; known: cuda-pytorch, cuda-tensorflow, hub, "
-        "configurable-http-proxy, network-tools, image-awaiter, kube-scheduler"
+        "validation, configurable-http-proxy, network-tools, image-awaiter, kube-scheduler"
     ]
 
 
@@ -346,8 +347,11 @@ def test_push_of_an_unbuilt_image_fails_with_the_engines_reason(engine, built, r
 
 
 def test_catalog_only_built_asks_the_engine(engine, built, matrix):
-    """Only the jupyter stages are built here, so no full image is: a one-sentence refusal."""
-    proc = tool_on_engine(engine.host, "catalog", "--only-built")
+    """No image is built under this registry (the engine's data root may keep the full
+    images of a `make full-images`): a one-sentence refusal."""
+    proc = tool_on_engine(
+        engine.host, "catalog", "--only-built", "--registry", "127.0.0.1:1/never-built"
+    )
     assert proc.returncode == cli.EXIT_FAILED
     assert "none of these images is built yet" in proc.stdout
 
@@ -426,3 +430,127 @@ def test_an_images_revision_is_the_last_commit_that_changed_its_sources(tmp_path
     # sources no commit has touched: said, not guessed
     outside = image_provenance(tmp_path / "image", ("nothing",), {}, True)
     assert outside.revision == "unknown"
+
+
+# --- describe ------------------------------------------------------------------------
+
+
+def probe_answer(versions: dict[str, str | None], python: str = "3.13.5") -> bytes:
+    from gpuspawner.images.describe import MARKER
+
+    return f"{MARKER}{json.dumps({'python': python, 'versions': versions})}\n".encode()
+
+
+def installed_as_pinned(spec) -> dict[str, str]:
+    from gpuspawner.images.describe import expected_packages
+    from gpuspawner.images.matrix import read_constraints
+
+    pins = read_constraints((REPO / spec.constraints).read_text())
+    return {e.name: e.version for e in expected_packages(spec, "framework", pins)}
+
+
+def test_describe_lists_every_library_with_its_installed_version(fake, matrix):
+    for spec in matrix.images.values():
+        ref = image_ref(matrix, spec)
+        fake.present.add(ref)
+        fake.labels[ref] = {
+            "io.gpuspawner.image.framework": f"{spec.framework}=={spec.framework_version}",
+            "io.gpuspawner.image.cuda": spec.cuda,
+        }
+        fake.test_results[ref] = (0, probe_answer(installed_as_pinned(spec)))
+    out = io.StringIO()
+    assert cli.main(["describe"], out) == cli.EXIT_OK
+    text = out.getvalue()
+    for spec in matrix.images.values():
+        assert f"==> {image_ref(matrix, spec)} ({spec.name}, stage framework)" in text
+        assert f"framework {spec.framework}=={spec.framework_version}  CUDA {spec.cuda}" in text
+        for name, version in installed_as_pinned(spec).items():
+            assert re.search(rf"^\s+{re.escape(name)}\s+\w+\s+{re.escape(version)}\s", text, re.M)
+    # The probe ran python in a throwaway container: no start.sh, no network.
+    assert len(fake.runs) == len(matrix.images)
+    for run in fake.runs:
+        assert run["entrypoint"] == ["python"] and run["network_mode"] == "none"
+        assert run["command"][0] == "-c"
+    assert all(c.removed for c in fake.containers)
+
+
+def test_describe_reports_a_missing_library_and_fails(fake, matrix, capsys):
+    spec = matrix.images["cuda-pytorch"]
+    ref = image_ref(matrix, spec)
+    fake.present.add(ref)
+    versions = installed_as_pinned(spec)
+    versions["torchvision"] = None
+    fake.test_results[ref] = (0, probe_answer(versions))
+    out = io.StringIO()
+    assert cli.main(["describe", "--json", "cuda-pytorch"], out) == cli.EXIT_FAILED
+    (image,) = json.loads(out.getvalue())["images"]
+    assert image["ok"] is False
+    (tv,) = [p for p in image["packages"] if p["name"] == "torchvision"]
+    assert (tv["status"], tv["version"], tv["role"]) == ("missing", None, "library")
+    assert capsys.readouterr().err == (
+        f"gpuspawner-images: {ref}: torchvision (library) is not installed\n"
+    )
+
+
+def test_describe_of_an_image_not_built_says_so(fake, matrix, capsys):
+    out = io.StringIO()
+    assert cli.main(["describe", "cuda-tensorflow"], out) == cli.EXIT_FAILED
+    ref = image_ref(matrix, matrix.images["cuda-tensorflow"])
+    assert "not built (run gpuspawner-images build)" in out.getvalue()
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gpuspawner-images: {ref}: not built (run gpuspawner-images build)"
+    ]
+    assert fake.runs == []
+
+
+def test_describe_escapes_what_the_image_says(fake, matrix):
+    spec = matrix.images["cuda-tensorflow"]
+    ref = image_ref(matrix, spec)
+    fake.present.add(ref)
+    fake.labels[ref] = {"io.gpuspawner.image.cuda": "12.9\x1b[31m"}
+    fake.test_results[ref] = (0, probe_answer({"tensorflow": "2.21.0\x1b[2J"}))
+    out = io.StringIO()
+    assert cli.main(["describe", "cuda-tensorflow"], out) == cli.EXIT_FAILED
+    assert "\x1b" not in out.getvalue()
+    assert "CUDA 12.9?[31m" in out.getvalue()
+
+
+def test_describe_when_python_fails_in_the_image_is_one_sentence(fake, matrix, capsys):
+    spec = matrix.images["cuda-pytorch"]
+    ref = image_ref(matrix, spec)
+    fake.present.add(ref)
+    fake.test_results[ref] = (127, b"exec: python: not found\n")
+    out = io.StringIO()
+    assert cli.main(["describe", "cuda-pytorch"], out) == cli.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpuspawner-images: {ref}: python exited with 127: the probe printed")
+    assert "Traceback" not in err + out.getvalue()
+
+
+def test_describe_the_jupyter_stage_on_the_real_engine(engine, built, matrix):
+    """The CI-built jupyter stages: the server's packages at the matrix's versions, and
+    no framework or library expected (they come with the framework stage)."""
+    proc = tool_on_engine(engine.host, "describe", "--target", "jupyter", "--json")
+    assert proc.returncode == cli.EXIT_OK, proc.stdout[-3000:]
+    document = json.loads(proc.stdout)
+    assert [i["name"] for i in document["images"]] == list(matrix.images)
+    for image, spec in zip(document["images"], matrix.images.values(), strict=True):
+        assert image["image"] == image_ref(matrix, spec, stage="jupyter")
+        assert image["python"].startswith(spec.python + ".")
+        assert {p["name"]: (p["version"], p["status"]) for p in image["packages"]} == {
+            "jupyterhub": (spec.jupyterhub, "ok"),
+            "jupyterlab": (spec.jupyterlab, "ok"),
+            "notebook": (spec.notebook, "ok"),
+        }
+        assert image["framework"] is None  # the framework's labels come with its stage
+        assert image["labels"]["io.gpuspawner.image.jupyterlab"] == spec.jupyterlab
+
+
+def test_describe_an_image_the_real_engine_lacks(engine, built, matrix):
+    """Describing an image never built is a refusal per image, not a crash."""
+    registry = "127.0.0.1:1/never-built"
+    proc = tool_on_engine(engine.host, "describe", "--registry", registry, "cuda-pytorch")
+    assert proc.returncode == cli.EXIT_FAILED
+    ref = image_ref(matrix, matrix.images["cuda-pytorch"], registry)
+    assert f"gpuspawner-images: {ref}: not built (run gpuspawner-images build)" in proc.stdout
+    assert "Traceback" not in proc.stdout

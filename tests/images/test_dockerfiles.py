@@ -177,8 +177,10 @@ def test_labels(spec, step):
 
 def test_entrypoint_command_and_healthcheck(spec):
     df = parse(spec.dockerfile)
-    assert json.loads(instructions(df, "ENTRYPOINT")[-1]) == ["tini", "-g", "--"]
-    # docker-stacks' entry point: JupyterLab alone, or jupyterhub-singleuser under a hub.
+    # start.sh in the entry point, as docker-stacks: any command (z2jh's args-only
+    # `jupyterhub-singleuser` too) gets the hooks and NB_UID (tests/images/test_start.py).
+    assert json.loads(instructions(df, "ENTRYPOINT")[-1]) == ["tini", "-g", "--", "start.sh"]
+    # docker-stacks' command: JupyterLab alone, or jupyterhub-singleuser under a hub.
     assert json.loads(instructions(df, "CMD")[-1]) == ["start-notebook.sh"]
     (health,) = instructions(df, "HEALTHCHECK")
     assert "CMD" in health and "/usr/local/bin/notebook-healthcheck" in health
@@ -192,10 +194,30 @@ def test_pins_come_from_build_args(spec):
     assert f"=={'${'}{spec.framework_arg}}}" in runs
     assert "jupyterhub==${JUPYTERHUB_VERSION}" in runs
     assert "jupyterlab==${JUPYTERLAB_VERSION}" in runs
+    assert "notebook==${NOTEBOOK_VERSION}" in runs
     assert f"COPY {spec.constraints} /tmp/framework-constraints.txt" in [
         f"COPY {c}" for c in instructions(parse(spec.dockerfile), "COPY")
     ]
     assert "--constraint /tmp/framework-constraints.txt" in runs
+
+
+def framework_install(spec) -> list[str]:
+    """The words of the framework stage's `pip install` (the RUN that installs the framework)."""
+    runs = instructions(parse(spec.dockerfile), "RUN")
+    (run,) = [r for r in runs if f"${{{spec.framework_arg}}}" in r]
+    words = shlex.split(run.split("&&")[0].replace("\\\n", " "))
+    assert words[:4] == ["pip", "install", "--constraint", "/tmp/framework-constraints.txt"]
+    return words[4:]
+
+
+def test_the_framework_stage_installs_the_matrix_libraries(spec):
+    """images/matrix.yaml's `libraries` and the Dockerfile's install line are one list:
+    what `describe` and the full-build tests expect is what the image gets."""
+    framework, *rest = framework_install(spec)
+    assert framework.startswith(f"{spec.framework}")
+    # numpy is the PyTorch image's own (torch does not require it), not a library of the matrix.
+    assert [w for w in rest if w != "numpy"] == list(spec.libraries)
+    assert spec.libraries
 
 
 def test_jupyter_layer_comes_before_the_framework_layer(spec):

@@ -135,6 +135,16 @@ def test_single_user_on_another_release_line_than_the_hub_is_reported(raw):
     assert all("not the hub's release line 6.0" in p for p in problems)
 
 
+def test_notebook_release_for_another_jupyterlab_is_reported(raw):
+    """notebook 7.5.x requires jupyterlab 4.5.x: pip would refuse it beside JupyterLab 4.6."""
+    raw["images"]["cuda-tensorflow"]["notebook"] = "7.5.0"
+    problems = consistency_problems(parse_matrix(raw), package_jupyterhub_requirement())
+    assert problems == [
+        "images.cuda-tensorflow.notebook 7.5.0 is not the release for jupyterlab 4.6.6: "
+        "Notebook 7.6.x goes with JupyterLab 4.6"
+    ]
+
+
 def test_python_that_the_base_image_lacks_is_reported(raw):
     raw["images"]["cuda-pytorch"]["python"] = "3.12"
     raw["images"]["cuda-pytorch"]["tag_template"] = "{framework_version}-py{python}"
@@ -150,7 +160,7 @@ def test_constraints_disagreeing_with_the_matrix_are_reported(raw, tmp_path):
         (tree / "images" / name / "Dockerfile").write_text("FROM scratch\n")
     (tree / "images" / "hub").mkdir()
     (tree / "images" / "hub" / "Dockerfile").write_text("FROM scratch\n")
-    for entry in raw["z2jh"]["images"].values():
+    for entry in [*raw["z2jh"]["images"].values(), raw["validation"]]:
         (tree / entry["dockerfile"]).parent.mkdir(parents=True)
         (tree / entry["dockerfile"]).write_text("FROM scratch\n")
     (tree / "images" / "cuda-pytorch" / "constraints.txt").write_text(
@@ -159,11 +169,32 @@ def test_constraints_disagreeing_with_the_matrix_are_reported(raw, tmp_path):
     (tree / "images" / "cuda-tensorflow" / "constraints.txt").write_text(
         "tensorflow==2.20.0\nnvidia-cuda-runtime-cu12==12.5.82\n"
     )
+    raw["images"]["cuda-tensorflow"]["libraries"] = ["scipy", "Scikit_Learn", "pandas"]
     problems = consistency_problems(parse_matrix(raw), package_jupyterhub_requirement(), tree)
     assert problems == [
         "images/cuda-tensorflow/constraints.txt pins tensorflow==2.20.0, the matrix says 2.21.0",
         "images/cuda-tensorflow/constraints.txt pins CUDA runtime 12.5, the matrix says 12.9",
+        "images/cuda-tensorflow/constraints.txt does not pin scipy, Scikit_Learn, pandas "
+        "(images.cuda-tensorflow.libraries): resolve them with the framework as its header says",
     ]
+
+
+def test_every_library_is_pinned_whatever_the_spelling(raw, tmp_path):
+    """pip compares names by PEP 503; so does the check (SQLAlchemy pinned, sqlalchemy listed)."""
+    spec = parse_matrix(raw).images["cuda-pytorch"]
+    pins = read_constraints((REPO / spec.constraints).read_text())
+    assert "sqlalchemy" in spec.libraries and "sqlalchemy" in pins
+    assert consistency_problems(parse_matrix(raw), package_jupyterhub_requirement(), REPO) == []
+
+
+@pytest.mark.parametrize("value", ["scipy pandas", ["scipy==1.18.1"], ["scipy", 3]])
+def test_libraries_must_be_a_list_of_distribution_names(raw, value):
+    raw["images"]["cuda-pytorch"]["libraries"] = value
+    with pytest.raises(MatrixError) as err:
+        parse_matrix(raw, "m.yaml")
+    assert str(err.value) == (
+        "m.yaml: images.cuda-pytorch.libraries must be a list of pip distribution names"
+    )
 
 
 def test_constraints_cuda_reads_the_runtime_wheel():
@@ -261,3 +292,35 @@ def test_hub_jupyterhub_other_than_z2jh_s_pin_is_reported(raw, tmp_path):
         for p in consistency_problems(matrix, package_jupyterhub_requirement(), tree)
         if p.startswith("hub.")
     ]
+
+
+def test_the_gpu_check_image_is_read_and_checked(raw):
+    check = parse_matrix(raw).validation
+    assert (check.name, check.dockerfile, check.tag) == (
+        "validation",
+        "images/validation/Dockerfile",
+        "trixie-py3.13",
+    )
+    raw["validation"]["python"] = "3.12"
+    problems = consistency_problems(parse_matrix(raw), package_jupyterhub_requirement())
+    assert problems == ["validation.python 3.12: debian:trixie-slim provides Python 3.13"]
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"name": "hub"}, "validation.name 'hub' is also another image's name"),
+        ({"tag": "bad tag"}, "validation.tag 'bad tag' is not a valid Docker tag"),
+        ({"python": 3.13}, "validation.python must be a quoted string"),
+        ({"dockerfile": None}, "validation.dockerfile is missing"),
+    ],
+)
+def test_a_bad_gpu_check_image_entry_says_where(raw, change, said):
+    raw["validation"].update(change)
+    with pytest.raises(MatrixError, match=said):  # no regex metacharacters but "."
+        parse_matrix(raw)
+
+
+def test_a_matrix_without_a_gpu_check_image_has_none(raw):
+    del raw["validation"]
+    assert parse_matrix(raw).validation is None

@@ -175,3 +175,39 @@ def test_catalog_entries_pass_the_core_catalog_parser(matrix):
         image = catalog.images[spec.profile]
         assert image.cuda == spec.cuda
         assert image.image.endswith(f"/{spec.name}:{spec.tag}")
+
+
+def test_build_plan_for_the_gpu_check_image(matrix):
+    """`gpuspawner-images build validation`: its own tag and labels, no notebook image with it."""
+    from gpuspawner.images.plan import Provenance, base_images, facts_document, validation_ref
+
+    check = matrix.validation
+    made = Provenance(revision="abc123", created="2026-12-04T00:00:00Z")
+    (step,) = plan_builds(
+        matrix,
+        [check.name],
+        context="/repo",
+        registry="r.test/team",
+        provenance={"validation": made},
+    )
+    assert step.refs == [f"r.test/team/validation:{check.tag}"]
+    assert step.refs[0] == validation_ref(matrix, "r.test/team")
+    assert step.dockerfile == "images/validation/Dockerfile"
+    assert step.buildargs["BASE_IMAGE"] == check.base_image
+    assert step.buildargs["PYTHON_VERSION"] == check.python
+    assert step.buildargs["IMAGE_VERSION"] == check.tag
+    assert step.buildargs["VCS_REF"] == "abc123"
+    assert step.labels["org.opencontainers.image.revision"] == "abc123"
+    assert step.target is None and step.cuda is None
+    # with the hub, in one call; its base is made by `gpuspawner-images base`
+    assert [s.name for s in plan_builds(matrix, ["hub", "validation"], context="/r")] == [
+        "hub",
+        "validation",
+    ]
+    assert check.base_image in base_images(matrix)
+    facts = facts_document(matrix, "1.0", "r.test/team")
+    assert facts["validation"] == {
+        "name": "validation",
+        "ref": f"r.test/team/validation:{check.tag}",
+        "python": check.python,
+    }
