@@ -17,6 +17,21 @@ from .gpustatus import GpuStatus, gpu_status_url, status_answer
 from .warning import CullWarning, this_servers_warning, warning_url
 
 
+async def ask(where: CullWarning, url: str):
+    """The culler's JSON answer at ``url``, asked with this server's own hub token.
+
+    Raises HTTPClientError for an HTTP error, OSError or ValueError when the
+    culler cannot be reached or answers something that is not JSON.
+    """
+    response = await AsyncHTTPClient().fetch(
+        url,
+        headers={"Authorization": f"token {where.api_token}"},
+        request_timeout=where.timeout,
+        follow_redirects=False,
+    )
+    return json.loads(response.body)
+
+
 def _warn_refused_once(handler: APIHandler, url: str) -> None:
     if not handler.settings.get("gpuspawner_warned_403"):
         handler.settings["gpuspawner_warned_403"] = True
@@ -47,13 +62,7 @@ class WarningHandler(APIHandler):
     async def ask_culler(self, config: CullWarning) -> dict | None:
         url = warning_url(config.culler_url)
         try:
-            response = await AsyncHTTPClient().fetch(
-                url,
-                headers={"Authorization": f"token {config.api_token}"},
-                request_timeout=config.timeout,
-                follow_redirects=False,
-            )
-            return this_servers_warning(json.loads(response.body), config.server_name)
+            return this_servers_warning(await ask(config, url), config.server_name)
         except HTTPClientError as e:
             if e.code == 403:
                 _warn_refused_once(self, url)
@@ -94,13 +103,7 @@ class GpuStatusHandler(APIHandler):
         """The culler's answer (None: nothing to show), and whether asking failed for now."""
         url = gpu_status_url(where.culler_url)
         try:
-            response = await AsyncHTTPClient().fetch(
-                url,
-                headers={"Authorization": f"token {where.api_token}"},
-                request_timeout=where.timeout,
-                follow_redirects=False,
-            )
-            answer = json.loads(response.body)
+            answer = await ask(where, url)
             return (answer if isinstance(answer, dict) else None), False
         except HTTPClientError as e:
             if e.code == 403:
