@@ -8,6 +8,7 @@
 #   scripts/gpu-checks.sh --no-install          # use the frameworks $PYTHON already has
 #   scripts/gpu-checks.sh --frameworks torch    # only one framework
 #   scripts/gpu-checks.sh --expect 2            # GPU count (default: nvidia-smi -L)
+#   scripts/gpu-checks.sh --capture FILE        # also record nvidia-smi's raw answers (JSON)
 #
 # It runs, for each framework, in its own virtual environment with the versions
 # and constraints of images/matrix.yaml:
@@ -15,6 +16,9 @@
 #   2. the smoke test in CPU mode (must FAIL here: a GPU is visible),
 # then the spawner's nvidia-smi validation check (gpuspawner.validation.gpucheck)
 # with each image's CUDA version.
+# With --capture, scripts/nvidia_smi_capture.py then records nvidia-smi's exact answers to every
+# command line gpuspawner runs or emulates, idle and under load, for
+# scripts/import_gpu_capture.py to turn into fixtures.
 # The script exits non-zero if any expectation is not met.
 set -uo pipefail
 
@@ -26,6 +30,7 @@ FRAMEWORKS="torch tensorflow"
 WHEELHOUSE=""
 EXPECT=""
 INSTALL=1
+CAPTURE=""
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
@@ -35,7 +40,8 @@ while [ $# -gt 0 ]; do
         --frameworks) FRAMEWORKS=$2; shift 2 ;;
         --expect) EXPECT=$2; shift 2 ;;
         --no-install) INSTALL=0; shift ;;
-        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        --capture) CAPTURE=$2; shift 2 ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         *) echo "gpu-checks.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -138,6 +144,15 @@ expect_rc() {  # expect_rc WANT LABEL COMMAND...: run, record, compare exit code
             env PYTHONPATH="$REPO" "$PYTHON" -m gpuspawner.validation.gpucheck \
             --expect "$EXPECT" --cuda "$cuda" --termination-log "$WORK/termination-log"
     done
+    # The check must also fail on real hardware when the pod got fewer GPUs than it asked for.
+    expect_rc 5 "spawner's nvidia-smi validation asked for $((EXPECT + 1)) GPUs (must fail: exit 5)" \
+        env PYTHONPATH="$REPO" "$PYTHON" -m gpuspawner.validation.gpucheck \
+        --expect $((EXPECT + 1)) --termination-log "$WORK/termination-log"
+    echo "termination message: $(cat "$WORK/termination-log" 2>/dev/null)"
+    if [ -n "$CAPTURE" ]; then
+        expect_rc 0 "raw nvidia-smi answers, idle and under load, into $(basename "$CAPTURE")" \
+            "$PYTHON" scripts/nvidia_smi_capture.py "$CAPTURE"
+    fi
     echo
     echo "overall: $([ "$FAILED" = 0 ] && echo PASS || echo FAIL)"
     echo '```'
