@@ -820,3 +820,131 @@ def test_a_path_is_used_as_given(tmp_path):
     binary = _executable(tmp_path / "opt")
     assert gpucheck.find_nvidia_smi(binary) == (binary, "as given")
     assert gpucheck.find_nvidia_smi(str(tmp_path / "missing" / "nvidia-smi")) is None
+
+
+# --- real H200 captures (this project's own, scripts/gpu-checks.sh --capture) -------------
+
+REAL_H200 = "h200_580.159.04"
+
+
+def real(what: str) -> str:
+    """The verbatim output of ``real__<what>__h200_580.159.04.txt``."""
+    return body(f"real__{what}__{REAL_H200}.txt")
+
+
+def real_runner():
+    """Answer nvidia-smi arguments with the real H200's recorded answer to that exact command."""
+    answers = {}
+    for path in FIXTURES.glob(f"real__*__{REAL_H200}*.txt"):
+        head, output = read_fixture(path)
+        if "__load" in path.name or "__after" in path.name:
+            continue
+        command = next(line for line in head if line.startswith("# command: "))
+        exit_code = next(line for line in head if line.startswith("# exit_code: "))
+        answers[command[len("# command: ") :]] = CommandResult(
+            int(exit_code[len("# exit_code: ") :]), output, ""
+        )
+    calls: list[list[str]] = []
+
+    def run(args: list[str]) -> CommandResult:
+        calls.append(args)
+        return answers[" ".join(["nvidia-smi", *args])]
+
+    return run, calls
+
+
+def real_records():
+    core = parse_query_csv(real("query-gpu-core"), CORE_FIELDS)
+    health = parse_query_csv(real("query-gpu-health"), HEALTH_FIELDS)
+    return merge_rows(core, health)
+
+
+def test_the_real_captures_are_the_checks_own_queries():
+    for what, fields in (("query-gpu-core", CORE_FIELDS), ("query-gpu-health", HEALTH_FIELDS)):
+        head, _ = read_fixture(FIXTURES / f"real__{what}__{REAL_H200}.txt")
+        assert f"# command: nvidia-smi {' '.join(gpucheck.query_args(fields))}" in head
+
+
+def test_the_fixtures_derivation_reproduces_the_real_noheader_nounits_runs():
+    # The derived__* fixtures project an ALLFIELDS csv capture; on the real H200 that
+    # projection of its own ALLFIELDS answer equals what nvidia-smi printed for the exact query.
+    allfields = body(f"real__query-gpu-allfields__{REAL_H200}__idle.txt")
+    assert project(allfields, CORE_FIELDS) == real("query-gpu-core")
+    assert project(allfields, HEALTH_FIELDS) == real("query-gpu-health")
+
+
+def test_the_real_h200_parses():
+    (gpu,) = parse_list(real("list-L"))
+    assert gpu.name == "NVIDIA H200"
+    assert gpu.uuid == "GPU-52b0c693-a3d5-f989-2ab8-cda89f0e8b18"
+    assert not gpu.mig_devices
+    (record,) = real_records()
+    assert (record.index, record.name, record.driver_version) == (0, "NVIDIA H200", "580.159.04")
+    assert (record.pci_bus_id, record.memory_total_mib) == ("00000000:00:06.0", 143771)
+    assert (record.ecc_mode, record.ecc_uncorrected_volatile) == ("Enabled", 0)
+    assert (record.remapped_rows_pending, record.remapped_rows_failure) == (False, False)
+    assert record.mig_enabled is False
+    assert record.unreadable == {}
+
+
+def test_the_real_h200s_na_retired_pages_is_not_applicable_not_a_failure():
+    # Hopper remaps rows instead of retiring pages: nvidia-smi prints [N/A] for the field.
+    assert real("query-gpu-health").split(", ")[3] == "[N/A]"
+    (record,) = real_records()
+    assert record.retired_pages_pending is None
+    assert "retired_pages.pending" not in record.unreadable
+    result = evaluate(1, "nvidia.com/gpu", parse_list(real("list-L")), [record], cuda="13.0")
+    assert result.ok, result.reason
+    assert result.warnings == []
+    assert "OK: no uncorrectable ECC errors, pending retirements or row remaps reported." in (
+        result.report
+    )
+
+
+def test_the_real_h200_passes_when_one_gpu_is_expected():
+    listing = parse_list(real("list-L"))
+    result = evaluate(1, "nvidia.com/gpu", listing, real_records(), cuda="13.0")
+    assert result.ok, result.reason
+    assert result.exit_code == 0
+    text = "\n".join(result.report)
+    for part in ("NVIDIA H200", "GPU-52b0c693-a3d5-f989-2ab8-cda89f0e8b18", "580.159.04",
+                 "143771 MiB", "ECC enabled, 0 uncorrectable errors"):  # fmt: skip
+        assert part in text
+
+
+def test_the_real_h200_fails_with_exit_5_when_two_gpus_are_expected():
+    result = evaluate(2, "nvidia.com/gpu", parse_list(real("list-L")), real_records(), cuda="13.0")
+    assert not result.ok
+    assert result.exit_code == EXIT_GPU_COUNT == 5
+    assert result.reason == (
+        "Only 1 of the 2 requested GPUs is visible: the node's device plugin gave this "
+        "container fewer GPUs than it asked for; ask an admin to check the node."
+    )
+
+
+def test_collect_on_the_real_h200_answers_runs_the_recorded_commands_and_passes():
+    run, calls = real_runner()
+    collected = gpucheck.collect(run)
+    assert calls == [
+        ["-L"],
+        gpucheck.query_args(CORE_FIELDS),
+        gpucheck.query_args(HEALTH_FIELDS),
+    ]
+    assert not collected.warnings
+    assert evaluate(1, "nvidia.com/gpu", collected.listing, collected.records, cuda="13.0").ok
+    assert evaluate(2, "nvidia.com/gpu", collected.listing, collected.records).exit_code == 5
+
+
+def test_the_real_unknown_field_and_unknown_id_answers_are_read_as_failures():
+    invalid = real("error-invalid-field__edpp_multiplier")
+    assert invalid == 'Field "edpp_multiplier" is not a valid field to query.\n\n'
+    assert gpucheck.nvidia_smi_failure(CommandResult(2, invalid, "")) == (
+        "nvidia-smi failed with exit code 2 (nvidia-smi rejected an argument or flag), so the "
+        "GPUs cannot be used; ask an admin to check the GPU check command. nvidia-smi said: "
+        'Field "edpp_multiplier" is not a valid field to query.'
+    )
+    # The real exit code of "No devices were found" (INDEX.md lists it as unverified elsewhere).
+    assert real("error-id-not-found") == "No devices were found\n"
+    reason = gpucheck.nvidia_smi_failure(CommandResult(6, real("error-id-not-found"), ""))
+    assert reason.startswith("nvidia-smi failed with exit code 6 (nvidia-smi could not find a GPU)")
+    assert reason.endswith("nvidia-smi said: No devices were found")

@@ -299,3 +299,215 @@ func TestLoadSeesOnlyInjectedDevicesAndLiveUsage(t *testing.T) {
 		t.Errorf("usage %+v %+v", view.GPUs[0].Usage, view.GPUs[1].Usage)
 	}
 }
+
+// --- the real H200 captured by this project (scripts/gpu-checks.sh --capture) ---
+
+const realH200 = "h200_580.159.04"
+
+// h200 is the captured board as the emulated driver would describe it (its real UUID and
+// bus address, and the idle power and cap its table shows).
+func h200() GPU {
+	return GPU{UUID: "GPU-52b0c693-a3d5-f989-2ab8-cda89f0e8b18", Name: "NVIDIA H200",
+		MemoryMiB: 143771, BusID: "00000000:00:06.0", Serial: "1653824161992",
+		ComputeCap: "9.0", ECC: true, IdlePowerW: 79, PowerCapW: 700}
+}
+
+func h200View() View {
+	return View{driver("580.159.04", "13.0"), []GPU{h200()}}
+}
+
+func real(t *testing.T, what string) string {
+	t.Helper()
+	return recorded(t, "real__"+what+"__"+realH200+".txt")
+}
+
+// header is a fixture's `# key:` header value.
+func header(t *testing.T, name, key string) string {
+	t.Helper()
+	data, err := os.ReadFile(fixtures + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if value, ok := strings.CutPrefix(line, "# "+key+": "); ok {
+			return value
+		}
+	}
+	t.Fatalf("%s has no %s header", name, key)
+	return ""
+}
+
+// fieldNames are the field names of a --format=csv header line.
+func fieldNames(headerLine string) []string {
+	var names []string
+	for _, h := range strings.Split(headerLine, ", ") {
+		name, _, _ := strings.Cut(h, " [")
+		names = append(names, name)
+	}
+	return names
+}
+
+// sensors blanks what a real board measures and the emulation cannot know: the
+// temperature and the power draw (the cells keep their width).
+func sensors(lines []string) []string {
+	temperature, power := regexp.MustCompile(`\d+C `), regexp.MustCompile(` *\d+W / `)
+	var out []string
+	for _, l := range lines {
+		l = temperature.ReplaceAllStringFunc(l, func(s string) string { return strings.Repeat("t", len(s)) })
+		out = append(out, power.ReplaceAllStringFunc(l, func(s string) string { return strings.Repeat("p", len(s)) }))
+	}
+	return out
+}
+
+func TestTableMatchesRealH200ExactlyApartFromTimestampAndSensors(t *testing.T) {
+	want := strings.Split(recorded(t, "real__table__"+realH200+"__idle.txt"), "\n")
+	out, _, rc := run(t, nil, h200View())
+	got := strings.Split(out, "\n")
+	if rc != 0 || len(got[0]) != len(want[0]) {
+		t.Fatalf("rc %d, first line %q (recorded %q)", rc, got[0], want[0])
+	}
+	equal(t, "table", sensors(got[1:]), sensors(want[1:]))
+}
+
+func TestTableUnderLoadShowsTheRealH200sGPURows(t *testing.T) {
+	want := strings.Split(recorded(t, "real__table__"+realH200+"__load.txt"), "\n")
+	view := h200View()
+	view.GPUs[0].Usage = Usage{GPUUtilPercent: 99, FBUsedMiB: 21491}
+	out, _, _ := run(t, nil, view)
+	got := strings.Split(out, "\n")
+	// Up to the end of the GPU block: the emulation lists no processes (the real board
+	// listed the load's python3 process), so the process rows differ.
+	equal(t, "GPU rows under load", sensors(got[1:13]), sensors(want[1:13]))
+	equal(t, "layout", layout(got[1:]), layout(want[1:]))
+}
+
+func TestListAndVersionMatchTheRealH200(t *testing.T) {
+	out, _, rc := run(t, []string{"-L"}, h200View())
+	if rc != 0 || out != real(t, "list-L") {
+		t.Errorf("-L: rc %d %q", rc, out)
+	}
+	out, _, rc = run(t, []string{"--version"}, h200View())
+	if rc != 0 || out != real(t, "version") {
+		t.Errorf("--version: rc %d %q", rc, out)
+	}
+}
+
+func TestTheChecksQueriesMatchTheRealH200(t *testing.T) {
+	for _, what := range []string{"query-gpu-core", "query-gpu-health", "query-gpu-id"} {
+		argv := strings.Fields(strings.TrimPrefix(header(t, "real__"+what+"__"+realH200+".txt", "command"), "nvidia-smi "))
+		out, errOut, rc := run(t, argv, h200View())
+		if rc != 0 || errOut != "" || out != real(t, what) {
+			t.Errorf("%s: rc %d\n got %q\nwant %q", what, rc, out, real(t, what))
+		}
+	}
+}
+
+func TestDriver580RejectsEdppMultiplierWithTheRealMessage(t *testing.T) {
+	name := "real__error-invalid-field__edpp_multiplier__" + realH200 + ".txt"
+	argv := strings.Fields(strings.TrimPrefix(header(t, name, "command"), "nvidia-smi "))
+	out, errOut, rc := run(t, argv, h200View())
+	if rc != 2 || errOut != "" || out != recorded(t, name) {
+		t.Errorf("rc %d %q", rc, out)
+	}
+	// The same list on the driver it was recorded from is accepted.
+	if _, _, rc := run(t, argv, View{driver("590.48.01", "13.1"), []GPU{h200()}}); rc != 0 {
+		t.Errorf("590.48.01: rc %d", rc)
+	}
+	// What 580.159.04 accepted, it answers with the real header, cell for cell.
+	want := strings.Split(recorded(t, "real__query-gpu-allfields__"+realH200+"__idle.txt"), "\n")
+	out, _, rc = run(t, []string{"--query-gpu=" + strings.Join(fieldNames(want[0]), ","), "--format=csv"}, h200View())
+	got := strings.Split(out, "\n")
+	if rc != 0 || got[0] != want[0] || len(strings.Split(got[1], ", ")) != len(strings.Split(want[1], ", ")) {
+		t.Errorf("rc %d, header as recorded: %v", rc, got[0] == want[0])
+	}
+}
+
+func TestFieldMinimumsAreTheRecordedOnes(t *testing.T) {
+	// Every recorded complete field list, with its driver branch.
+	files, err := filepath.Glob(fixtures + "*ALLFIELDS*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, fixtures+"real__query-gpu-allfields__"+realH200+"__idle.txt")
+	seen := map[string]int{} // field -> the oldest branch whose list has it
+	branches := map[int]map[string]bool{}
+	for _, path := range files {
+		name := filepath.Base(path)
+		version, _, _ := strings.Cut(header(t, name, "driver_version"), " ")
+		branch := major(version)
+		if branches[branch] == nil {
+			branches[branch] = map[string]bool{}
+		}
+		for _, field := range fieldNames(strings.SplitN(recorded(t, name), "\n", 2)[0]) {
+			branches[branch][field] = true
+			if first, ok := seen[field]; !ok || branch < first {
+				seen[field] = branch
+			}
+		}
+	}
+	// A minimum is known where the older driver was asked for the field and refused it:
+	// the real 580 capture asked for every field of capture.json.
+	derived := map[string]int{}
+	for field := range capture(t).Fields {
+		if !branches[580][field] {
+			derived[field] = seen[field]
+		}
+	}
+	if len(derived) != len(fieldMinDriver) {
+		t.Errorf("derived %v, table %v", derived, fieldMinDriver)
+	}
+	for field, least := range derived {
+		if fieldMinDriver[field] != least {
+			t.Errorf("%s: derived %d, table %d", field, least, fieldMinDriver[field])
+		}
+	}
+}
+
+func TestIDOptionIsRefusedWithListAndAnUnknownIDFindsNoDevice(t *testing.T) {
+	for _, argv := range [][]string{{"-i", "0", "-L"}, {"-L", "-i", "0"}, {"--id=0", "--list-gpus"}} {
+		out, errOut, rc := run(t, argv, h200View())
+		if rc != 2 || errOut != "" || out != real(t, "error-option-i-with-L") {
+			t.Errorf("%v: rc %d %q", argv, rc, out)
+		}
+	}
+	argv := strings.Fields(strings.TrimPrefix(header(t, "real__error-id-not-found__"+realH200+".txt", "command"), "nvidia-smi "))
+	out, errOut, rc := run(t, argv, h200View())
+	if rc != 6 || errOut != "" || out != real(t, "error-id-not-found") {
+		t.Errorf("%v: rc %d %q", argv, rc, out)
+	}
+}
+
+func TestFieldsDeprecatedIn590AreReportedByOlderDrivers(t *testing.T) {
+	const deprecated = "[Requested functionality has been deprecated]"
+	row := func(name string) map[string]string {
+		lines := strings.Split(recorded(t, name), "\n")
+		values := map[string]string{}
+		for i, v := range strings.Split(lines[1], ", ") {
+			values[fieldNames(lines[0])[i]] = v
+		}
+		return values
+	}
+	old := row("real__query-gpu-allfields__" + realH200 + "__idle.txt")
+	recent := row("query-gpu-csv-ALLFIELDS__h200_590.48.01__idle.txt")
+	var derived []string
+	for _, field := range fieldNames(strings.SplitN(recorded(t, "real__query-gpu-allfields__"+realH200+"__idle.txt"), "\n", 2)[0]) {
+		if recent[field] == deprecated && old[field] != deprecated {
+			derived = append(derived, field)
+		}
+	}
+	equal(t, "fields deprecated in 590", derived, deprecatedFields)
+	query := []string{"--query-gpu=" + strings.Join(deprecatedFields, ",") + ",clocks.max.graphics,clocks.max.memory", "--format=csv,noheader"}
+	out, _, _ := run(t, query, h200View())
+	got := strings.Split(strings.TrimSpace(out), ", ")
+	if got[0] != old["power.management"] || got[1] != got[5] || got[2] != got[6] || got[3] != got[5] || got[4] != got[6] {
+		t.Errorf("580: %q", got)
+	}
+	// The real 580 board's application clocks are its maximum clocks, as emulated.
+	if old["clocks.applications.graphics"] != old["clocks.max.graphics"] || old["clocks.applications.memory"] != old["clocks.max.memory"] {
+		t.Errorf("recorded 580 clocks: %v", old)
+	}
+	out, _, _ = run(t, query, View{driver("590.48.01", "13.1"), []GPU{h200()}})
+	if strings.Count(out, deprecated) != len(deprecatedFields) {
+		t.Errorf("590: %q", out)
+	}
+}

@@ -24,7 +24,9 @@ const (
 	gpuLost      = "Unable to determine the device handle for GPU%s: GPU is lost.  Reboot the system to recover this GPU"
 	invalidField = `Field "%s" is not a valid field to query.`
 	invalidArgs  = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
-	throttle     = "clocks_throttle_reasons."
+	// What 580.159.04 prints for `nvidia-smi -i 0 -L` (real__error-option-i-with-L__h200_580.159.04.txt).
+	invalidOption = "ERROR: Option %s is not valid for this command. Please run 'nvidia-smi -h' for help."
+	throttle      = "clocks_throttle_reasons."
 )
 
 // Old names nvidia-smi still accepts for a field; the header echoes the canonical name.
@@ -43,6 +45,34 @@ var fieldAliases = map[string]string{
 	"clocks.applications.mem":         "clocks.applications.memory",
 	"clocks.default_applications.gr":  "clocks.default_applications.graphics",
 	"clocks.default_applications.mem": "clocks.default_applications.memory",
+}
+
+// fieldMinDriver names the fields of capture.json (a 590.48.01 header) that an older
+// recorded driver rejects, with the first driver branch recorded to accept them. It is
+// derived from the recorded captures in tests/fixtures/nvidia-smi, not guessed: the real
+// 580.159.04 (real__query-gpu-allfields__h200_580.159.04__idle.txt) accepts every field of
+// the 590.48.01 header but these (real__error-invalid-field__edpp_multiplier__h200_580.159.04.txt);
+// the 595 and 610 captures hold all of them. No complete field list of a driver before 580
+// is recorded, so older drivers get the 580 set (TestFieldMinimumsAreTheRecordedOnes
+// recomputes this table from the fixtures).
+var fieldMinDriver = map[string]int{
+	"edpp_multiplier": 590,
+}
+
+// deprecatedIn is the driver branch from which nvidia-smi prints "[Requested functionality
+// has been deprecated]" for the fields of deprecatedFields, derived from the recorded
+// captures: the same board (an H200) reports them on 580.159.04
+// (real__query-gpu-allfields__h200_580.159.04__idle.txt) and prints the deprecation on
+// 590.48.01 (query-gpu-csv-ALLFIELDS__h200_590.48.01__idle.txt). On 580.159.04 power
+// management read "Enabled" and the application clocks were the board's maximum clocks.
+const deprecatedIn = 590
+
+var deprecatedFields = []string{
+	"power.management",
+	"clocks.applications.graphics",
+	"clocks.applications.memory",
+	"clocks.default_applications.graphics",
+	"clocks.default_applications.memory",
 }
 
 //go:embed capture.json
@@ -93,7 +123,8 @@ func LoadCapture() (Capture, error) {
 	return c, nil
 }
 
-func canonicalField(name string, c Capture) (string, bool) {
+// canonicalField is a --query-gpu field's recorded name, and whether this driver knows it.
+func canonicalField(name string, c Capture, driver string) (string, bool) {
 	name = strings.TrimSpace(name)
 	if alias, ok := fieldAliases[name]; ok {
 		name = alias
@@ -102,6 +133,9 @@ func canonicalField(name string, c Capture) (string, bool) {
 		name = "clocks_event_reasons." + name[len(throttle):]
 	}
 	_, ok := c.Fields[name]
+	if least, newer := fieldMinDriver[name]; newer && major(driver) < least {
+		ok = false
+	}
 	return name, ok
 }
 
@@ -181,6 +215,13 @@ func Values(g GPU, count int, d Driver, c Capture, now time.Time) map[string]str
 	if g.PCIDeviceID != "" {
 		v["pci.device_id"] = g.PCIDeviceID
 	}
+	if major(d.DriverVersion) < deprecatedIn {
+		v["power.management"] = "Enabled"
+		for _, kind := range []string{"graphics", "memory"} {
+			v["clocks.applications."+kind] = v["clocks.max."+kind]
+			v["clocks.default_applications."+kind] = v["clocks.max."+kind]
+		}
+	}
 	if !g.MIGEnabled {
 		// With MIG enabled utilisation is not reported per GPU ([N/A] in the capture).
 		v["utilization.gpu"] = fmt.Sprintf("%d %%", clamp(g.Usage.GPUUtilPercent, 0, 100))
@@ -209,7 +250,7 @@ func QueryGPU(view View, fields, format string, c Capture, now time.Time) (strin
 		if strings.TrimSpace(name) == "" {
 			continue
 		}
-		field, ok := canonicalField(name, c)
+		field, ok := canonicalField(name, c, view.Driver.DriverVersion)
 		if !ok {
 			return fmt.Sprintf(invalidField, strings.TrimSpace(name)) + "\n\n", RCInvalidArgument
 		}
@@ -476,11 +517,23 @@ func ParseArgs(argv []string) (Args, bool) {
 	return a, true
 }
 
+// refusedOption is the option a real nvidia-smi refuses for this mode, or "": -L lists
+// every GPU and takes no -i (580.159.04 answers `-i 0 -L` with exit 2).
+func refusedOption(a Args) string {
+	if a.Mode == "list" && a.IDs != nil {
+		return "-i"
+	}
+	return ""
+}
+
 // Run behaves like `nvidia-smi argv` on the view: stdout, stderr, exit code.
 func Run(argv []string, view View, c Capture, now time.Time) (string, string, int) {
 	args, ok := ParseArgs(argv)
 	if !ok {
 		return invalidArgs + "\n", "", RCInvalidArgument
+	}
+	if option := refusedOption(args); option != "" {
+		return fmt.Sprintf(invalidOption, option) + "\n\n", "", RCInvalidArgument
 	}
 	if view.Driver == nil || !view.Driver.Loaded {
 		return driverNotLoaded + "\n\n", driverNotLoaded + "\n", RCDriverNotLoaded
