@@ -17,10 +17,11 @@ JupyterHub or Kubernetes.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -113,6 +114,9 @@ class ImageSpec:
     #: Who may use the image: hub groups and user names. None for both: everyone.
     groups: tuple[str, ...] | None = None
     users: tuple[str, ...] | None = None
+    #: KubeSpawner trait values applied when the image is chosen, as a profile's
+    #: ``kubespawner_override`` is (dicts merged into the configured value).
+    kubespawner_override: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def restricted(self) -> bool:
@@ -357,6 +361,7 @@ _IMAGE_KEYS = {
     "env",
     "groups",
     "users",
+    "kubespawner_override",
 }
 _TYPE_KEYS = {
     "display_name",
@@ -373,9 +378,16 @@ _ALLOWANCE_KEYS = {"gpus", "per_type"}
 _DEFAULT_KEYS = {"image", "gpu_type", "gpus"}
 
 
-def parse_catalog(data: Any, source: str = "c.GPUSpawner.catalog") -> Catalog:
+def parse_catalog(
+    data: Any,
+    source: str = "c.GPUSpawner.catalog",
+    *,
+    known_overrides: Collection[str] | None = None,
+) -> Catalog:
     """Validate raw catalog data (from YAML or traitlets) and build a :class:`Catalog`.
 
+    ``known_overrides``: the trait names an image's ``kubespawner_override``
+    may set (KubeSpawner's, from the hub); None checks their shape only.
     Raises :class:`CatalogError` for the first problem found.
     """
     r = _Reader(source)
@@ -408,7 +420,7 @@ def parse_catalog(data: Any, source: str = "c.GPUSpawner.catalog") -> Catalog:
     )
     defaults = _parse_defaults(r, top.get("defaults", {}), catalog)
     limits = _parse_limits(r, top.get("limits", {}), gpu_types)
-    return Catalog(
+    catalog = Catalog(
         images=images,
         gpu_types=gpu_types,
         gpu_counts=gpu_counts,
@@ -416,6 +428,9 @@ def parse_catalog(data: Any, source: str = "c.GPUSpawner.catalog") -> Catalog:
         limits=limits,
         source=source,
     )
+    if known_overrides is not None:
+        check_override_names(catalog, known_overrides)
+    return catalog
 
 
 def _parse_counts(r: _Reader, value: Any, path: str, minimum: int) -> tuple[int, ...]:
@@ -545,6 +560,13 @@ def _parse_images(r: _Reader, value: Any, gpu_types: Mapping[str, GPUType]) -> d
                 )
         groups = _parse_names(r, spec, "groups", path)
         users = _parse_names(r, spec, "users", path)
+        override = _parse_override(
+            r,
+            spec.get("kubespawner_override", {}),
+            _join(path, "kubespawner_override"),
+            spec,
+            {t.resource for t in gpu_types.values()},
+        )
         if (groups is not None or users is not None) and not (groups or users):
             raise r.fail(
                 _join(path, "groups" if groups is not None else "users"),
@@ -589,11 +611,160 @@ def _parse_images(r: _Reader, value: Any, gpu_types: Mapping[str, GPUType]) -> d
             env=env,
             groups=groups,
             users=users,
+            kubespawner_override=override,
         )
     marked = [key for key, image in images.items() if image.default]
     if len(marked) > 1:
         raise r.fail("images", f"only one image may be the default, got {', '.join(marked)}")
     return images
+
+
+# A KubeSpawner trait name (``kubespawner_override``'s keys).
+_TRAIT_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
+# How deep and how large an override value may be: YAML anchors can make a
+# small file expand into a huge (or self-referencing) structure.
+_OVERRIDE_MAX_DEPTH = 16
+_OVERRIDE_MAX_ITEMS = 5000
+
+#: Override names an image may not set at all, and the catalog key (or setting) to use.
+REFUSED_OVERRIDES: Mapping[str, str] = {
+    "image": "the image's own 'image' key names the image",
+    "init_containers": (
+        "gpuspawner adds the GPU check as an init container; set other init containers "
+        "in c.KubeSpawner.init_containers, which it keeps"
+    ),
+    "privileged": (
+        "a privileged container sees every GPU of its node, whatever it asked for; "
+        "give GPUs with the catalog's gpu_types and gpu_counts"
+    ),
+}
+#: Override names whose mapping may not hold some keys: what is refused, and why.
+_GUARDED_OVERRIDE_KEYS = {
+    "extra_resource_limits": "gpus",
+    "extra_resource_guarantees": "gpus",
+    "environment": "env",
+    "extra_labels": "labels",
+    "extra_annotations": "labels",
+    "extra_container_config": "container",
+    "extra_pod_config": "pod",
+}
+#: Catalog image keys that set a KubeSpawner trait of the same name.
+_IMAGE_TRAIT_KEYS = ("cpu_guarantee", "cpu_limit", "mem_guarantee", "mem_limit")
+
+
+def _guarded_key_problem(kind: str, key: str, gpu_resources: set[str]) -> str | None:
+    """Why an override may not set ``key`` in a guarded mapping (None: it may)."""
+    # serverpod imports this module (through options): imported here, not at the top.
+    from .serverpod import is_gpu_resource
+
+    if kind == "gpus" and is_gpu_resource(key, gpu_resources):
+        return (
+            f"'{key}' is a GPU, which gpuspawner requests from the GPU type and count a user "
+            "chooses: use the catalog's gpu_types and gpu_counts instead"
+        )
+    if kind == "env" and key in RESERVED_ENV:
+        return (
+            f"'{key}' is set by gpuspawner from the GPUs a server gets, so that a server sees "
+            "exactly its own GPUs: use the catalog's gpu_types and gpu_counts instead"
+        )
+    if kind == "labels" and key.startswith(labels.LABEL_PREFIX + "/"):
+        return (
+            f"'{key}' records the server's GPUs for limits, the culler and metrics, and only "
+            "gpuspawner sets it: use the catalog's own keys instead"
+        )
+    if kind == "container" and key in ("resources", "env"):
+        return (
+            f"'{key}' would replace the GPU request and NVIDIA_VISIBLE_DEVICES gpuspawner sets: "
+            "use the catalog's gpu_types, gpu_counts, env and cpu/mem keys instead"
+        )
+    if kind == "pod" and key in ("initContainers", "init_containers"):
+        return (
+            f"'{key}' would replace the GPU check gpuspawner adds as an init container: set "
+            "other init containers in c.KubeSpawner.init_containers, which it keeps"
+        )
+    return None
+
+
+def _plain_data(r: _Reader, value: Any, path: str, budget: list[int], depth: int = 0) -> Any:
+    """A copy of ``value`` if it is YAML data (mappings with string keys, lists, scalars)."""
+    budget[0] -= 1
+    if budget[0] < 0 or depth > _OVERRIDE_MAX_DEPTH:
+        raise r.fail(
+            path,
+            f"the value is too large or too deeply nested (at most {_OVERRIDE_MAX_ITEMS} items, "
+            f"{_OVERRIDE_MAX_DEPTH} levels)",
+        )
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise r.fail(path, f"expected a finite number, got {_show(value)}")
+        return value
+    if isinstance(value, Mapping):
+        return {
+            key: _plain_data(r, item, _join(path, key), budget, depth + 1)
+            for key, item in r.mapping(value, path).items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [
+            _plain_data(r, item, _join(path, i), budget, depth + 1) for i, item in enumerate(value)
+        ]
+    raise r.fail(
+        path,
+        f"expected YAML data (a string, number, true/false, null, list or mapping), "
+        f"got {_show(value)}",
+    )
+
+
+def _parse_override(
+    r: _Reader, value: Any, path: str, spec: Mapping, gpu_resources: set[str]
+) -> dict[str, Any]:
+    """An image's ``kubespawner_override``: trait names to plain values, none of them guarded.
+
+    Whether each name is a KubeSpawner trait is checked where KubeSpawner is
+    known (:func:`check_override_names`); this module imports no KubeSpawner.
+    """
+    raw = r.mapping(value, path)
+    budget = [_OVERRIDE_MAX_ITEMS]
+    out: dict[str, Any] = {}
+    for name, item in raw.items():
+        item_path = _join(path, name)
+        if not _TRAIT_NAME_RE.match(name):
+            raise r.fail(item_path, f"{_show(name)} is not a KubeSpawner trait name")
+        if name in REFUSED_OVERRIDES:
+            raise r.fail(item_path, f"may not be overridden: {REFUSED_OVERRIDES[name]}")
+        if name in _IMAGE_TRAIT_KEYS and spec.get(name) is not None:
+            raise r.fail(
+                item_path,
+                f"the image sets '{name}' with its own key already: set it once, there",
+            )
+        item = _plain_data(r, item, item_path, budget)
+        kind = _GUARDED_OVERRIDE_KEYS.get(name)
+        if kind is not None and isinstance(item, Mapping):
+            for key in item:
+                problem = _guarded_key_problem(kind, key, gpu_resources)
+                if problem:
+                    raise r.fail(_join(item_path, key), f"may not be overridden: {problem}")
+        out[name] = item
+    return out
+
+
+def check_override_names(catalog: Catalog, known: Collection[str]) -> None:
+    """Raise :class:`CatalogError` for an override name that is not one of ``known`` (the trait names).
+
+    The error names the closest known name, so a typo (``cpu_limt``) reads as one.
+    """
+    for key, image in catalog.images.items():
+        for name in image.kubespawner_override:
+            if name in known:
+                continue
+            close = difflib.get_close_matches(name, list(known), n=1)
+            hint = f"did you mean '{close[0]}'?" if close else "see KubeSpawner's configuration"
+            raise CatalogError(
+                catalog.source,
+                _join(_join(_join("images", key), "kubespawner_override"), name),
+                f"KubeSpawner has no trait '{name}': {hint}",
+            )
 
 
 def _parse_names(r: _Reader, spec: Mapping, name: str, path: str) -> tuple[str, ...] | None:
@@ -718,8 +889,10 @@ def _parse_limits(r: _Reader, value: Any, gpu_types: Mapping[str, GPUType]) -> L
 # ---------------------------------------------------------------------------
 
 
-def load_catalog_file(path: str | os.PathLike) -> Catalog:
-    """Read and validate a YAML catalog file."""
+def load_catalog_file(
+    path: str | os.PathLike, *, known_overrides: Collection[str] | None = None
+) -> Catalog:
+    """Read and validate a YAML catalog file (``known_overrides``: see :func:`parse_catalog`)."""
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -736,7 +909,7 @@ def load_catalog_file(path: str | os.PathLike) -> Catalog:
         raise CatalogError(source, "", f"invalid YAML at {where}: {problem}") from None
     if data is None:
         raise CatalogError(source, "", "the catalog file is empty")
-    return parse_catalog(data, source)
+    return parse_catalog(data, source, known_overrides=known_overrides)
 
 
 class CatalogFile:
@@ -748,8 +921,10 @@ class CatalogFile:
     ``last_error``, so a typo made while the hub runs never breaks spawning.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, known_overrides: Collection[str] | None = None):
         self.path = Path(path)
+        #: The trait names an image's ``kubespawner_override`` may set (see :func:`parse_catalog`).
+        self.known_overrides = known_overrides
         self._stamp: tuple[int, int, int] | None = None
         self._catalog: Catalog | None = None
         self.last_error: CatalogError | None = None
@@ -770,7 +945,7 @@ class CatalogFile:
         if self._catalog is not None and stamp == self._stamp:
             return self._catalog, False
         try:
-            catalog = load_catalog_file(self.path)
+            catalog = load_catalog_file(self.path, known_overrides=self.known_overrides)
         except CatalogError as e:
             self._stamp = stamp
             self.last_error = e

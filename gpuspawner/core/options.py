@@ -74,7 +74,7 @@ class Selection:
 def parse_count(value: Any) -> int | None:
     """A GPU count from a form string or JSON number, or None if it is not a whole number.
 
-    Only plain ASCII decimal digits are accepted, as the README documents:
+    Only plain ASCII decimal digits are accepted, as docs/users.md documents:
     ``" 1"``, ``"+1"``, ``"1.0"``, a full-width ``"\\uff11"``, ``"1e9"``, ``"-1"``,
     ``"0x2"``, ``True`` and ``2.0`` are all refused, so nothing is trimmed,
     rounded, coerced or evaluated.
@@ -208,12 +208,17 @@ def resolve_selection(user_options: Any, catalog: Catalog) -> Selection:
     return Selection(image=image, gpu_type=gpu_type, gpus=gpus)
 
 
+def profile_choices(catalog: Catalog) -> list[str]:
+    """The catalog's profiles as a refusal names them: "'pytorch' (PyTorch)"."""
+    return [f"{shown(key)} ({image.display_name})" for key, image in catalog.images.items()]
+
+
 def _resolve_image(value: Any, catalog: Catalog) -> ImageSpec:
     if value in (None, ""):
         return catalog.images[catalog.defaults.image]
     if isinstance(value, str) and value in catalog.images:
         return catalog.images[value]
-    names = [f"{shown(key)} ({image.display_name})" for key, image in catalog.images.items()]
+    names = profile_choices(catalog)
     # 403 for a profile that does not exist too: the answer must not tell the
     # two apart, and "you may not use this" is true of both.
     raise no_such_profile(value, names, status=403)

@@ -69,7 +69,7 @@ except ImportError:  # JupyterHub < 6.0
 def request_options(user_options: Any, hub_reads_key: bool = HUB_READS_USER_OPTIONS_KEY) -> Any:
     """The spawn options of a request, read as JupyterHub 6 reads a REST body.
 
-    On JupyterHub 5.5, ``{"user_options": {…}}`` (the body the README and
+    On JupyterHub 5.5, ``{"user_options": {…}}`` (the body docs/users.md and
     JupyterHub 6 document) arrives whole as the options; without this, its
     options would be ignored and the defaults started.
     """
@@ -102,6 +102,19 @@ def initialized_profile_list(spawner: Any, profile_list: list[dict]) -> list[dic
     return spawner._get_initialized_profile_list(profile_list)
 
 
+def initialized_profiles(profile_list: list[dict]) -> list[dict]:
+    """:func:`initialized_profile_list` without a spawner, while the hub reads its config.
+
+    KubeSpawner's ``_get_initialized_profile_list`` reads nothing of the
+    spawner (7.0 and 7.1), so the hub's start check can learn the slugs of a
+    ``profile_list`` exactly as KubeSpawner will make them, before any spawner
+    exists.
+    """
+    from kubespawner import KubeSpawner
+
+    return KubeSpawner._get_initialized_profile_list(None, profile_list)  # type: ignore[arg-type]
+
+
 def user_label(spawner: Any) -> str:
     """The value of KubeSpawner's username label on the pods of ``spawner``'s user.
 
@@ -125,6 +138,7 @@ __all__ = [
     "HTTPSpawnException",
     "SpawnException",
     "initialized_profile_list",
+    "initialized_profiles",
     "request_options",
     "user_label",
 ]

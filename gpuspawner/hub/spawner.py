@@ -30,7 +30,8 @@ import time
 from typing import Any
 
 from kubespawner import KubeSpawner
-from traitlets import Bool, Dict, Float, Integer, List, Unicode, observe, validate
+from kubespawner.utils import recursive_update
+from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, observe, validate
 
 from ..clients import kube
 from ..core import admission, labels, limits, podspec, profiles, refusals, serverpod, stopreasons
@@ -40,6 +41,8 @@ from ..core.options import (
     OPTION_PROFILE,
     Selection,
     ignored_options,
+    no_such_profile,
+    profile_choices,
     resolve_profile,
     resolve_selection,
 )
@@ -58,6 +61,7 @@ from ..inventory.figures import live_payload
 from . import capacity, metrics, serverprobe
 from . import state as hubstate
 from .capacity import Capacity, CapacityConfig, GPUUnschedulable
+from .catalogcheck import override_trait_names
 from .compat import SpawnException, initialized_profile_list, request_options, user_label
 
 
@@ -103,7 +107,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         help="""
         The GPU catalog: images, GPU types, allowed counts and per-user limits.
 
-        The same schema as ``catalog_file`` (see the README's catalog reference).
+        The same schema as ``catalog_file`` (docs/catalog.md, the catalog reference).
         Ignored when ``catalog_file`` is set. When neither is set, GPUSpawner
         behaves like KubeSpawner and uses ``profile_list`` as configured.
         """,
@@ -215,7 +219,10 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
     #: Whether this start got as far as asking the API server for its pod.
     _pod_requested: bool = False
     _parsed_catalog: Catalog | None = None
+    #: The configured value of every trait GPUSpawner or an override changes per start.
     _admin_values: dict[str, Any] | None = None
+    #: The admin's profile_list beside a catalog (a list, dict or callable), offered after it.
+    _admin_profile_list: Any = None
 
     _gpu_mock: bool = False
     #: Why this server was last stopped by someone other than its user; kept in the
@@ -233,11 +240,10 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         self.capacity = Capacity(self.hub_state, self.log)
         metrics.track(self)
         if self.gpu_catalog_configured:
-            if self.trait_has_value("profile_list") and self.profile_list not in ([], None):
-                self.log.warning(
-                    "c.KubeSpawner.profile_list is ignored: a GPU catalog is configured, "
-                    "and the profiles are built from it."
-                )
+            # The admin's profile_list is offered after the catalog's profiles
+            # (the hub's start check says how many, gpuspawner.hub.catalogcheck).
+            if self.trait_has_value("profile_list") and self.profile_list not in ([], {}, None):
+                self._admin_profile_list = self.profile_list
             self.profile_list = self._catalog_profile_list
             if not self._admin_options_form:
                 # An admin's own options_form stays theirs (as with KubeSpawner's
@@ -304,7 +310,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
     def load_catalog(self) -> Catalog:
         """The catalog in effect; raises CatalogError if there is no valid one."""
         if self.catalog_file:
-            source = self.hub_state.catalog_file(self.catalog_file)
+            source = self.hub_state.catalog_file(self.catalog_file, override_trait_names())
             previous_error = source.last_error
             catalog, reloaded = source.get()
             if reloaded:
@@ -316,7 +322,9 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
                 )
             return catalog
         if self._parsed_catalog is None:
-            self._parsed_catalog = parse_catalog(self.catalog, "c.GPUSpawner.catalog")
+            self._parsed_catalog = parse_catalog(
+                self.catalog, "c.GPUSpawner.catalog", known_overrides=override_trait_names()
+            )
         return self._parsed_catalog
 
     def _catalog_or_refuse(self) -> Catalog:
@@ -452,7 +460,39 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         return live_payload(self.gpu_inventory(), catalog, self._placement())
 
     async def _catalog_profile_list(self, spawner: GPUSpawner) -> list[dict]:
-        """``profile_list`` when a catalog is configured: only what the user may use and still take."""
+        """``profile_list`` when a catalog is configured: the catalog's, then the admin's profile_list.
+
+        Of the catalog, only what the user may use and still take.
+        """
+        catalog_profiles = await self._catalog_profiles()
+        listed = await self._listed_profiles(self.load_catalog())
+        return profiles.merge_profile_lists(catalog_profiles, listed)
+
+    async def _listed_profiles(self, catalog: Catalog) -> list[dict]:
+        """The admin's ``profile_list`` beside the catalog, initialized, callables called.
+
+        A profile whose slug is also a catalog image key is left out with a
+        warning (the hub's start check refuses that for a static list; a
+        callable can only be checked here).
+        """
+        listed = _profiles_in_order(self._admin_profile_list)
+        if callable(listed):
+            listed = listed(self)
+            if inspect.isawaitable(listed):
+                listed = await listed
+        if not listed:
+            return []
+        listed = initialized_profile_list(self, listed)
+        colliding = set(profiles.slug_collisions(catalog.images, listed))
+        for slug in sorted(colliding):
+            self.log.warning(
+                "The profile_list profile %s is not offered: the catalog has an image of that name",
+                shown(slug),
+            )
+        return [p for p in listed if p["slug"] not in colliding]
+
+    async def _catalog_profiles(self) -> list[dict]:
+        """The catalog's profiles: only what the user may use and still take."""
         groups = self._group_names()
         catalog = self.load_catalog().visible_to(self.user.name, groups)
         pools = limits.pool_groups_for(catalog.limits, groups)
@@ -625,10 +665,23 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             return await self._load_kubespawner_profile()
         catalog = self._catalog_or_refuse()
         groups = self._group_names()
-        try:
-            selection = resolve_selection(
-                self.user_options, catalog.visible_to(self.user.name, groups)
+        visible = catalog.visible_to(self.user.name, groups)
+        listed = await self._listed_profiles(catalog) if self._admin_profile_list else []
+        slug = (
+            self.user_options.get(OPTION_PROFILE) if isinstance(self.user_options, dict) else None
+        )
+        if listed and isinstance(slug, str) and slug and slug not in visible.images:
+            if any(p["slug"] == slug for p in listed):
+                return await self._load_listed_profile(catalog, listed)
+            # Unknown, or an image this user may not use: the same answer (options._resolve_image).
+            refusal = no_such_profile(
+                slug, profile_choices(visible) + profiles.listed_choices(listed), status=403
             )
+            self.log.info("Refused spawn of %s: %s", self._log_name, refusal.message)
+            self._log_restricted_image(catalog, groups)
+            raise self._refusal(refusal)
+        try:
+            selection = resolve_selection(self.user_options, visible)
             ignored = ignored_options(self.user_options)
             if ignored:
                 self.log.info(
@@ -657,11 +710,59 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
                 image.describe_access(),
             )
 
-    def _apply_selection(self, catalog: Catalog, selection: Selection) -> None:
+    def _restore_admin_values(self, names: Any = ()) -> dict[str, Any]:
+        """Put back the configured value of every trait a start changes; those values.
+
+        The values are read once, before any start changed them: GPUSpawner's
+        own (:data:`podspec.MANAGED_TRAITS`) and each trait an override (``names``)
+        sets, so nothing of a previous start's selection or override stays.
+        """
         if self._admin_values is None:
             self._admin_values = {
                 name: copy.deepcopy(getattr(self, name)) for name in podspec.MANAGED_TRAITS
             }
+        for name in names:
+            if name not in self._admin_values:
+                self._admin_values[name] = copy.deepcopy(getattr(self, name))
+        for name, value in self._admin_values.items():
+            setattr(self, name, copy.deepcopy(value))
+        return self._admin_values
+
+    def _apply_selection(self, catalog: Catalog, selection: Selection) -> None:
+        """Set the traits of a catalog choice: the image's ``kubespawner_override``, then ours.
+
+        The override is applied as KubeSpawner applies a profile's (a dict is
+        merged into the configured value) and is the base GPUSpawner's own
+        values go over, so the GPU request, the check, the placement and the
+        reserved environment variables always hold.
+        """
+        override = selection.image.kubespawner_override
+        admin = self._restore_admin_values(override)
+        base = {name: admin[name] for name in podspec.MANAGED_TRAITS}
+        try:
+            for name, value in override.items():
+                merged = _overridden(admin[name], value)
+                if name in base:
+                    base[name] = merged
+                else:
+                    setattr(self, name, merged)
+            self._set_selection_traits(base, catalog, selection)
+        except TraitError as e:
+            self.log.error(
+                "The catalog image '%s' has a kubespawner_override KubeSpawner refuses: %s",
+                selection.image.key,
+                e,
+            )
+            raise spawn_error(
+                refusals.sentence(REASON_CATALOG_INVALID, "misconfigured"),
+                reason=REASON_CATALOG_INVALID,
+                status=refusals.SENTENCES[REASON_CATALOG_INVALID].status,
+            ) from None
+
+    def _set_selection_traits(
+        self, base: dict[str, Any], catalog: Catalog, selection: Selection
+    ) -> None:
+        """Set :data:`podspec.MANAGED_TRAITS` from ``base`` plus the selection (GPUs, check, env)."""
         check = None
         if selection.is_gpu and self.validation_enabled:
             check = podspec.validation_container(
@@ -671,7 +772,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
                 image_pull_policy=self.image_pull_policy,
             )
         for name, value in podspec.trait_values(
-            self._admin_values, selection, catalog, check_container=check
+            base, selection, catalog, check_container=check
         ).items():
             setattr(self, name, value)
 
@@ -711,15 +812,26 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         profile_list = initialized_profile_list(self, profile_list)
         if not profile_list:
             return await super().load_user_options()
+        await self._resolved_profile(profile_list)
+        await self._kubespawner_load(profile_list)
+
+    async def _resolved_profile(self, profile_list: list[dict]) -> dict:
+        """The requested profile of an initialized list, checked, its override callables called."""
         try:
             profile = resolve_profile(self.user_options, profile_list)
         except Refusal as refusal:
             self.log.info("Refused spawn of %s: %s", self._log_name, refusal.message)
             raise self._refusal(refusal) from None
         await self._resolve_async_overrides(profile)
-        # Given the resolved list, KubeSpawner neither calls a callable profile_list
-        # a second time nor an override callable at all (it would not await one).
-        self.profile_list = profile_list
+        return profile
+
+    async def _kubespawner_load(self, profile_list: list[dict]) -> None:
+        """KubeSpawner's ``load_user_options`` on ``profile_list``; the admin's stays configured.
+
+        Given the resolved list, KubeSpawner neither calls a callable profile_list
+        a second time nor an override callable at all (it would not await one).
+        """
+        configured, self.profile_list = self.profile_list, profile_list
         try:
             await super().load_user_options()
         except ValueError as e:
@@ -728,6 +840,46 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             raise self._refusal(refusal) from None
         finally:
             self.profile_list = configured
+
+    async def _load_listed_profile(self, catalog: Catalog, listed: list[dict]) -> None:
+        """Start a profile of the admin's ``profile_list`` beside the catalog.
+
+        KubeSpawner applies the profile's overrides, as it would without a
+        catalog. A GPU they ask for (:func:`gpuspawner.core.profiles.gpu_demand`)
+        is then admitted like a catalog choice (limits, the queue) and gets the
+        GPU check, the labels limits count and ``NVIDIA_VISIBLE_DEVICES``; a
+        CPU-only profile gets ``NVIDIA_VISIBLE_DEVICES=void``.
+        """
+        profile = await self._resolved_profile(listed)
+        overrides = profiles.chosen_overrides(profile, self.user_options)
+        self._restore_admin_values({name for override in overrides for name in override})
+        await self._kubespawner_load(listed)
+        try:
+            demand = profiles.gpu_demand(
+                self.extra_resource_limits,
+                self.extra_resource_guarantees,
+                podspec.gpu_resource_names(catalog),
+            )
+        except ValueError as e:
+            self.log.error(
+                "The profile_list profile %s cannot start: %s", shown(profile["slug"]), e
+            )
+            self._refused_before_pod = True
+            raise spawn_error(
+                refusals.sentence(REASON_CATALOG_INVALID, "misconfigured"),
+                reason=REASON_CATALOG_INVALID,
+                status=refusals.SENTENCES[REASON_CATALOG_INVALID].status,
+            ) from None
+        selection = profiles.listed_selection(profile, self.image, demand, catalog)
+        try:
+            await self._admit(catalog, selection)
+        except Refusal as refusal:
+            self.log.info("Refused spawn of %s: %s", self._log_name, refusal.message)
+            raise self._refusal(refusal) from None
+        self.log.info("Starting %s: %s", self._log_name, selection.describe())
+        self._selection = selection
+        current = {name: copy.deepcopy(getattr(self, name)) for name in podspec.MANAGED_TRAITS}
+        self._set_selection_traits(current, catalog, selection)
 
     async def _resolve_async_overrides(self, profile: dict) -> None:
         """Call the selected overrides' callables once, awaiting async ones.
@@ -738,15 +890,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         exactly once, and replaced by its result; KubeSpawner then applies the
         values as usual.
         """
-        overrides = [profile.get("kubespawner_override") or {}]
-        for option_name, option in (profile.get("profile_options") or {}).items():
-            choices = option.get("choices") or {}
-            chosen = self.user_options.get(option_name)
-            if not chosen:
-                chosen = next((k for k, c in choices.items() if c.get("default")), None)
-            if chosen in choices:
-                overrides.append(choices[chosen].get("kubespawner_override") or {})
-        for override in overrides:
+        for override in profiles.chosen_overrides(profile, self.user_options):
             for key, value in list(override.items()):
                 if callable(value):
                     result = value(self)
@@ -1142,6 +1286,19 @@ def _profiles_in_order(profile_list: Any) -> Any:
     if isinstance(profile_list, dict):
         return [profile_list[key] for key in sorted(profile_list)]
     return profile_list
+
+
+def _overridden(configured: Any, value: Any) -> Any:
+    """A trait's value after an override, as KubeSpawner's ``_apply_overrides`` makes it.
+
+    A dict is merged into a configured dict (a None value removes its key);
+    anything else replaces the configured value. Neither is changed in place.
+    """
+    if isinstance(value, dict) and isinstance(configured, dict):
+        merged = copy.deepcopy(configured)
+        recursive_update(merged, copy.deepcopy(value))
+        return merged
+    return copy.deepcopy(value)
 
 
 def _env_name(env_var: Any) -> str | None:

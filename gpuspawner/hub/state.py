@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from ..core.admission import RefusedDemand, WaitQueue, person_demand
@@ -136,11 +136,16 @@ class HubState:
 
     # -- caches -----------------------------------------------------------
 
-    def catalog_file(self, path: str) -> CatalogFile:
-        """The catalog file at ``path``, read again only when it changes."""
+    def catalog_file(
+        self, path: str, known_overrides: Collection[str] | None = None
+    ) -> CatalogFile:
+        """The catalog file at ``path``, read again only when it changes.
+
+        ``known_overrides``: the trait names its images' ``kubespawner_override`` may set.
+        """
         source = self._catalog_files.get(path)
         if source is None:
-            source = self._catalog_files[path] = CatalogFile(path)
+            source = self._catalog_files[path] = CatalogFile(path, known_overrides=known_overrides)
         return source
 
     def form_environment(self, paths: tuple[str, ...], build: Callable[[], Any]) -> Any:

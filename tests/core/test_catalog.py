@@ -345,3 +345,175 @@ def test_shipped_catalogs_name_the_images_the_matrix_builds():
             assert image.cuda == built[name], (
                 f"{path}: images.{key}.cuda is {image.cuda}, the image has {built[name]}"
             )
+
+
+# ---------------------------------------------------------------------------
+# kubespawner_override
+# ---------------------------------------------------------------------------
+
+KNOWN_TRAITS = {
+    "cpu_limit",
+    "extra_labels",
+    "environment",
+    "extra_resource_limits",
+    "node_selector",
+}
+
+
+def with_override(override, **image):
+    return {
+        "images": {"lab": {"image": "example/lab:1", **image, "kubespawner_override": override}}
+    }
+
+
+def test_an_images_kubespawner_override_is_kept_as_plain_data():
+    catalog = parse_catalog(
+        with_override(
+            {
+                "cpu_limit": 2,
+                "extra_labels": {"team": "vision"},
+                "extra_resource_limits": {"example.com/fpga": "1"},
+                "node_selector": None,
+            }
+        ),
+        known_overrides=KNOWN_TRAITS,
+    )
+    assert catalog.images["lab"].kubespawner_override == {
+        "cpu_limit": 2,
+        "extra_labels": {"team": "vision"},
+        "extra_resource_limits": {"example.com/fpga": "1"},
+        "node_selector": None,
+    }
+    # images without one have none
+    assert parse_catalog({"images": {"a": {"image": "x"}}}).images["a"].kubespawner_override == {}
+
+
+def test_an_unknown_trait_names_the_key_and_the_closest_trait():
+    with pytest.raises(CatalogError) as e:
+        parse_catalog(with_override({"cpu_limt": 2}), "catalog.yaml", known_overrides=KNOWN_TRAITS)
+    assert str(e.value) == (
+        "catalog.yaml: images.lab.kubespawner_override.cpu_limt: "
+        "KubeSpawner has no trait 'cpu_limt': did you mean 'cpu_limit'?"
+    )
+    # without the known names (a pure parse), only the shape is checked
+    assert parse_catalog(with_override({"cpu_limt": 2})).images["lab"].kubespawner_override
+
+
+def test_a_catalog_file_checks_override_names_on_every_reload(tmp_path):
+    path = tmp_path / "catalog.yaml"
+    path.write_text(yaml.safe_dump(with_override({"cpu_limit": 2})))
+    source = CatalogFile(path, known_overrides=KNOWN_TRAITS)
+    assert source.get()[0].images["lab"].kubespawner_override == {"cpu_limit": 2}
+    path.write_text(yaml.safe_dump(with_override({"cpu_limitt": 2})) + "\n")
+    catalog, reloaded = source.get()
+    # the typo is not taken: the last good catalog stays, with the reason kept
+    assert not reloaded and catalog.images["lab"].kubespawner_override == {"cpu_limit": 2}
+    assert "did you mean 'cpu_limit'?" in str(source.last_error)
+
+
+@pytest.mark.parametrize(
+    "override, image, path, fragment",
+    [
+        (
+            {"extra_resource_limits": {"nvidia.com/gpu": 1}},
+            {},
+            "extra_resource_limits.nvidia.com/gpu",
+            "use the catalog's gpu_types and gpu_counts instead",
+        ),
+        (
+            {"extra_resource_guarantees": {"nvidia.com/mig-1g.10gb": "2"}},
+            {},
+            "extra_resource_guarantees.nvidia.com/mig-1g.10gb",
+            "is a GPU",
+        ),
+        (
+            # a resource the catalog's own GPU types name is a GPU too
+            {"extra_resource_limits": {"example.com/accel": 1}},
+            {"gpu_types": ["x"]},
+            "extra_resource_limits.example.com/accel",
+            "is a GPU",
+        ),
+        ({"image": "other/image:1"}, {}, "image", "the image's own 'image' key"),
+        ({"init_containers": []}, {}, "init_containers", "GPU check"),
+        ({"privileged": True}, {}, "privileged", "sees every GPU of its node"),
+        (
+            {"environment": {"NVIDIA_VISIBLE_DEVICES": "all"}},
+            {},
+            "environment.NVIDIA_VISIBLE_DEVICES",
+            "exactly its own GPUs",
+        ),
+        (
+            {"environment": {"NVIDIA_DRIVER_CAPABILITIES": "all"}},
+            {},
+            "environment.NVIDIA_DRIVER_CAPABILITIES",
+            "set by gpuspawner",
+        ),
+        (
+            {"extra_labels": {"gpuspawner.io/gpus": "0"}},
+            {},
+            "extra_labels.gpuspawner.io/gpus",
+            "only gpuspawner sets it",
+        ),
+        (
+            {"extra_annotations": {"gpuspawner.io/gpu-weight": "0"}},
+            {},
+            "extra_annotations.gpuspawner.io/gpu-weight",
+            "only gpuspawner sets it",
+        ),
+        (
+            {"extra_container_config": {"resources": {}}},
+            {},
+            "extra_container_config.resources",
+            "GPU request",
+        ),
+        (
+            {"extra_pod_config": {"initContainers": []}},
+            {},
+            "extra_pod_config.initContainers",
+            "check",
+        ),
+        ({"cpu_limit": 4}, {"cpu_limit": 2}, "cpu_limit", "set it once, there"),
+        ({"mem_limit": "4G"}, {"mem_limit": "8G"}, "mem_limit", "set it once, there"),
+        ({"cpu limit": 1}, {}, "cpu limit", "is not a KubeSpawner trait name"),
+        (["cpu_limit"], {}, "", "expected a mapping"),
+        ({"cpu_limit": float("nan")}, {}, "cpu_limit", "expected a finite number"),
+        ({"extra_labels": {1: "x"}}, {}, "extra_labels", "keys must be strings"),
+        ({"cpu_limit": {1, 2}}, {}, "cpu_limit", "expected YAML data"),
+    ],
+)
+def test_overrides_that_would_undo_gpuspawners_guarantees_are_refused(
+    override, image, path, fragment
+):
+    data = with_override(override, **image)
+    data["gpu_types"] = {"x": {"resource": "example.com/accel"}}
+    with pytest.raises(CatalogError) as e:
+        parse_catalog(data, "catalog.yaml")
+    where = "images.lab.kubespawner_override" + (f".{path}" if path else "")
+    assert str(e.value).startswith(f"catalog.yaml: {where}: "), str(e.value)
+    assert fragment in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_hostile_override_values_are_bounded(tmp_path):
+    # YAML anchors: a few lines that expand to a billion items, and a list holding itself
+    bomb = "\n".join(
+        [
+            "images:",
+            "  lab:",
+            "    image: x",
+            "    kubespawner_override:",
+            "      a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]",
+        ]
+        + [
+            f"      a{i}: &a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}]"
+            for i in range(1, 9)
+        ]
+    )
+    (tmp_path / "bomb.yaml").write_text(bomb)
+    with pytest.raises(CatalogError, match="too large or too deeply nested"):
+        load_catalog_file(tmp_path / "bomb.yaml")
+    (tmp_path / "loop.yaml").write_text(
+        "images:\n  lab:\n    image: x\n    kubespawner_override:\n      extra_pod_config: &l {x: *l}\n"
+    )
+    with pytest.raises(CatalogError, match="too large or too deeply nested"):
+        load_catalog_file(tmp_path / "loop.yaml")

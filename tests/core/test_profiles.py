@@ -1,14 +1,23 @@
 """The catalog (+ the user's room, + live figures) as KubeSpawner's profile_list, with plain data."""
 
 import pytest
+from markupsafe import Markup
 
 from gpuspawner.core.profiles import (
     MARK_NEVER,
     MARK_NOT_FREE,
+    GPUDemand,
     build_profile_list,
+    chosen_overrides,
     count_mark,
+    gpu_demand,
     held_summary,
+    listed_choices,
+    listed_selection,
+    merge_profile_lists,
     offered_counts,
+    resource_type_key,
+    slug_collisions,
 )
 from gpuspawner.inventory.model import Availability, NodeFigures
 
@@ -186,3 +195,127 @@ def test_counts_no_node_could_ever_hold_are_not_offered(pools_catalog):
 )
 def test_held_summary(used, limit, servers, text):
     assert held_summary(used, limit, servers) == text
+
+
+# ---------------------------------------------------------------------------
+# an admin's profile_list beside the catalog
+# ---------------------------------------------------------------------------
+
+LISTED = [
+    {
+        "display_name": "Small <b>CPU</b>",
+        "slug": "small",
+        "description": "<i>2 CPUs</i>",
+        "default": True,
+        "kubespawner_override": {"cpu_limit": 2},
+    },
+    {
+        "display_name": "Special",
+        "slug": "special",
+        "profile_options": {
+            "size": {
+                "display_name": "Size",
+                "choices": {
+                    "s": {"display_name": "S", "kubespawner_override": {"mem_limit": "2G"}},
+                    "l": {
+                        "display_name": "L",
+                        "default": True,
+                        "kubespawner_override": {"mem_limit": "8G"},
+                    },
+                },
+                "unlisted_choice": {
+                    "enabled": True,
+                    "kubespawner_override": {"image": "example/{value}"},
+                },
+            }
+        },
+        "kubespawner_override": {"image": "example/special:1"},
+    },
+]
+
+
+def test_listed_profiles_come_after_the_catalogs_and_its_default_stays(pools_catalog):
+    catalog_profiles = build_profile_list(pools_catalog)
+    merged = merge_profile_lists(catalog_profiles, LISTED)
+    assert [p["slug"] for p in merged] == ["pytorch", "tensorflow", "licensed", "small", "special"]
+    assert [p["slug"] for p in merged if p.get("default")] == ["pytorch"]
+    # the admin's description is markup, as KubeSpawner shows it; the name is escaped by the form
+    assert isinstance(merged[3]["description"], Markup)
+    assert not isinstance(merged[3]["display_name"], Markup)
+    # the given list is not changed
+    assert LISTED[0]["default"] is True and not isinstance(LISTED[0]["description"], Markup)
+    # with no catalog profile, the listed default stays
+    assert merge_profile_lists([], LISTED)[0]["default"] is True
+
+
+def test_slug_collisions_and_refusal_names(pools_catalog):
+    listed = [*LISTED, {"display_name": "Torch", "slug": "pytorch"}]
+    assert slug_collisions(pools_catalog.images, listed) == ["pytorch"]
+    assert slug_collisions(pools_catalog.images, LISTED) == []
+    assert listed_choices([{"slug": "x\n", "display_name": "A\x1b[31m"}]) == ["'x\\n' (A\\x1b[31m)"]
+
+
+def test_chosen_overrides_follow_kubespawners_order():
+    special = LISTED[1]
+    assert chosen_overrides(special, {}) == [{"image": "example/special:1"}, {"mem_limit": "8G"}]
+    assert chosen_overrides(special, {"size": "s"})[1] == {"mem_limit": "2G"}
+    assert chosen_overrides(special, {"size--unlisted-choice": "x:1"})[1] == {
+        "image": "example/{value}"
+    }
+    assert chosen_overrides({"slug": "bare"}, {}) == [{}]
+    # the profile's own mappings, so callables can be resolved in place
+    assert chosen_overrides(special, {})[0] is special["kubespawner_override"]
+
+
+@pytest.mark.parametrize(
+    "limits, guarantees, expected",
+    [
+        ({"nvidia.com/gpu": 1}, None, GPUDemand("nvidia.com/gpu", 1)),
+        ({"nvidia.com/gpu": "2"}, {"nvidia.com/gpu": "2"}, GPUDemand("nvidia.com/gpu", 2)),
+        (None, {"nvidia.com/mig-1g.10gb": "3"}, GPUDemand("nvidia.com/mig-1g.10gb", 3)),
+        # the catalog's own GPU resources count too
+        ({"example.com/accel": 4}, None, GPUDemand("example.com/accel", 4)),
+        ({"nvidia.com/gpu": 1}, {"nvidia.com/gpu": 2}, GPUDemand("nvidia.com/gpu", 2)),
+        ({"cpu-ish.example.com/thing": 3, "nvidia.com/gpu": 0}, None, None),
+        (None, None, None),
+    ],
+)
+def test_gpu_demand_from_a_profiles_resources(limits, guarantees, expected):
+    assert gpu_demand(limits, guarantees, {"example.com/accel"}) == expected
+
+
+@pytest.mark.parametrize(
+    "limits, fragment",
+    [
+        ({"nvidia.com/gpu": "1.5"}, "'1.5', which is not a whole number of GPUs"),
+        ({"nvidia.com/gpu": "{value}"}, "not a whole number"),
+        ({"nvidia.com/gpu": True}, "not a whole number"),
+        ({"nvidia.com/gpu": "1\n"}, "'1\\n'"),
+        (
+            {"nvidia.com/gpu": 1, "nvidia.com/mig-1g.10gb": 1},
+            "more than one GPU resource is asked for ('nvidia.com/gpu', 'nvidia.com/mig-1g.10gb')",
+        ),
+    ],
+)
+def test_gpu_demand_that_cannot_be_counted_is_an_error(limits, fragment):
+    with pytest.raises(ValueError) as e:
+        gpu_demand(limits, None)
+    assert fragment in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_listed_gpu_is_the_catalogs_type_when_only_one_has_its_resource(pools_catalog):
+    profile = {"slug": "gpu-box", "display_name": "GPU box"}
+    mig = listed_selection(profile, "img:1", GPUDemand("nvidia.com/mig-1g.10gb", 2), pools_catalog)
+    assert mig.gpu_type == pools_catalog.gpu_types["mig"] and mig.gpus == 2 and mig.is_gpu
+    assert (mig.image.key, mig.image.display_name, mig.image.image) == (
+        "gpu-box",
+        "GPU box",
+        "img:1",
+    )
+    # a100 and h100 both use nvidia.com/gpu: which one is not known, so it counts by resource name
+    whole = listed_selection(profile, "img:1", GPUDemand("nvidia.com/gpu", 1), pools_catalog)
+    assert whole.gpu_type.key == "nvidia.com-gpu" and whole.gpu_type.resource == "nvidia.com/gpu"
+    assert whole.gpu_type.key not in pools_catalog.gpu_types and whole.gpu_type.weight == 1
+    assert listed_selection(profile, "img:1", None, pools_catalog).is_gpu is False
+    assert resource_type_key("x" * 80 + "/gpu") == "x" * 63

@@ -253,7 +253,7 @@ def test_gpuspawner_overrides_no_kubespawner_private_name():
     )
     assert not overridden, (
         f"{KUBESPAWNER}'s private names are overridden: {', '.join(overridden)}; "
-        "use a public hook (README, Compatibility)"
+        "use a public hook (docs/development.md, Compatibility)"
     )
 
 
