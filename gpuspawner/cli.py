@@ -26,6 +26,7 @@ import urllib.error
 import urllib.request
 from urllib.parse import urlencode
 
+from ._version import __version__
 from .admin.report import PoolReport, format_text, report_from_dict
 
 SERVICE_PATH = "/services/gpuspawner-admin/api/status"
@@ -81,6 +82,7 @@ async def fetch_direct(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpuspawner", description="GPUSpawner's admin commands.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     status = commands.add_parser(
         "status", help="GPUs per type and every server with its GPUs, age, idle time and limit."

@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from traitlets.config import Application, catch_config_error
 
+from .._version import __version__
 from ..clients.hubapi import HubClient, HubError
 from ..clients.kube import Expired, KubeClient, KubeError, NotFound, Reader
 from ..clients.prometheus import PrometheusClient, PrometheusError
@@ -138,6 +139,8 @@ class GPUCuller(
     ServiceConfigFile, HubServiceSettings, KubernetesSettings, PrometheusSettings, Application
 ):
     name = "gpuspawner-culler"
+    # `gpuspawner-culler --version` (traitlets' Application prints it)
+    version = __version__
     description = "Stop idle JupyterHub servers, GPU-aware: per-profile timeouts, GPU utilisation from Prometheus and pool pressure."
 
     default_config_file = "gpuspawner_culler_config.py"

@@ -9,15 +9,23 @@ their catalog entries.
     gpuspawner-images catalog [NAME ...] [--output FILE] [--only-built]
     gpuspawner-images facts [--json] [--catalog FILE ...]
     gpuspawner-images describe [NAME ...] [--target STAGE] [--json]
+    gpuspawner-images version [--json] [--set VERSION]
 
 Every verb reads images/matrix.yaml (found from the current directory upwards, or
---matrix). `list`, `catalog` and `facts` need no Docker engine; the others fail at
+--matrix). `list`, `catalog`, `facts` and `version` need no Docker engine; the others fail at
 once, with one sentence, when none is reachable. `facts --json` is for programs
 (the sandbox runs it rather than parse the matrix itself): the hub image, the
 notebook images' stage tags and stage label, the chart's images, and the images
 catalog files name (docs/images.md, "Facts for programs"). `describe` lists, for each
 built notebook image, its framework, CUDA, labels and the version of every package
 the matrix puts in its stage; it fails when one is missing or not the pinned version.
+`version` prints the release's names, derived from the package version
+(:mod:`.release`): the chart's version and appVersion and the hub image; `--set X`
+rewrites every file that writes them (`_version.py`, the chart, the values files).
+
+`build hub` builds the hub image FROM z2jh's k8s-hub image; `build k8s-hub hub`
+first rebuilds k8s-hub from z2jh's recipe and tags it with quay.io's reference in
+the engine, for an engine that reaches no registry (docs/images.md).
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from . import describe as desc
 from . import engine
 from .base import BaseError, make_base, plan_base
 from .matrix import (
+    K8S_HUB_REBUILD,
     MATRIX_RELPATH,
     Matrix,
     MatrixError,
@@ -64,6 +73,7 @@ from .plan import (
     prepuller_values,
     validation_ref,
 )
+from .release import VERSION_FILES, ReleaseError, release, set_version
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -109,6 +119,9 @@ def matrix_table(matrix: Matrix, registry: str | None) -> str:
         for spec in matrix.images.values()
     ]
     hub = matrix.hub
+    rows.append(
+        [hub.k8s_hub_ref, f"({K8S_HUB_REBUILD})", "-", f"z2jh {hub.z2jh_chart}", "-", "-", "-"]
+    )
     rows.append(
         [
             hub_ref(matrix, __version__, registry),
@@ -210,6 +223,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="gpuspawner-images",
         description="Build, test and push gpuspawner's CUDA notebook images from images/matrix.yaml.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     sub.add_parser("list", parents=[common], help="show the matrix: image, tag, CUDA, framework")
     base = sub.add_parser(
@@ -251,7 +265,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--hub-requirements",
         metavar="FILE",
-        help="z2jh's pinned hub requirements.txt (default: the matrix's hub.requirements)",
+        help="z2jh's pinned hub requirements.txt for the k8s-hub rebuild (default: the "
+        "matrix's hub.requirements)",
     )
     b.add_argument(
         "--binary",
@@ -322,6 +337,18 @@ def _parser() -> argparse.ArgumentParser:
         "and no libraries, so only the server's packages are expected there)",
     )
     d.add_argument("--json", action="store_true", help="print JSON for programs")
+    v = sub.add_parser(
+        "version",
+        parents=[common],
+        help="the release's names: package version, chart version and appVersion, hub image",
+    )
+    v.add_argument("--json", action="store_true", help="print JSON for programs")
+    v.add_argument(
+        "--set",
+        metavar="VERSION",
+        help="make VERSION (PEP 440) the release: rewrite gpuspawner/_version.py and every "
+        "literal derived from it (the chart's version and appVersion, the hub image tags)",
+    )
     f.add_argument(
         "--catalog",
         action="append",
@@ -356,7 +383,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         names = list(getattr(args, "names", []) or [])
         check_names(matrix, names)
         return VERBS[args.verb](args, matrix, root, names, out)
-    except (MatrixError, CatalogError, engine.EngineUnavailable, BaseError) as e:
+    except (MatrixError, CatalogError, engine.EngineUnavailable, BaseError, ReleaseError) as e:
         print(f"gpuspawner-images: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
     except OSError as e:
@@ -428,6 +455,17 @@ def cmd_build(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -
     )
     results: list[engine.BuildResult] = []
     failures: list[tuple[str, str]] = []
+    base = matrix.hub.k8s_hub_ref
+    if any(s.name == matrix.hub.name and s.pull_base for s in steps) and not (
+        engine.image_exists(client, base)
+    ):
+        # Said before the engine dials out, so that an offline build's failure is explained.
+        print(
+            f"==> {base} is not in the engine: the hub's build pulls it (where no registry "
+            f"is reachable, build {K8S_HUB_REBUILD} {matrix.hub.name} instead)",
+            file=out,
+            flush=True,
+        )
     for step in steps:
         stage = f" (stage {step.target})" if step.target else ""
         print(f"==> building {step.refs[0]} from {step.dockerfile}{stage}", file=out, flush=True)
@@ -438,7 +476,7 @@ def cmd_build(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -
                     step,
                     lambda line, name=step.name: print(f"[{name}] {line}", file=out, flush=True),
                     nocache=args.no_cache,
-                    pull=args.pull,
+                    pull=args.pull and step.pull_base,
                     network_mode=args.network,
                 )
             )
@@ -492,6 +530,11 @@ def cmd_test(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) ->
 
 
 def cmd_push(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
+    if K8S_HUB_REBUILD in names:
+        raise MatrixError(
+            f"{K8S_HUB_REBUILD} is tagged with z2jh's own reference "
+            f"({matrix.hub.k8s_hub_ref}) for the local engine only: it is never pushed"
+        )
     client = engine.connect()
     steps = plan_builds(
         matrix,
@@ -615,6 +658,37 @@ def cmd_describe(args, matrix: Matrix, root: Path, names: list[str], out: TextIO
     return EXIT_FAILED if wrong else EXIT_OK
 
 
+def _set_version(root: Path, new: str, out: TextIO) -> None:
+    missing = [path for path in VERSION_FILES if not (root / path).is_file()]
+    if missing:
+        raise ReleaseError(f"{', '.join(missing)} missing under {root}: nothing was changed.")
+    texts = {path: (root / path).read_text() for path in VERSION_FILES}
+    changed = set_version(texts, __version__, new)
+    for path, text in changed.items():
+        if text != texts[path]:
+            (root / path).write_text(text)
+            print(f"wrote {path}", file=out)
+
+
+def cmd_version(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
+    if args.set:
+        _set_version(root, args.set, out)
+    version = args.set or __version__
+    names_of = release(version)
+    document = {
+        "package": names_of.package,
+        "chart_version": names_of.chart_version,
+        "app_version": names_of.app_version,
+        "hub_image": hub_ref(matrix, version, args.registry),
+        "k8s_hub": matrix.hub.k8s_hub_ref,
+    }
+    if args.json:
+        out.write(json.dumps(document, indent=2) + "\n")
+    else:
+        out.write("".join(f"{key}: {value}\n" for key, value in document.items()))
+    return EXIT_OK
+
+
 VERBS = {
     "list": cmd_list,
     "base": cmd_base,
@@ -624,6 +698,7 @@ VERBS = {
     "catalog": cmd_catalog,
     "facts": cmd_facts,
     "describe": cmd_describe,
+    "version": cmd_version,
 }
 
 

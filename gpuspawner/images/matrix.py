@@ -115,25 +115,45 @@ class ImageSpec:
         }
 
 
+#: The name `gpuspawner-images` gives the offline rebuild of z2jh's hub image (``build k8s-hub``).
+K8S_HUB_REBUILD = "k8s-hub"
+
+
 @dataclass(frozen=True)
 class HubSpec:
-    """The hub image: zero-to-jupyterhub's hub plus gpuspawner."""
+    """The hub image: zero-to-jupyterhub's hub image (k8s-hub) plus gpuspawner."""
 
     name: str
     dockerfile: str
     z2jh_chart: str
+    #: z2jh's hub image repository; the hub image is built FROM ``<k8s_hub>:<z2jh_chart>``.
+    k8s_hub: str
+    #: The Dockerfile that rebuilds k8s-hub from z2jh's recipe where no registry is reachable.
+    rebuild_dockerfile: str
+    #: The rebuild's Debian base.
     base_image: str
     #: The JupyterHub z2jh's requirements pin; the hub image keeps it.
     jupyterhub: str
-    #: z2jh's pinned hub requirements.txt (what k8s-hub ships), relative to the repository root.
+    #: z2jh's pinned hub requirements.txt (what k8s-hub ships), relative to the repository
+    #: root; only the rebuild reads it.
     requirements: str
 
-    def build_args(self, package_version: str) -> dict[str, str]:
+    @property
+    def k8s_hub_ref(self) -> str:
+        """z2jh's hub image, e.g. ``quay.io/jupyterhub/k8s-hub:4.4.0``: the hub image's FROM."""
+        return f"{self.k8s_hub}:{self.z2jh_chart}"
+
+    def build_args(self, image_tag: str) -> dict[str, str]:
+        """The hub image's build arguments; `image_tag` is the tag it gets (its version label)."""
         return {
-            "BASE_IMAGE": self.base_image,
+            "K8S_HUB_IMAGE": self.k8s_hub_ref,
             "JUPYTERHUB_VERSION": self.jupyterhub,
-            "IMAGE_VERSION": package_version,
+            "IMAGE_VERSION": image_tag,
         }
+
+    def rebuild_args(self) -> dict[str, str]:
+        """The offline rebuild's build arguments."""
+        return {"BASE_IMAGE": self.base_image}
 
 
 @dataclass(frozen=True)
@@ -306,20 +326,37 @@ def parse_matrix(data: Any, source: str = "<matrix>") -> Matrix:
     hub = HubSpec(
         **{
             k: _str(raw_hub, k, where)
-            for k in ("name", "dockerfile", "z2jh_chart", "base_image", "requirements")
+            for k in (
+                "name",
+                "dockerfile",
+                "z2jh_chart",
+                "k8s_hub",
+                "rebuild_dockerfile",
+                "base_image",
+                "requirements",
+            )
         },
         jupyterhub=_version(_str(raw_hub, "jupyterhub", where), f"{where}.jupyterhub"),
     )
     if hub.name in images:
         raise MatrixError(f"{where}.name {hub.name!r} is also a notebook image name")
+    if K8S_HUB_REBUILD in {*images, hub.name}:
+        raise MatrixError(f"{source}: {K8S_HUB_REBUILD!r} is the rebuild of k8s-hub's name")
+    if not _TAG_RE.match(hub.z2jh_chart):
+        raise MatrixError(f"{where}.z2jh_chart {hub.z2jh_chart!r} is not a valid Docker tag")
     z2jh = parse_chart_images(data.get("z2jh"), f"{source}: z2jh", defaults.get("base_image"))
-    clashes = sorted({*z2jh.images} & {*images, hub.name, PAUSE_IMAGE})
+    clashes = sorted({*z2jh.images} & {*images, hub.name, K8S_HUB_REBUILD, PAUSE_IMAGE})
     if clashes:
         raise MatrixError(
             f"{source}: z2jh.images {', '.join(clashes)} clash with other image names"
         )
     validation = parse_validation(data.get("validation"), f"{source}: validation")
-    if validation is not None and validation.name in {*images, hub.name, *z2jh.images}:
+    if validation is not None and validation.name in {
+        *images,
+        hub.name,
+        K8S_HUB_REBUILD,
+        *z2jh.images,
+    }:
         raise MatrixError(
             f"{source}: validation.name {validation.name!r} is also another image's name"
         )
@@ -527,6 +564,8 @@ def _hub_file_problems(hub: HubSpec, root: Path) -> list[str]:
     problems = []
     if not (root / hub.dockerfile).is_file():
         problems.append(f"hub.dockerfile {hub.dockerfile} does not exist")
+    if not (root / hub.rebuild_dockerfile).is_file():
+        problems.append(f"hub.rebuild_dockerfile {hub.rebuild_dockerfile} does not exist")
     # z2jh's requirements lie outside the repository; where they are absent (a bare
     # clone) the image build itself says so.
     requirements = root / hub.requirements

@@ -14,15 +14,24 @@ from typing import Any
 
 from ..core.catalog import DEFAULT_GPU_TOLERATIONS
 from ..core.labels import IMAGE_LABEL_CUDA, IMAGE_LABEL_DRIVER_FLOOR, IMAGE_LABEL_FRAMEWORK
-from .matrix import MATRIX_RELPATH, PAUSE_IMAGE, ChartImageSpec, ImageSpec, Matrix, MatrixError
+from .matrix import (
+    K8S_HUB_REBUILD,
+    MATRIX_RELPATH,
+    PAUSE_IMAGE,
+    ChartImageSpec,
+    ImageSpec,
+    Matrix,
+    MatrixError,
+)
+from .release import hub_image_tag
 
 SMOKE_TEST_PATH = "/usr/local/bin/gpu-smoke-test"
 
 #: The notebook Dockerfiles' stages, smallest first; the last is the full image.
 STAGES = ("base", "jupyter", "framework")
 FULL_STAGE = STAGES[-1]
-#: Where the hub's Dockerfile finds z2jh's pinned requirements in its build context.
-HUB_REQUIREMENTS_IN_CONTEXT = "images/hub/z2jh-requirements.txt"
+#: Where the k8s-hub rebuild's Dockerfile finds z2jh's pinned requirements in its build context.
+HUB_REQUIREMENTS_IN_CONTEXT = "images/k8s-hub/z2jh-requirements.txt"
 #: Which stage an image was built to (absent from full images' Dockerfile labels).
 STAGE_LABEL = "io.gpuspawner.image.stage"
 
@@ -60,6 +69,9 @@ class BuildStep:
     target: str | None = None
     #: Files sent in the build context that are not in the repository: {context path: local path}.
     extra_files: dict[str, str] = field(default_factory=dict)
+    #: Whether ``build --pull`` may pull its base: not when an earlier step of the same
+    #: plan builds that base locally (the hub image on the k8s-hub rebuild).
+    pull_base: bool = True
 
     @property
     def refs(self) -> list[str]:
@@ -99,9 +111,10 @@ def image_ref(
 
 
 def hub_ref(matrix: Matrix, package_version: str, registry: str | None = None) -> str:
-    """The hub image: ``<registry>/<hub.name>:<package version>`` (z2jh's ``hub.image``)."""
+    """The hub image: ``<registry>/<hub.name>:<hub image tag>`` (z2jh's ``hub.image``), the
+    tag derived from the package version (:func:`.release.hub_image_tag`)."""
     reg = matrix.registry if registry is None else registry
-    return f"{repository(reg, matrix.hub.name)}:{package_version}"
+    return f"{repository(reg, matrix.hub.name)}:{hub_image_tag(package_version)}"
 
 
 def validation_ref(matrix: Matrix, registry: str | None = None) -> str | None:
@@ -127,6 +140,8 @@ def dockerfile_of(matrix: Matrix, name: str) -> str:
         return matrix.images[name].dockerfile
     if name == matrix.hub.name:
         return matrix.hub.dockerfile
+    if name == K8S_HUB_REBUILD:
+        return matrix.hub.rebuild_dockerfile
     if matrix.validation is not None and name == matrix.validation.name:
         return matrix.validation.dockerfile
     if name in matrix.z2jh.images:
@@ -211,8 +226,11 @@ def plan_builds(
 
     `provenance` gives each image's revision and build date by name (unknown where
     missing); `stage` stops the notebook images at that Dockerfile stage; `hub_requirements`
-    is the local path of z2jh's pinned hub requirements, sent with the hub's context;
-    `binaries` are the local paths of the host-built programs z2jh's images copy.
+    is the local path of z2jh's pinned hub requirements, sent with the k8s-hub rebuild's
+    context; `binaries` are the local paths of the host-built programs z2jh's images copy.
+
+    ``k8s-hub`` (:data:`.matrix.K8S_HUB_REBUILD`) rebuilds z2jh's hub image and tags it
+    with quay.io's reference, before the hub image whose FROM names that reference.
     """
     reg = matrix.registry if registry is None else registry
     provenance = provenance or {}
@@ -223,11 +241,15 @@ def plan_builds(
     include_hub = matrix.hub.name in wanted
     if include_hub:
         wanted.remove(matrix.hub.name)
+    include_rebuild = K8S_HUB_REBUILD in wanted
+    if include_rebuild:
+        wanted.remove(K8S_HUB_REBUILD)
     check = matrix.validation
     include_check = check is not None and check.name in wanted
     if check is not None and include_check:
         wanted.remove(check.name)
-    specs = matrix.select(wanted) if wanted or not (include_hub or chart or include_check) else []
+    others = include_hub or include_rebuild or chart or include_check
+    specs = matrix.select(wanted) if wanted or not others else []
     for spec in specs:
         made = provenance.get(spec.name, UNKNOWN_PROVENANCE)
         args = {**spec.build_args(), "BUILD_DATE": made.created, "VCS_REF": made.revision}
@@ -258,26 +280,34 @@ def plan_builds(
                 target=stage,
             )
         )
+    if include_rebuild:
+        steps.append(
+            k8s_hub_rebuild_step(
+                matrix,
+                context,
+                provenance.get(K8S_HUB_REBUILD, UNKNOWN_PROVENANCE),
+                hub_requirements,
+            )
+        )
     if include_hub:
         hub = matrix.hub
         made = provenance.get(hub.name, UNKNOWN_PROVENANCE)
+        tag = hub_image_tag(package_version)
         steps.append(
             BuildStep(
                 name=hub.name,
                 dockerfile=hub.dockerfile,
                 context=context,
                 repository=repository(reg, hub.name),
-                # The package version, as z2jh's hub.image.tag; the base is in the labels.
-                tags=(package_version,),
+                # The package version, as the chart's appVersion and hub.image.tag.
+                tags=(tag,),
                 buildargs={
-                    **hub.build_args(package_version),
+                    **hub.build_args(tag),
                     "BUILD_DATE": made.created,
                     "VCS_REF": made.revision,
                 },
                 labels=build_labels(made),
-                extra_files=(
-                    {HUB_REQUIREMENTS_IN_CONTEXT: hub_requirements} if hub_requirements else {}
-                ),
+                pull_base=not include_rebuild,
             )
         )
     if check is not None and include_check:
@@ -304,6 +334,42 @@ def plan_builds(
         for name in chart
     )
     return steps
+
+
+def k8s_hub_rebuild_step(
+    matrix: Matrix, context: str, provenance: Provenance, hub_requirements: str | None
+) -> BuildStep:
+    """The offline rebuild of z2jh's hub image, tagged with quay.io's reference
+    (``quay.io/jupyterhub/k8s-hub:4.4.0``) in the local engine, where the hub image's
+    FROM finds it; it is never pushed. z2jh's requirements must be given."""
+    hub = matrix.hub
+    if not hub_requirements:
+        raise MatrixError(
+            f"{K8S_HUB_REBUILD} installs z2jh's pinned hub requirements: pass "
+            "--hub-requirements FILE (z2jh's images/hub/requirements.txt at the chart's tag)"
+        )
+    repo, tag = hub.k8s_hub_ref.rsplit(":", 1)
+    return BuildStep(
+        name=K8S_HUB_REBUILD,
+        dockerfile=hub.rebuild_dockerfile,
+        context=context,
+        repository=repo,
+        tags=(tag,),
+        buildargs=hub.rebuild_args(),
+        labels={
+            **build_labels(provenance),
+            "org.opencontainers.image.title": "k8s-hub, rebuilt",
+            "org.opencontainers.image.description": (
+                f"zero-to-jupyterhub's {hub.k8s_hub_ref}, rebuilt by gpuspawner from its "
+                f"recipe and pinned requirements ({hub.rebuild_dockerfile})"
+            ),
+            "org.opencontainers.image.version": hub.z2jh_chart,
+            "org.opencontainers.image.source": "https://github.com/gpuspawner/gpuspawner",
+            "org.opencontainers.image.licenses": "BSD-3-Clause",
+            "org.opencontainers.image.base.name": hub.base_image,
+        },
+        extra_files={HUB_REQUIREMENTS_IN_CONTEXT: hub_requirements},
+    )
 
 
 def chart_image_labels(spec: ChartImageSpec, provenance: Provenance) -> dict[str, str]:
@@ -456,9 +522,14 @@ def facts_document(
         "hub": {
             "name": hub.name,
             "repository": repository(reg, hub.name),
-            "tag": package_version,
+            "tag": hub_image_tag(package_version),
             "ref": hub_ref(matrix, package_version, registry),
             "z2jh_chart": hub.z2jh_chart,
+            # what the hub image is built FROM (z2jh's hub image)
+            "k8s_hub": hub.k8s_hub_ref,
+            # `build` of these, in this order, makes the hub image where no registry is
+            # reachable: k8s-hub rebuilt under k8s_hub's reference, then the hub on it
+            "offline_build": [K8S_HUB_REBUILD, hub.name],
             "jupyterhub": hub.jupyterhub,
         },
         # The GPU check's image (c.GPUSpawner.validation_image); null without one.
@@ -518,7 +589,7 @@ def base_images(matrix: Matrix) -> list[str]:
 
 def known_names(matrix: Matrix) -> list[str]:
     check = [matrix.validation.name] if matrix.validation is not None else []
-    return [*matrix.images, matrix.hub.name, *check, *matrix.z2jh.images]
+    return [*matrix.images, K8S_HUB_REBUILD, matrix.hub.name, *check, *matrix.z2jh.images]
 
 
 def notebook_names(matrix: Matrix, names: list[str]) -> list[str]:

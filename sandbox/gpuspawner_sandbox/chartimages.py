@@ -22,8 +22,10 @@ with the notebook images' machinery, on the same private Docker engine
 ``python -m gpuspawner_sandbox.chartimages`` does it all on its own engine.
 
 For real nodes, :func:`ensure_deploy_images` builds these and the hub image
-(``gpuspawner-images build hub``; its reference, tagged with the package version, is
-the tool's answer too, and the values files must name it) on the notebook images'
+(``gpuspawner-images build k8s-hub hub``, the tool's ``hub.offline_build``: z2jh's
+k8s-hub rebuilt and tagged ``quay.io/jupyterhub/k8s-hub:4.4.0`` in the engine, then
+the hub image FROM it; its reference, tagged with the package version, is the tool's
+answer too, and the values files must name it) on the notebook images'
 engine and saves them all to one archive, ``<cache>/z2jh-<key>.tar``, keyed by the
 images' IDs: passed as ``RealNodes(images=[...])`` beside the notebook archive, the
 image store imports it once (:mod:`.imageseed`). A warm run rebuilds nothing and saves
@@ -251,7 +253,8 @@ def ensure_deploy_images(
     cache_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     try:
-        hub = image_facts(repo).hub_ref
+        facts = image_facts(repo)
+        hub = facts.hub_ref
         values = [yaml.safe_load(p.read_text()) or {} for p in HUB_VALUES]
     except ImageFactsError as e:
         raise ChartImageError(str(e)) from None
@@ -266,8 +269,13 @@ def ensure_deploy_images(
         engine.start()
         with log_path.open("w") as log:
             run_image_tool(repo, engine, ["base"], log, emit)
-            emit(f"Hub image: {hub} (images/hub/Dockerfile; the first build takes minutes)")
-            run_image_tool(repo, engine, tool_build("hub"), log, emit)
+            # No registry: k8s-hub is rebuilt under quay.io's reference first, and the
+            # hub image's FROM finds it in this engine.
+            emit(
+                f"Hub image: {hub} (images/hub/Dockerfile FROM k8s-hub rebuilt offline; "
+                "the first build takes minutes)"
+            )
+            run_image_tool(repo, engine, tool_build(*facts.hub_offline_build), log, emit)
         images = build_chart_images(
             engine, repo, emit, log_path=cache_dir / "chart-images-build.log", build_out=build_out
         )

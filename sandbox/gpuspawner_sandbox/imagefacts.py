@@ -55,6 +55,9 @@ class ImageFacts:
     #: The GPU check's image (``gpuspawner-images build NAME``): (name, reference), or None
     #: when the matrix has none.
     validation: tuple[str, str] | None = None
+    #: What ``gpuspawner-images build`` is given, in order, to make the hub image on an
+    #: engine that reaches no registry (the k8s-hub rebuild, then the hub FROM it).
+    hub_offline_build: tuple[str, ...] = ()
 
     def stage_refs(self, names: Iterable[str], stage: str) -> list[str]:
         """The references of these notebook images at ``stage``, in the order given."""
@@ -134,6 +137,7 @@ def parse_facts(text: str) -> ImageFacts:
         chart_images=chart,
         catalogs={str(path): tuple(refs) for path, refs in (data.get("catalogs") or {}).items()},
         validation=validation,
+        hub_offline_build=tuple(str(n) for n in _get(hub, "offline_build", list, "hub.")),
     )
 
 

@@ -125,11 +125,20 @@ def registry(tmp_path_factory):
 @pytest.fixture(scope="package")
 def built(engine, matrix):
     """The base made with debootstrap, then the jupyter stage of every notebook image and
-    the hub image, built by `gpuspawner-images` (layers cached in .cache/images)."""
+    the hub image (k8s-hub rebuilt under quay.io's reference, then the hub FROM it), built by
+    `gpuspawner-images` (layers cached in .cache/images)."""
     base = tool_on_engine(engine.host, "base")
     assert base.returncode == 0, base.stdout[-3000:]
     build = tool_on_engine(
-        engine.host, "build", "--target", "jupyter", "--network", "host", *matrix.images, "hub"
+        engine.host,
+        "build",
+        "--target",
+        "jupyter",
+        "--network",
+        "host",
+        *matrix.images,
+        "k8s-hub",
+        "hub",
     )
     # pytest keeps a passing test's output to itself: the build's log stays readable here.
     (CACHE / "last-build.log").write_text(base.stdout + build.stdout)

@@ -327,7 +327,7 @@ def test_gpu_check_fails_clearly_without_a_driver(docker_client, notebook):
 
 def test_gpu_smoke_test_in_the_jupyter_stage_fails_with_its_message(docker_client, notebook):
     """The jupyter stage has no framework: the smoke test says so in one sentence (the full
-    images' no-GPU failure is recorded in docs/images.md)."""
+    images' no-GPU failure is recorded in docs/measurements.md)."""
     _, image = notebook
     # Through start.sh (the entry point), quiet: its messages would precede the test's.
     rc, out = run(
@@ -351,15 +351,43 @@ def hub_image(built, matrix):
 
 
 def test_hub_image_runs_the_hub_jupyterhub_and_gpuspawner(docker_client, hub_image, matrix):
+    from gpuspawner import __version__
+
     probe = (
         "import jupyterhub, kubespawner, gpuspawner, sys; "
-        "print(jupyterhub.__version__, sys.version_info[:2] >= (3, 10))"
+        "print(jupyterhub.__version__, gpuspawner.__version__, sys.version_info[:2] >= (3, 10))"
     )
     rc, out = run(docker_client, hub_image, ["python3", "-c", probe])
     assert rc == 0, out
-    assert out.strip() == f"{matrix.hub.jupyterhub} True"
+    assert out.strip() == f"{matrix.hub.jupyterhub} {__version__} True"
+    # the hub itself starts, through k8s-hub's entry point (tini)
+    rc, out = run(docker_client, hub_image, ["jupyterhub", "--version"], stdout_only=True)
+    assert (rc, out.strip()) == (0, matrix.hub.jupyterhub)
     rc, out = run(docker_client, hub_image, ["id", "-u"])
     assert (rc, out.strip()) == (0, "1000")
+
+
+def test_hub_image_is_built_from_k8s_hub_under_quay_s_reference(docker_client, hub_image, matrix):
+    """No registry here: the tool rebuilt k8s-hub and tagged it quay.io/jupyterhub/k8s-hub:4.4.0
+    in this engine, and the hub image's FROM (that reference, the Dockerfile's default)
+    found it there: the hub image is that image's layers plus gpuspawner's."""
+    k8s_hub = docker_client.images.get(matrix.hub.k8s_hub_ref)
+    hub = docker_client.images.get(hub_image)
+    base_layers = k8s_hub.attrs["RootFS"]["Layers"]
+    hub_layers = hub.attrs["RootFS"]["Layers"]
+    assert hub_layers[: len(base_layers)] == base_layers
+    assert len(hub_layers) > len(base_layers)
+    assert hub.labels["org.opencontainers.image.base.name"] == matrix.hub.k8s_hub_ref
+    assert k8s_hub.labels["org.opencontainers.image.base.name"] == matrix.hub.base_image
+    # k8s-hub's command, user and port, as z2jh's chart expects them
+    config = hub.attrs["Config"]
+    assert config["Entrypoint"] == ["tini", "--"]
+    assert config["Cmd"] == [
+        "jupyterhub",
+        "--config",
+        "/usr/local/etc/jupyterhub/jupyterhub_config.py",
+    ]
+    assert "8081/tcp" in config["ExposedPorts"]
 
 
 def test_hub_image_keeps_every_z2jh_pin(docker_client, hub_image, matrix):

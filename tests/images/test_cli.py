@@ -15,7 +15,7 @@ import yaml
 
 from gpuspawner._version import __version__
 from gpuspawner.core.catalog import load_catalog_file
-from gpuspawner.images import cli, engine
+from gpuspawner.images import cli, engine, release
 from gpuspawner.images.plan import STAGE_LABEL, STAGES, hub_ref, image_ref
 
 from .conftest import REPO, tool_on_engine
@@ -110,6 +110,8 @@ def test_facts_json_answers_from_the_matrix_and_the_package_version(matrix, tmp_
         "tag": __version__,
         "ref": f"{matrix.registry}/{matrix.hub.name}:{__version__}",
         "z2jh_chart": matrix.hub.z2jh_chart,
+        "k8s_hub": "quay.io/jupyterhub/k8s-hub:4.4.0",
+        "offline_build": ["k8s-hub", matrix.hub.name],
         "jupyterhub": matrix.hub.jupyterhub,
     }
     assert facts["hub"]["ref"] == hub_ref(matrix, __version__)
@@ -199,12 +201,59 @@ def test_facts_help_says_what_it_answers():
     assert "facts" in run_tool("--help").stdout
 
 
+def test_version_prints_the_releases_names_without_an_engine(matrix, tmp_path):
+    proc = run_tool("version", "--json", docker_host=f"unix://{tmp_path}/docker.sock")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {
+        "package": __version__,
+        "chart_version": release.chart_version(__version__),
+        "app_version": __version__,
+        "hub_image": hub_ref(matrix, __version__),
+        "k8s_hub": matrix.hub.k8s_hub_ref,
+    }
+    text = run_tool("version").stdout
+    assert f"chart_version: {release.chart_version(__version__)}\n" in text
+
+
+def test_version_set_rewrites_the_releases_files_in_that_checkout(tmp_path):
+    """Run on a copy: every file that writes the release is rewritten, and says so."""
+    for path in [*release.VERSION_FILES, "images/matrix.yaml"]:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text((REPO / path).read_text())
+    matrix = str(tmp_path / "images" / "matrix.yaml")
+    proc = run_tool("version", "--set", "0.2.0", "--json", "--matrix", matrix)
+    assert proc.returncode == 0, proc.stderr
+    written = [line for line in proc.stdout.splitlines() if line.startswith("wrote ")]
+    assert written == [f"wrote {path}" for path in release.VERSION_FILES]
+    assert json.loads(proc.stdout[proc.stdout.index("{") :])["chart_version"] == "0.2.0"
+    assert '__version__ = "0.2.0"' in (tmp_path / "gpuspawner/_version.py").read_text()
+    chart = yaml.safe_load((tmp_path / "chart/gpuspawner/Chart.yaml").read_text())
+    assert (chart["version"], chart["appVersion"]) == ("0.2.0", "0.2.0")
+    # a second run finds no literal of this package's release any more: one sentence
+    again = run_tool("version", "--set", "0.3.0", "--matrix", matrix)
+    assert again.returncode == cli.EXIT_UNUSABLE
+    assert again.stderr.strip() == (
+        f'gpuspawner-images: gpuspawner/_version.py holds no line `__version__ = "{__version__}"` '
+        f"(release {__version__}): set it by hand, then again."
+    )
+
+
+def test_the_k8s_hub_rebuild_is_never_pushed(tmp_path):
+    """It carries quay.io's reference: pushing it would try to overwrite z2jh's image."""
+    proc = run_tool("push", "k8s-hub", docker_host=f"unix://{tmp_path}/docker.sock")
+    assert proc.returncode == cli.EXIT_UNUSABLE
+    assert proc.stderr.strip() == (
+        "gpuspawner-images: k8s-hub is tagged with z2jh's own reference "
+        "(quay.io/jupyterhub/k8s-hub:4.4.0) for the local engine only: it is never pushed"
+    )
+
+
 def test_unknown_image_name_is_one_sentence():
     proc = run_tool("build", "cuda-jax")
     assert proc.returncode == cli.EXIT_UNUSABLE
     assert proc.stderr.strip().splitlines() == [
         "gpuspawner-images: cuda-jax is not an image of "
-        f"{REPO / 'images' / 'matrix.yaml'}; known: cuda-pytorch, cuda-tensorflow, hub, "
+        f"{REPO / 'images' / 'matrix.yaml'}; known: cuda-pytorch, cuda-tensorflow, k8s-hub, hub, "
         "validation, configurable-http-proxy, network-tools, image-awaiter, kube-scheduler"
     ]
 
@@ -247,10 +296,13 @@ def test_build_prints_what_it_builds_progress_and_a_summary(built, matrix):
         ref = image_ref(matrix, spec, stage="jupyter")
         assert f"==> building {ref} from {spec.dockerfile} (stage jupyter)" in text
     assert "[cuda-pytorch] Step 1/" in text and "[hub] Step 1/" in text
+    # the k8s-hub rebuild first, under quay.io's reference, then the hub FROM it
+    rebuild = f"==> building {matrix.hub.k8s_hub_ref} from {matrix.hub.rebuild_dockerfile}"
+    assert text.index(rebuild) < text.index(f"==> building {hub_ref(matrix, __version__)}")
     summary = text[text.rindex("IMAGE  ") :].splitlines()
     assert summary[0].split() == ["IMAGE", "CUDA", "SIZE", "TIME", "RESULT"]
     rows = summary[2:]
-    assert len(rows) == len(matrix.images) + 1
+    assert len(rows) == len(matrix.images) + 2
     assert all(row.endswith("ok") and (" MB" in row or " GB" in row) for row in rows)
 
 
@@ -490,6 +542,37 @@ def test_describe_reports_a_missing_library_and_fails(fake, matrix, capsys):
     assert capsys.readouterr().err == (
         f"gpuspawner-images: {ref}: torchvision (library) is not installed\n"
     )
+
+
+def test_build_k8s_hub_hub_tags_the_rebuild_as_quay_s_then_builds_the_hub_on_it(fake, matrix):
+    """Offline: the rebuild first, under z2jh's reference, with z2jh's requirements in its
+    context; then the hub, whose FROM is that reference, never pulled even with --pull."""
+    out = io.StringIO()
+    assert cli.main(["build", "k8s-hub", "hub", "--pull"], out) == cli.EXIT_OK
+    rebuild, hub = fake.builds
+    assert (rebuild["tag"], rebuild["dockerfile"]) == (
+        "quay.io/jupyterhub/k8s-hub:4.4.0",
+        "images/k8s-hub/Dockerfile",
+    )
+    assert rebuild["pull"] is True and hub["pull"] is False
+    assert hub["tag"] == hub_ref(matrix, __version__)
+    assert hub["buildargs"]["K8S_HUB_IMAGE"] == rebuild["tag"]
+    assert "is not in the engine" not in out.getvalue()
+
+
+def test_build_hub_alone_says_it_will_pull_k8s_hub_when_the_engine_lacks_it(fake, matrix):
+    out = io.StringIO()
+    assert cli.main(["build", "hub"], out) == cli.EXIT_OK
+    assert out.getvalue().splitlines()[0] == (
+        "==> quay.io/jupyterhub/k8s-hub:4.4.0 is not in the engine: the hub's build pulls it "
+        "(where no registry is reachable, build k8s-hub hub instead)"
+    )
+    (hub,) = fake.builds
+    assert "z2jh-requirements" not in str(hub)
+    fake.present.add(matrix.hub.k8s_hub_ref)
+    again = io.StringIO()
+    assert cli.main(["build", "hub"], again) == cli.EXIT_OK
+    assert "is not in the engine" not in again.getvalue()
 
 
 def test_describe_of_an_image_not_built_says_so(fake, matrix, capsys):

@@ -262,28 +262,50 @@ def test_copy_sources_reach_the_daemon(path):
     assert not any(s.startswith((".venv/", ".git/")) for s in sent)
 
 
-def test_hub_image(matrix):
+def test_hub_image_is_built_from_k8s_hub_as_a_z2jh_admin_builds_it(matrix):
+    """The default (and only) target: FROM z2jh's own hub image, named exactly as quay.io
+    names it, plus gpuspawner; no z2jh requirements file, no rebuild."""
     hub = matrix.hub
-    args = hub.build_args("0.1.0")
-    df = parse(hub.dockerfile, args)
-    assert df.parent_images[0] == hub.base_image
-    assert parse(hub.dockerfile).parent_images[0] == hub.base_image
-    # z2jh's build and default stages, rebuilt on the base; gpuspawner on top.
-    assert [f.split()[-1] for f in instructions(df, "FROM")] == ["wheels", "k8s-hub", "hub"]
-    declared = df.args
+    plain = parse(hub.dockerfile)
+    # `docker build -f images/hub/Dockerfile .` with no build argument
+    assert plain.parent_images == ["quay.io/jupyterhub/k8s-hub:4.4.0"]
+    assert plain.parent_images == [hub.k8s_hub_ref]
+    assert instructions(plain, "FROM")[-1].split()[-1] == "hub"
+    (step,) = plan_builds(matrix, [hub.name], context=str(REPO), package_version=__version__)
+    df = parse(hub.dockerfile, step.buildargs)
+    assert df.parent_images == [hub.k8s_hub_ref]
+    declared = plain.args
     assert declared["JUPYTERHUB_VERSION"] == hub.jupyterhub
-    assert parse(hub.dockerfile).args["JUPYTERHUB_VERSION"] == hub.jupyterhub
     # the build passes the package version; a plain `docker build` gets the same default
-    assert parse(hub.dockerfile).args["IMAGE_VERSION"] == __version__
+    assert declared["IMAGE_VERSION"] == __version__ == step.buildargs["IMAGE_VERSION"]
+    copies = instructions(df, "COPY")
+    assert copies == ["pyproject.toml /tmp/gpuspawner/", "gpuspawner /tmp/gpuspawner/gpuspawner"]
+    assert not [c for c in copies if HUB_REQUIREMENTS_IN_CONTEXT in c or "requirements" in c]
+    runs = " ".join(instructions(df, "RUN"))
+    # gpuspawner under k8s-hub's own installed versions, and nothing names another JupyterHub
+    assert "pip list --format=freeze > /tmp/k8s-hub-pins.txt" in runs
+    assert "pip install --no-cache-dir --constraint /tmp/k8s-hub-pins.txt /tmp/gpuspawner" in runs
+    assert "jupyterhub==" not in runs
+    assert resolve(instructions(df, "USER")[-1], declared) == "1000"
+    for key in OCI_LABELS:
+        assert df.labels.get(f"org.opencontainers.image.{key}"), key
+    assert df.labels["org.opencontainers.image.base.name"] == hub.k8s_hub_ref
+
+
+def test_k8s_hub_rebuild_follows_z2jh_s_recipe(matrix):
+    """The offline rebuild (a separate Dockerfile, so that the hub's build never needs
+    z2jh's requirements): z2jh's build and default stages on the Debian base."""
+    hub = matrix.hub
+    df = parse(hub.rebuild_dockerfile, hub.rebuild_args())
+    assert df.parent_images[0] == hub.base_image
+    assert parse(hub.rebuild_dockerfile).parent_images[0] == hub.base_image
+    assert [f.split()[-1] for f in instructions(df, "FROM")] == ["wheels", "k8s-hub"]
     copies = instructions(df, "COPY")
     assert f"{HUB_REQUIREMENTS_IN_CONTEXT} /tmp/requirements.txt" in copies
     runs = " ".join(instructions(df, "RUN"))
     assert "--no-binary pycurl" in runs
     assert "pip install --no-index --find-links=/tmp/wheels/ -r /tmp/requirements.txt" in runs
-    # gpuspawner under z2jh's pins, and nothing that names another JupyterHub.
-    assert f"{HUB_REQUIREMENTS_IN_CONTEXT} /tmp/z2jh-requirements.txt" in copies
-    assert "pip install --constraint /tmp/z2jh-requirements.txt /tmp/gpuspawner" in runs
-    assert "jupyterhub==" not in runs
-    assert resolve(instructions(df, "USER")[-1], declared) == "1000"
-    for key in OCI_LABELS:
-        assert df.labels.get(f"org.opencontainers.image.{key}"), key
+    # z2jh's hub image's user, command and port, which the hub image inherits
+    assert resolve(instructions(df, "USER")[-1], all_args(df)) == "jovyan"
+    assert instructions(df, "EXPOSE") == ["8081"]
+    assert json.loads(instructions(df, "ENTRYPOINT")[-1]) == ["tini", "--"]

@@ -5,7 +5,7 @@ the framework, every library of the matrix (it imports, at the constraints' pin,
 Not in default CI: the wheels are about 3.2 GB (PyTorch) and 3.6 GB (TensorFlow) and
 the build takes far longer than the jupyter stages. Collected only when
 GPUSPAWNER_FULL_IMAGE_BUILD=1 (conftest.py), e.g. `make full-images`.
-The recorded run is in docs/images.md.
+The recorded run is in docs/measurements.md.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ print(json.dumps(found))
 def full(engine, built, matrix):
     proc = tool_on_engine(engine.host, "build", "--network", "host", *matrix.images)
     # pytest keeps a passing test's output to itself: the build's log (its summary table
-    # of sizes and times is what docs/images.md records) stays readable here.
+    # of sizes and times is what docs/measurements.md records) stays readable here.
     (CACHE / "last-full-build.log").write_text(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-5000:]
     return proc.stdout

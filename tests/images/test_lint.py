@@ -45,7 +45,12 @@ def linter(name: str) -> str:
 
 
 def test_there_is_something_to_lint():
-    assert {p.parent.name for p in DOCKERFILES} >= {"cuda-pytorch", "cuda-tensorflow", "hub"}
+    assert {p.parent.name for p in DOCKERFILES} >= {
+        "cuda-pytorch",
+        "cuda-tensorflow",
+        "hub",
+        "k8s-hub",
+    }
     z2jh = {p.parent.name for p in DOCKERFILES if p.parent.parent.name == "z2jh"}
     assert z2jh == {"configurable-http-proxy", "network-tools", "image-awaiter", "kube-scheduler"}
     assert (REPO / "scripts" / "gpu-checks.sh") in SHELL_SCRIPTS

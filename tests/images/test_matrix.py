@@ -158,11 +158,12 @@ def test_constraints_disagreeing_with_the_matrix_are_reported(raw, tmp_path):
     (tree / "images" / "cuda-pytorch").mkdir(parents=True)
     for name in ("cuda-tensorflow", "cuda-pytorch"):
         (tree / "images" / name / "Dockerfile").write_text("FROM scratch\n")
-    (tree / "images" / "hub").mkdir()
-    (tree / "images" / "hub" / "Dockerfile").write_text("FROM scratch\n")
     for entry in [*raw["z2jh"]["images"].values(), raw["validation"]]:
         (tree / entry["dockerfile"]).parent.mkdir(parents=True)
         (tree / entry["dockerfile"]).write_text("FROM scratch\n")
+    for dockerfile in (raw["hub"]["dockerfile"], raw["hub"]["rebuild_dockerfile"]):
+        (tree / dockerfile).parent.mkdir(parents=True)
+        (tree / dockerfile).write_text("FROM scratch\n")
     (tree / "images" / "cuda-pytorch" / "constraints.txt").write_text(
         (REPO / "images" / "cuda-pytorch" / "constraints.txt").read_text()
     )
@@ -269,8 +270,9 @@ def test_select_unknown_image(matrix):
 def test_hub_jupyterhub_other_than_z2jh_s_pin_is_reported(raw, tmp_path):
     """The hub image keeps z2jh's JupyterHub: the matrix may not name another one."""
     tree = tmp_path / "repo"
-    (tree / "images" / "hub").mkdir(parents=True)
-    (tree / "images" / "hub" / "Dockerfile").write_text("FROM scratch\n")
+    for dockerfile in (raw["hub"]["dockerfile"], raw["hub"]["rebuild_dockerfile"]):
+        (tree / dockerfile).parent.mkdir(parents=True)
+        (tree / dockerfile).write_text("FROM scratch\n")
     raw["hub"]["requirements"] = "z2jh/requirements.txt"
     (tree / "z2jh").mkdir()
     (tree / "z2jh" / "requirements.txt").write_text(

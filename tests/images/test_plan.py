@@ -6,8 +6,9 @@ import pytest
 
 from gpuspawner.core import labels
 from gpuspawner.core.catalog import parse_catalog
-from gpuspawner.images.matrix import MatrixError
+from gpuspawner.images.matrix import K8S_HUB_REBUILD, MatrixError
 from gpuspawner.images.plan import (
+    HUB_REQUIREMENTS_IN_CONTEXT,
     SMOKE_TEST_PATH,
     Provenance,
     catalog_document,
@@ -55,15 +56,50 @@ def test_build_plan_registry_override_and_selection(matrix):
 
 
 def test_build_plan_for_the_hub(matrix):
-    steps = plan_builds(matrix, [matrix.hub.name], context="/ctx", package_version="0.1.0")
+    steps = plan_builds(matrix, [matrix.hub.name], context="/ctx", package_version="1.2.0rc1")
     (hub,) = steps
     assert hub.dockerfile == matrix.hub.dockerfile
-    assert hub.tags == ("0.1.0",)
-    assert hub.refs == [f"{matrix.registry}/hub:0.1.0"]
-    assert hub.buildargs["BASE_IMAGE"] == matrix.hub.base_image
+    # tagged with the release's hub tag, the chart's appVersion (release.py)
+    assert hub.tags == ("1.2.0rc1",)
+    assert hub.refs == [f"{matrix.registry}/hub:1.2.0rc1"]
+    assert hub.buildargs["K8S_HUB_IMAGE"] == "quay.io/jupyterhub/k8s-hub:4.4.0"
+    assert hub.buildargs["K8S_HUB_IMAGE"] == matrix.hub.k8s_hub_ref
+    assert hub.buildargs["IMAGE_VERSION"] == "1.2.0rc1"
     assert hub.buildargs["JUPYTERHUB_VERSION"] == matrix.hub.jupyterhub
+    # the admin's build: FROM quay.io's k8s-hub, which `--pull` may refresh; z2jh's
+    # requirements are not sent
+    assert hub.pull_base and hub.extra_files == {}
     both = plan_builds(matrix, ["cuda-pytorch", matrix.hub.name], context="/ctx")
     assert [s.name for s in both] == ["cuda-pytorch", matrix.hub.name]
+
+
+def test_build_plan_for_the_hub_on_the_k8s_hub_rebuild(matrix):
+    """Where no registry is reachable: k8s-hub rebuilt and tagged with quay.io's reference
+    first, whatever order the names come in, then the hub FROM it, never pulled."""
+    rebuild, hub = plan_builds(
+        matrix,
+        [matrix.hub.name, K8S_HUB_REBUILD],
+        context="/ctx",
+        package_version="0.1.0.dev0",
+        hub_requirements="/z2jh/requirements.txt",
+        provenance={K8S_HUB_REBUILD: Provenance("feed1234", "2026-12-01T00:00:00Z")},
+    )
+    assert rebuild.name == K8S_HUB_REBUILD
+    assert rebuild.dockerfile == matrix.hub.rebuild_dockerfile == "images/k8s-hub/Dockerfile"
+    assert rebuild.refs == ["quay.io/jupyterhub/k8s-hub:4.4.0"] == [matrix.hub.k8s_hub_ref]
+    assert rebuild.buildargs == {"BASE_IMAGE": matrix.hub.base_image}
+    assert rebuild.extra_files == {HUB_REQUIREMENTS_IN_CONTEXT: "/z2jh/requirements.txt"}
+    assert rebuild.labels["org.opencontainers.image.revision"] == "feed1234"
+    assert rebuild.labels["org.opencontainers.image.base.name"] == matrix.hub.base_image
+    assert hub.name == matrix.hub.name and hub.buildargs["K8S_HUB_IMAGE"] == rebuild.refs[0]
+    assert not hub.pull_base
+    # a registry option moves the hub, never quay.io's reference
+    moved = plan_builds(
+        matrix, [K8S_HUB_REBUILD], context="/c", registry="r.test", hub_requirements="/r"
+    )
+    assert moved[0].refs == [matrix.hub.k8s_hub_ref]
+    with pytest.raises(MatrixError, match="pass --hub-requirements FILE"):
+        plan_builds(matrix, [K8S_HUB_REBUILD], context="/ctx")
 
 
 def test_each_image_is_labelled_with_its_own_provenance(matrix):
@@ -100,7 +136,7 @@ copy lower.txt /x
 
 
 def test_an_images_sources_are_what_its_dockerfile_copies_and_the_matrix(matrix):
-    for name in [*matrix.images, matrix.hub.name, *matrix.z2jh.images]:
+    for name in [*matrix.images, matrix.hub.name, K8S_HUB_REBUILD, *matrix.z2jh.images]:
         dockerfile = dockerfile_of(matrix, name)
         sources = image_sources(matrix, name, (REPO / dockerfile).read_text())
         assert dockerfile in sources and "images/matrix.yaml" in sources
@@ -115,6 +151,13 @@ def test_an_images_sources_are_what_its_dockerfile_copies_and_the_matrix(matrix)
     assert "gpuspawner" not in pytorch
     assert "gpuspawner" in image_sources(
         matrix, matrix.hub.name, (REPO / matrix.hub.dockerfile).read_text()
+    )
+    # the rebuild of k8s-hub copies z2jh's requirements only: a change to the package
+    # is no change of the rebuild's
+    assert image_sources(
+        matrix, K8S_HUB_REBUILD, (REPO / matrix.hub.rebuild_dockerfile).read_text()
+    ) == tuple(
+        sorted({matrix.hub.rebuild_dockerfile, "images/matrix.yaml", HUB_REQUIREMENTS_IN_CONTEXT})
     )
     with pytest.raises(MatrixError, match="cuda-jax is not an image"):
         dockerfile_of(matrix, "cuda-jax")

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpuspawner._version import __version__
-from gpuspawner.images.matrix import load_matrix
+from gpuspawner.images.matrix import K8S_HUB_REBUILD, load_matrix
 from gpuspawner.images.plan import STAGE_LABEL, STAGES, hub_ref, image_ref
 from gpuspawner_sandbox import chartimages, imagefacts, notebookimage
 
@@ -26,7 +26,12 @@ ANSWER = {
     "stage_label": "example.org/stage",
     "stages": ["base", "jupyter", "framework"],
     "full_stage": "framework",
-    "hub": {"name": "hub", "tag": "1.2.3", "ref": "r.test/hub:1.2.3"},
+    "hub": {
+        "name": "hub",
+        "tag": "1.2.3",
+        "ref": "r.test/hub:1.2.3",
+        "offline_build": ["rebuilt-base", "hub"],
+    },
     "notebook_images": [
         {
             "name": "cuda-pytorch",
@@ -70,6 +75,7 @@ def test_the_tools_json_is_read_into_facts():
     assert facts.version == "1.2.3"
     assert facts.stage_label == "example.org/stage"
     assert facts.hub_ref == "r.test/hub:1.2.3"
+    assert facts.hub_offline_build == ("rebuilt-base", "hub")
     assert facts.stage_refs(["cuda-pytorch"], "jupyter") == ["r.test/cuda-pytorch:2-jupyter"]
     assert facts.chart_images == (
         imagefacts.ChartImage(
@@ -98,6 +104,10 @@ def test_unknown_images_and_stages_are_one_sentence():
         ("[]", "printed no JSON object"),
         (json.dumps({**ANSWER, "stage_label": None}), "gave no stage_label"),
         (json.dumps({**ANSWER, "hub": {"name": "hub"}}), "gave no hub.ref"),
+        (
+            json.dumps({**ANSWER, "hub": {"name": "hub", "ref": "r.test/hub:1"}}),
+            r"gave no hub\.offline_build",
+        ),
         (
             json.dumps({**ANSWER, "chart_images": [{"name": "x"}]}),
             r"gave no chart_images\[\]\.ref",
@@ -159,6 +169,7 @@ def test_the_real_tool_answers_what_the_package_computes():
     assert facts.stage_label == STAGE_LABEL
     assert facts.stages == STAGES
     assert facts.hub_ref == hub_ref(matrix, __version__)
+    assert facts.hub_offline_build == (K8S_HUB_REBUILD, matrix.hub.name)
     assert facts.notebook_refs == {
         name: {stage: image_ref(matrix, spec, stage=stage) for stage in STAGES}
         for name, spec in matrix.images.items()
@@ -203,6 +214,8 @@ def test_the_sandbox_writes_none_of_the_tools_facts_itself():
         STAGE_LABEL,
         __version__,
         hub_ref(matrix, __version__),
+        matrix.hub.k8s_hub_ref,
+        K8S_HUB_REBUILD,
         "pause_tag",
         "matrix.yaml",
         "images/matrix.yaml",
