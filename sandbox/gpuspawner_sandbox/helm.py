@@ -145,7 +145,8 @@ class Helm:
             timeout=timeout,
         )
         if proc.returncode != 0:
-            detail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
+            # (`helm lint` writes what it found to stdout, and only a summary to stderr)
+            detail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
             raise HelmError(f"`helm {args[0]}` failed:\n" + "\n".join(detail))
         return proc.stdout
 
@@ -168,3 +169,69 @@ class Helm:
 def build_helm(cache: Path | None = None, *, out: TextIO | None = None) -> Path:
     """Build (or find cached) Helm; the path of the ``helm`` binary."""
     return nodebuild.build_tool(HELM, cache, out=out if out is not None else sys.stderr) / "helm"
+
+
+# --- gpuspawner's own chart (chart/gpuspawner) -------------------------------------------
+
+#: gpuspawner's chart, which depends on the jupyterhub chart (its Chart.yaml).
+GPUSPAWNER_CHART = build.REPO_ROOT / "chart" / "gpuspawner"
+#: The values an admin copies (docs/install-chart.md).
+EXAMPLE_VALUES = build.REPO_ROOT / "config" / "chart-values.yaml"
+
+
+def package_dependency(
+    helm_: Helm, chart: Path = GPUSPAWNER_CHART, work: Path | None = None
+) -> Path:
+    """``charts/jupyterhub-<version>.tgz`` of ``chart`` from the released z2jh chart, offline.
+
+    What ``helm dependency build`` fetches from https://hub.jupyter.org/helm-chart/ for an
+    admin; here the release is made from ``../shared/third-party`` (:func:`release_chart`)
+    and packaged by Helm itself, so the archive is the chart Helm would have downloaded.
+    """
+    if not (Z2JH_CHART / "Chart.yaml").is_file():
+        raise HelmError(f"The zero-to-jupyterhub {Z2JH_VERSION} chart is missing at {Z2JH_CHART}.")
+    work = work or helm_.home / "z2jh-release"
+    released = release_chart(Z2JH_CHART, work / "jupyterhub")
+    charts = chart / "charts"
+    charts.mkdir(exist_ok=True)
+    for stale in charts.glob("jupyterhub-*.tgz"):
+        stale.unlink()
+    helm_.run("package", str(released), f"--destination={charts}")
+    return charts / f"jupyterhub-{Z2JH_VERSION}.tgz"
+
+
+def package_chart(helm_: Helm, destination: Path, chart: Path = GPUSPAWNER_CHART) -> Path:
+    """The chart's dependency packaged, ``helm lint``, then ``helm package`` into ``destination``."""
+    package_dependency(helm_, chart)
+    # the chart requires a catalog: lint it with the documented example's
+    helm_.run("lint", str(chart), "--strict", f"--values={EXAMPLE_VALUES}")
+    destination.mkdir(parents=True, exist_ok=True)
+    out = helm_.run("package", str(chart), f"--destination={destination}")
+    return Path(out.strip().rsplit(": ", 1)[-1])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m gpuspawner_sandbox.helm",
+        description="Package chart/gpuspawner offline: its jupyterhub dependency from "
+        "../shared/third-party, helm lint, helm package (make chart).",
+    )
+    parser.add_argument("command", choices=["chart", "dependency"])
+    parser.add_argument("--destination", type=Path, default=build.REPO_ROOT / "build" / "chart")
+    args = parser.parse_args(argv)
+    helm_ = Helm(build_helm(), build.REPO_ROOT / ".cache" / "helm-home")
+    try:
+        if args.command == "dependency":
+            print(package_dependency(helm_))
+        else:
+            print(package_chart(helm_, args.destination))
+    except HelmError as e:
+        print(e, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -156,7 +156,7 @@ def test_services_as_the_chart_configures_them(chart_defaults):
     assert {"name": "gpuspawner", "port": 10103, "targetPort": 10103} in hub["service"][
         "extraPorts"
     ]
-    # ...from the proxy and the hub only (the rendered policy: tests/z2jh/test_network_policy.py)
+    # ...from the proxy and the hub only (the rendered policy: tests/chart/test_network_policy.py)
     assert not hub["networkPolicy"]["allowedIngressPorts"]
     (rule,) = [r for r in hub["networkPolicy"]["ingress"] if {"port": 10103} in r["ports"]]
     assert [peer["podSelector"]["matchLabels"]["component"] for peer in rule["from"]] == [

@@ -1,84 +1,37 @@
-"""zero-to-jupyterhub 4.4.0 installed with the real Helm on real nodes, as an admin does.
+"""gpuspawner's chart installed with the real Helm on real nodes, as an admin does.
 
-The commands are README.md's ("Deploy with zero-to-jupyterhub"): the namespace, the
-catalog ConfigMap, the RBAC manifests beside the release, the hub database's volume,
-then ``helm install`` of the released chart with config/z2jh-values.yaml, the local
-images (config/sandbox/z2jh-local-values.yaml) and the local cluster's overrides
-(config/sandbox/z2jh-cluster-values.yaml). kubectl's steps are done through the API
-(kubectl is no dependency of the project); Helm's are run as written.
+One ``helm install`` of chart/gpuspawner (its jupyterhub 4.4.0 dependency packaged
+offline) with config/chart-values.yaml, the documented example, and the local
+cluster's overrides (config/sandbox/chart-local-values.yaml): no kubectl step
+(:func:`tests.z2jh.conftest.chart_release`; the cluster provides the hub database's
+volume before it, as a provisioner would).
 
 Everything then goes through the chart's proxy-public Service, from the host, as a
 browser would: log in, spawn a GPU server, reach the hub's services, restart the hub,
-change the catalog. The tests share one release and run in this file's order.
+run ``helm test``, change the catalog with ``helm upgrade``. The tests share one
+release and run in this file's order.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
 import re
-from pathlib import Path
 
 import pytest
 import requests
 import yaml
 
-from gpuspawner_sandbox import build, controlplane, testing
+from gpuspawner_sandbox import testing
 
-from .conftest import HUB_DB_DIR
+from .conftest import HUB_DB_DIR, NAMESPACE, RELEASE, Browser, ChartRelease
 
-REPO = build.REPO_ROOT
-NAMESPACE = "jupyterhub"
-RELEASE = "jhub"
-VALUES = [
-    REPO / "config" / "z2jh-values.yaml",
-    REPO / "config" / "sandbox" / "z2jh-local-values.yaml",
-    REPO / "config" / "sandbox" / "z2jh-cluster-values.yaml",
-]
-#: Beside the release: the GPU figures' cluster-wide node read, what kube-scheduler v1.37
-#: needs beyond z2jh's user-scheduler role, and the hub database's static volume.
-MANIFESTS = [
-    REPO / "config" / "z2jh-inventory-rbac.yaml",
-    REPO / "config" / "sandbox" / "z2jh-user-scheduler-rbac.yaml",
-    REPO / "config" / "sandbox" / "z2jh-hub-db-pv.yaml",
-]
-#: The catalog names the notebook images' Jupyter stage, which the nodes hold (its comment says
-#: why it is not the e2e catalog).
-CATALOG = Path(__file__).parent / "catalog.yaml"
-#: The admin's opt-in to GPU figures that count every namespace's pods (not applied by README).
-ALL_NAMESPACES_OPT_IN = REPO / "config" / "z2jh-rbac-opt-in-all-namespaces.yaml"
-CULLER_CONFIG = REPO / "config" / "gpuspawner_culler_config.py"
-PASSWORD = yaml.safe_load(VALUES[2].read_text())["hub"]["config"]["DummyAuthenticator"]["password"]
 ONE_A100 = {"profile": "pytorch", "gpu_type": "a100", "gpus": "1"}
 
 
 def wait_for(check, timeout: float, what: str):
     """The sandbox's poller, once a second (each check asks the hub or the API server)."""
     return testing.wait_for(what, check, timeout=timeout, interval=1)
-
-
-def helm_args(verb: str, chart) -> list[str]:
-    """``helm install`` / ``helm upgrade`` as README.md writes them."""
-    return [
-        verb,
-        RELEASE,
-        str(chart),
-        f"--namespace={NAMESPACE}",
-        *(f"--values={v}" for v in VALUES),
-        "--wait",
-        "--timeout=15m",
-    ]
-
-
-def catalog_configmap(catalog_text: str) -> dict:
-    """kubectl create configmap gpuspawner-catalog --from-file=catalog.yaml=… --from-file=culler_config.py=…"""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": "gpuspawner-catalog", "namespace": NAMESPACE},
-        "data": {"catalog.yaml": catalog_text, "culler_config.py": CULLER_CONFIG.read_text()},
-    }
 
 
 def hub_pods(api) -> list[dict]:
@@ -150,107 +103,23 @@ def spawn_failure(admin: Browser, server: str) -> str:
     raise AssertionError("the progress stream ended without the spawn's outcome")
 
 
-class Browser:
-    """A logged-in session through proxy-public, and the user's API token."""
-
-    def __init__(self, base: str, user: str, password: str):
-        self.base = base
-        self.session = requests.Session()
-        self.session.trust_env = False  # the ClusterIP directly, never an HTTP proxy
-        self.session.get(f"{base}/hub/login", timeout=30).raise_for_status()
-        self.xsrf = self.session.cookies["_xsrf"]
-        r = self.session.post(
-            f"{base}/hub/login?next=%2Fhub%2Fhome",
-            data={"username": user, "password": password, "_xsrf": self.xsrf},
-            timeout=60,
-        )
-        r.raise_for_status()
-        assert r.url.endswith("/hub/home"), (r.url, r.text[:500])
-        # A login starts a new session, and the XSRF token belongs to the session.
-        self.xsrf = self.session.cookies["_xsrf"]
-        r = self.api("POST", f"/users/{user}/tokens", json={"note": "tests/z2jh"})
-        assert r.status_code in (200, 201), r.text
-        self.token = r.json()["token"]
-
-    def api(self, method: str, path: str, **kwargs) -> requests.Response:
-        """The hub's REST API with the session's cookie (and the XSRF header it needs)."""
-        return self.session.request(
-            method,
-            f"{self.base}/hub/api{path}",
-            headers={"X-XSRFToken": self.xsrf},
-            timeout=60,
-            **kwargs,
-        )
-
-    def with_token(self, method: str, path: str, **kwargs) -> requests.Response:
-        """Any path behind proxy-public with the token alone (it outlives the session)."""
-        return requests.request(
-            method,
-            f"{self.base}{path}",
-            headers={"Authorization": f"token {self.token}"},
-            timeout=60,
-            proxies={"http": "", "https": ""},
-            **kwargs,
-        )
-
-
 @pytest.fixture(scope="module")
-def release(cluster):
-    """The chart installed as README.md says; the URL of proxy-public from the host."""
-    cp = cluster.control_plane
-    api = cp.admin_api()
-    # kubectl create namespace jupyterhub
-    api.post("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
-    cp.wait_for_service_account(NAMESPACE)
-    # kubectl -n jupyterhub create configmap gpuspawner-catalog --from-file=…
-    api.post(f"/api/v1/namespaces/{NAMESPACE}/configmaps", catalog_configmap(CATALOG.read_text()))
-    # install -d -o 1000 -g 1000 /var/lib/gpuspawner-sandbox/hub-db
-    HUB_DB_DIR.mkdir(parents=True)
-    os.chown(HUB_DB_DIR, 1000, 1000)
-    # kubectl apply -f … (server-side apply)
-    for manifest in MANIFESTS:
-        cp.apply_manifests(manifest)
-    # The culler and the GPU page annotate pods (config/z2jh-values.yaml's comment):
-    # kubectl -n jupyterhub create role gpuspawner-hub-annotate --verb=patch --resource=pods
-    # kubectl -n jupyterhub create rolebinding gpuspawner-hub-annotate …
-    controlplane.apply_objects(
-        api,
-        [
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "Role",
-                "metadata": {"name": "gpuspawner-hub-annotate", "namespace": NAMESPACE},
-                "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}],
-            },
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "RoleBinding",
-                "metadata": {"name": "gpuspawner-hub-annotate", "namespace": NAMESPACE},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Role",
-                    "name": "gpuspawner-hub-annotate",
-                },
-                "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": NAMESPACE}],
-            },
-        ],
+def admin(chart_release: ChartRelease) -> Browser:
+    return chart_release.admin
+
+
+def helm_revision(release: ChartRelease) -> int:
+    status = release.cluster.helm.run(
+        "status", release.release, f"--namespace={release.namespace}", "--output=json"
     )
-    # helm install jhub <chart> -n jupyterhub -f … --wait
-    cluster.helm.run(*helm_args("install", cluster.chart), timeout=1000)
-    service = api.get(f"/api/v1/namespaces/{NAMESPACE}/services/proxy-public")
-    assert service["spec"]["type"] == "ClusterIP"
-    return f"http://{service['spec']['clusterIP']}"
+    return json.loads(status)["version"]
 
 
-@pytest.fixture(scope="module")
-def admin(release):
-    return Browser(release, "admin", PASSWORD)
-
-
-def test_the_release_runs_every_part_on_the_nodes(cluster, release):
+def test_the_release_runs_every_part_on_the_nodes(chart_release):
+    cluster = chart_release.cluster
     api = cluster.control_plane.admin_api()
     status = cluster.helm.run("status", RELEASE, f"--namespace={NAMESPACE}", "--output=json")
-    assert '"status":"deployed"' in status.replace(" ", "")
+    assert json.loads(status)["info"]["status"] == "deployed"
     for name in ("hub", "proxy", "user-scheduler"):
         d = api.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{name}")
         assert d["status"].get("readyReplicas") == d["spec"]["replicas"], (name, d["status"])
@@ -259,14 +128,27 @@ def test_the_release_runs_every_part_on_the_nodes(cluster, release):
     claim = api.get(f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims/hub-db-dir")
     assert claim["spec"]["volumeName"] == "gpuspawner-hub-db"
     assert (HUB_DB_DIR / "jupyterhub.sqlite").is_file()
-    # The continuous image puller ran on every node (the images are there: pullPolicy Never).
-    puller = api.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/continuous-image-puller")
-    assert puller["status"]["numberReady"] == len(cluster.nodes.names), puller["status"]
+    # z2jh's continuous puller (singleuser.image) and the chart's own, of the catalog's
+    # images, ran on every node (the images are there: pullPolicy Never)
+    for name in ("continuous-image-puller", f"{RELEASE}-gpuspawner-image-puller"):
+        puller = api.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{name}")
+        assert puller["status"]["numberReady"] == len(cluster.nodes.names), (name, puller)
+    catalog = yaml.safe_load(
+        api.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/gpuspawner-catalog")["data"][
+            "catalog.yaml"
+        ]
+    )
+    pulled = {
+        c["image"]
+        for c in api.get(
+            f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{RELEASE}-gpuspawner-image-puller"
+        )["spec"]["template"]["spec"]["initContainers"]
+    }
+    assert pulled == {image["image"] for image in catalog["images"].values()}
 
 
-def may(api, pod: dict, verb: str, resource: str, namespace: str | None = None) -> bool:
-    """The API server's answer (SubjectAccessReview): may this pod's service account do it?"""
-    account = pod["spec"]["serviceAccountName"]
+def may(api, account: str, verb: str, resource: str, namespace: str | None = None) -> bool:
+    """The API server's answer (SubjectAccessReview): may this service account do it?"""
     attributes = {"verb": verb, "resource": resource, "group": ""}
     if namespace:
         attributes["namespace"] = namespace
@@ -289,37 +171,41 @@ def may(api, pod: dict, verb: str, resource: str, namespace: str | None = None) 
     return review["status"]["allowed"]
 
 
-def test_the_hub_pod_reads_pods_only_in_its_namespace_unless_the_admin_opts_in(cluster, release):
-    """A pod list carries every container's environment: the deployed hub (and the gpuspawner
-    service in its pod) may read pods of the release's namespace only, until the admin applies
-    config/z2jh-rbac-opt-in-all-namespaces.yaml."""
+def test_the_hubs_rights_are_the_charts_and_the_all_namespaces_read_is_opt_in(chart_release):
+    """The deployed hub (and the services in its pod) reads nodes, and pods of its namespace
+    only, and annotates pods there: a pod list carries every container's environment, so
+    pods elsewhere are read only once the admin turns gpuspawner.inventory.allNamespaces on,
+    and no longer once it is off again."""
+    cluster = chart_release.cluster
     api = cluster.control_plane.admin_api()
     (hub,) = hub_pods(api)
+    account = hub["spec"]["serviceAccountName"]
+    assert account == "hub"
 
     def pod_reads(namespace):
-        return [may(api, hub, verb, "pods", namespace) for verb in ("list", "watch")]
+        return [may(api, account, verb, "pods", namespace) for verb in ("list", "watch")]
 
     elsewhere = ("default", "kube-system", None)  # None: cluster-wide
     assert pod_reads(NAMESPACE) == [True, True]
+    assert may(api, account, "patch", "pods", NAMESPACE)
     for namespace in elsewhere:
         assert pod_reads(namespace) == [False, False], namespace
-    assert may(api, hub, "list", "nodes") and may(api, hub, "watch", "nodes")
+        assert not may(api, account, "patch", "pods", namespace), namespace
+    assert may(api, account, "list", "nodes") and may(api, account, "watch", "nodes")
+    assert not may(api, account, "patch", "nodes") and not may(api, account, "get", "secrets")
 
-    cp = cluster.control_plane
-    cp.apply_manifests(ALL_NAMESPACES_OPT_IN)
-    opt_in = [d for d in yaml.safe_load_all(ALL_NAMESPACES_OPT_IN.read_text()) if d]
-    try:
-        for namespace in elsewhere:
-            wait_for(
-                lambda n=namespace: pod_reads(n) == [True, True],
-                30,
-                f"the opt-in to let the hub read pods in {namespace or 'every namespace'}",
-            )
-    finally:
-        # kubectl delete -f …, the binding first
-        for doc in sorted(opt_in, key=lambda d: d["kind"] != "ClusterRoleBinding"):
-            plural = doc["kind"].lower() + "s"
-            api.delete(f"/apis/rbac.authorization.k8s.io/v1/{plural}/{doc['metadata']['name']}")
+    opt_in = chart_release.cluster.state_dir / "all-namespaces.yaml"
+    opt_in.write_text("gpuspawner:\n  inventory:\n    allNamespaces: true\n")
+    cluster.helm.run(*chart_release.helm_args("upgrade", opt_in), timeout=1000)
+    # (the API server's authorizer sees a new binding within moments)
+    for namespace in elsewhere:
+        wait_for(
+            lambda n=namespace: pod_reads(n) == [True, True],
+            30,
+            f"the opt-in to let the hub read pods in {namespace or 'every namespace'}",
+        )
+    # helm upgrade without it takes the grant away
+    cluster.helm.run(*chart_release.helm_args("upgrade"), timeout=1000)
     for namespace in elsewhere:
         wait_for(
             lambda n=namespace: pod_reads(n) == [False, False],
@@ -331,13 +217,12 @@ def test_the_hub_pod_reads_pods_only_in_its_namespace_unless_the_admin_opts_in(c
 def test_an_admin_logs_in_and_the_spawn_form_offers_the_catalog(admin):
     r = admin.session.get(f"{admin.base}/hub/spawn", timeout=60)
     assert r.status_code == 200, r.text[:500]
-    assert "PyTorch" in r.text
-    assert "NVIDIA A100" in r.text
-    # 'licensed' is offered to its group only
-    assert "PyTorch (licensed)" not in r.text
+    for offered in ("PyTorch", "TensorFlow", "NVIDIA A100"):
+        assert offered in r.text, offered
 
 
-def test_a_one_gpu_a100_server_starts_checked_on_the_gpu_node(cluster, admin):
+def test_a_one_gpu_a100_server_starts_checked_on_the_gpu_node(chart_release, admin):
+    cluster = chart_release.cluster
     r = admin.api("POST", "/users/admin/server", json=ONE_A100)
     assert r.status_code in (201, 202), r.text
 
@@ -349,7 +234,7 @@ def test_a_one_gpu_a100_server_starts_checked_on_the_gpu_node(cluster, admin):
         return server["ready"]
 
     wait_for(started, 600, "admin's server to be ready")
-    pod = user_pod(cluster.control_plane.admin_api(), "admin")
+    pod = user_pod(api, "admin")
     spec = pod["spec"]
     assert spec["nodeName"] == "gpu-a100-0"
     # placed by the chart's user scheduler (the local control plane's kube-scheduler image)
@@ -367,8 +252,8 @@ def test_a_one_gpu_a100_server_starts_checked_on_the_gpu_node(cluster, admin):
     assert "started" in r.json()
 
 
-def test_the_culler_and_the_gpu_page_run_as_the_charts_hub_services(cluster, admin):
-    api = cluster.control_plane.admin_api()
+def test_the_culler_and_the_gpu_page_run_as_the_charts_hub_services(chart_release, admin):
+    api = chart_release.cluster.control_plane.admin_api()
 
     def routed(response):
         # The hub pod is Ready once the hub answers; it then starts its managed
@@ -391,8 +276,22 @@ def test_the_culler_and_the_gpu_page_run_as_the_charts_hub_services(cluster, adm
     assert "gpu-a100-0" in r.text
 
 
-def test_a_new_hub_pod_knows_the_running_server_and_the_limits_hold(cluster, admin):
-    api = cluster.control_plane.admin_api()
+def test_helm_test_passes(chart_release):
+    """The chart's own test pods: the hub's API, the culler, the GPU page, the user service."""
+    out = chart_release.cluster.helm.run(
+        "test", RELEASE, f"--namespace={NAMESPACE}", "--timeout=5m", timeout=400
+    )
+    suites = {block.split()[0]: block for block in out.split("TEST SUITE:")[1:] if block.strip()}
+    assert sorted(suites) == [
+        f"{RELEASE}-gpuspawner-test-{part}"
+        for part in ("admin-page", "culler", "hub-api", "user-service")
+    ], out
+    for name, block in suites.items():
+        assert re.search(r"^Phase:\s+Succeeded$", block, re.M), (name, out)
+
+
+def test_a_new_hub_pod_knows_the_running_server_and_the_limits_hold(chart_release, admin):
+    api = chart_release.cluster.control_plane.admin_api()
     (old,) = hub_pods(api)
     api.delete(f"/api/v1/namespaces/{NAMESPACE}/pods/{old['metadata']['name']}")
 
@@ -425,25 +324,28 @@ def test_a_new_hub_pod_knows_the_running_server_and_the_limits_hold(cluster, adm
     assert r.status_code == 200, r.text[:500]
 
 
-def test_helm_upgrade_with_a_changed_catalog_needs_no_hub_restart(cluster, admin):
+def test_helm_upgrade_with_a_changed_catalog_needs_no_hub_restart(chart_release, admin):
+    """The catalog in the values, changed by ``helm upgrade``: the ConfigMap changes, the
+    kubelet updates the mounted file, the hub re-reads it; the hub pod stays as it is."""
+    cluster = chart_release.cluster
     api = cluster.control_plane.admin_api()
-    # z2jh's first upgrade after the install rolls the hub once: at install its
-    # generated secrets (cookie secret, tokens) are not in the cluster yet, so the hub
-    # pod's checksum/secret was taken of another random rendering than the Secret
-    # holds; from then on Helm's lookup reads them back and the checksum is stable.
-    cluster.helm.run(*helm_args("upgrade", cluster.chart), timeout=1000)
     (before,) = hub_pods(api)
     hub_deployment = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/hub"
     template_before = api.get(hub_deployment)["spec"]["template"]["metadata"]
-    catalog = yaml.safe_load(CATALOG.read_text())
-    catalog["images"]["tensorflow"] = {
-        "display_name": "TensorFlow (from the upgrade)",
-        "image": "registry.example.org/gpuspawner/cuda-tensorflow:2.21.0-cuda12.9-py3.13-jupyter",
-        "cuda": "12.9",
-    }
-    # kubectl create configmap … --dry-run=client -o yaml | kubectl apply -f -
-    controlplane.apply_objects(api, [catalog_configmap(yaml.safe_dump(catalog))])
-    cluster.helm.run(*helm_args("upgrade", cluster.chart), timeout=1000)
+    revision = helm_revision(chart_release)
+    changed = cluster.state_dir / "changed-catalog.yaml"
+    changed.write_text(
+        yaml.safe_dump(
+            {
+                "gpuspawner": {
+                    "catalog": {
+                        "images": {"tensorflow": {"display_name": "TensorFlow (from the upgrade)"}}
+                    }
+                }
+            }
+        )
+    )
+    cluster.helm.run(*chart_release.helm_args("upgrade", changed), timeout=1000)
 
     def offered():
         # a named server's form: the default server runs (its /hub/spawn goes to it)
@@ -452,15 +354,11 @@ def test_helm_upgrade_with_a_changed_catalog_needs_no_hub_restart(cluster, admin
 
     # The kubelet updates the ConfigMap's files within its sync period (10 s on this
     # test's nodes, tests/z2jh/topology.yaml); the hub re-reads.
-    wait_for(offered, 240, "the spawn form to offer the new image")
+    wait_for(offered, 240, "the spawn form to offer the changed image")
     (after,) = hub_pods(api)
     template_after = api.get(hub_deployment)["spec"]["template"]["metadata"]
     # the hub's pod template (its config checksums) is unchanged, so the pod is the same
     assert template_after == template_before
     assert after["metadata"]["uid"] == before["metadata"]["uid"]
     assert not any(s.get("restartCount") for s in after["status"].get("containerStatuses") or [])
-    revision = re.search(
-        r'"version":\s*(\d+)',
-        cluster.helm.run("status", RELEASE, f"--namespace={NAMESPACE}", "--output=json"),
-    )
-    assert revision and revision[1] == "3"
+    assert helm_revision(chart_release) == revision + 1

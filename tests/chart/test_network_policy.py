@@ -1,45 +1,35 @@
-"""Who may reach the hub pod's service ports (10101-10103), as the chart renders our values.
+"""Who may reach the hub pod's service ports (10101-10103), as the chart renders.
 
 The culler, the GPU page and the gpuspawner service listen in the hub pod on
 10101, 10102 and 10103 for the proxy, which routes ``/services/…`` to them
 (and the hub, which checks that its services answer). z2jh's
 ``hub.networkPolicy.allowedIngressPorts`` would open them to every source;
-config/z2jh-values.yaml allows them from those two pods only. Read from
-``helm template`` with the real Helm and the released chart; no cluster is
-started. (The local cluster's CNI enforces no NetworkPolicy, so the deployed
-release in test_helm_install.py cannot show it.)
+chart/gpuspawner (and config/z2jh-values.yaml, for a plain z2jh release) allow
+them from those two pods only. Read from ``helm template`` with the real Helm; no
+cluster is started (the local cluster's CNI enforces no NetworkPolicy, so the
+deployed release in tests/z2jh cannot show it).
 """
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-from gpuspawner_sandbox import build, helm, testing
+from gpuspawner_sandbox import build
 
-VALUES = build.REPO_ROOT / "config" / "z2jh-values.yaml"
+EXAMPLE = build.REPO_ROOT / "config" / "chart-values.yaml"
+PLAIN_Z2JH = build.REPO_ROOT / "config" / "z2jh-values.yaml"
 NAMESPACE = "jupyterhub"
 SERVICE_PORTS = (10101, 10102, 10103)
 
 
-@pytest.fixture(scope="module")
-def rendered(pytestconfig, tmp_path_factory) -> list[dict]:
-    if not (helm.Z2JH_CHART / "Chart.yaml").is_file():
-        testing.third_party_missing(
-            f"THE ZERO-TO-JUPYTERHUB 4.4.0 CHART IS MISSING at {helm.Z2JH_CHART} "
-            "(a copy of shared/ beside the clone), so the NetworkPolicy test does not run"
-        )
-    with testing.capture_disabled(pytestconfig):
-        try:
-            binary = helm.build_helm(out=sys.stderr)
-        except build.GoMissing as e:
-            testing.sandbox_unavailable(str(e))
-    home = tmp_path_factory.mktemp("helm")
-    chart = helm.release_chart(helm.Z2JH_CHART, home / "chart" / "jupyterhub")
-    return helm.Helm(binary, home / "home").template(
-        "jhub", chart, namespace=NAMESPACE, values_files=[VALUES]
+@pytest.fixture(params=["chart", "plain-z2jh"])
+def rendered(request, charts) -> list[dict]:
+    chart, values = (
+        (charts.gpuspawner, EXAMPLE)
+        if request.param == "chart"
+        else (charts.jupyterhub, PLAIN_Z2JH)
     )
+    return charts.helm.template("jhub", chart, namespace=NAMESPACE, values_files=[values])
 
 
 def find(manifests, kind, name):

@@ -1,0 +1,113 @@
+"""The hub side of gpuspawner's Helm chart (chart/gpuspawner): its settings, then :func:`setup`.
+
+The chart renders its ``gpuspawner:`` values into the ConfigMap ``gpuspawner-config``,
+mounted in the hub pod at :data:`CONFIG_DIR`; the chart's one ``hub.extraConfig``
+snippet is::
+
+    import gpuspawner.chartconfig
+    gpuspawner.chartconfig.configure(c)
+
+which reads ``settings.json`` there and calls :func:`gpuspawner.setup` with what the
+chart's layout fixes: the services listen on the hub pod's ports (the proxy runs in its
+own pod) behind z2jh's ``hub`` Service, the culler's and the GPU page's settings are the
+JSON files beside it, and notebooks reach the culler through ``proxy-public``. Services
+turned off in the values are dropped from the entries z2jh made for them (it lists every
+``hub.services`` entry, with a token, whether or not anything runs behind it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from traitlets.config import Config
+
+from .admin.service import SERVICE_NAME as ADMIN_SERVICE
+from .culler.hubconfig import SERVICE_NAME as CULLER_SERVICE
+from .hubsetup import setup
+from .userservice import SERVICE_NAME as USER_SERVICE
+
+#: Where the chart mounts ``gpuspawner-config`` (chart/gpuspawner/values.yaml, hub.extraVolumeMounts).
+CONFIG_DIR = Path("/etc/gpuspawner/config")
+#: z2jh's hub Service, on the ports the chart opens (hub.service.extraPorts).
+PORTS = {CULLER_SERVICE: 10101, ADMIN_SERVICE: 10102, USER_SERVICE: 10103}
+HUB_SERVICE = "hub"
+#: The culler as notebooks reach it (JupyterLab's cull warning): through z2jh's proxy.
+WARNING_URL = f"http://proxy-public/services/{CULLER_SERVICE}/"
+
+
+class ChartConfigError(ValueError):
+    """The chart's rendered settings cannot be read; one sentence saying which and why."""
+
+
+def setup_arguments(settings: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
+    """The keyword arguments of :func:`gpuspawner.setup` for the chart's ``settings.json``."""
+
+    def enabled(part: str) -> bool:
+        return bool((settings.get(part) or {}).get("enabled", True))
+
+    admin = settings.get("admin") or {}
+    users = admin.get("users")
+    return {
+        "culler": enabled("culler"),
+        "admin": enabled("admin"),
+        "user_service": enabled("userService"),
+        **{
+            f"{kind}_url": f"http://{HUB_SERVICE}:{PORTS[name]}"
+            for kind, name in (
+                ("culler", CULLER_SERVICE),
+                ("admin", ADMIN_SERVICE),
+                ("user_service", USER_SERVICE),
+            )
+        },
+        "ip": "0.0.0.0",
+        "culler_args": [f"--config={config_dir / 'culler_config.json'}"],
+        "admin_args": [f"--config={config_dir / 'admin_config.json'}"],
+        "prometheus_url": settings.get("prometheusUrl") or "",
+        "warning_url": WARNING_URL,
+        "admin_users": None if users is None else tuple(users),
+        "admin_groups": tuple(admin.get("groups") or ()),
+    }
+
+
+def turned_off(settings: Mapping[str, Any]) -> set[str]:
+    """The hub services the values turn off (their z2jh entries are dropped)."""
+    args = setup_arguments(settings)
+    return {
+        name
+        for name, on in (
+            (CULLER_SERVICE, args["culler"]),
+            (ADMIN_SERVICE, args["admin"]),
+            (USER_SERVICE, args["user_service"]),
+        )
+        if not on
+    }
+
+
+def read_settings(config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
+    """``settings.json`` as the chart rendered it; :class:`ChartConfigError` if unreadable."""
+    path = config_dir / "settings.json"
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ChartConfigError(
+            f"{path} cannot be read ({e.strerror}): is the ConfigMap gpuspawner-config mounted "
+            "(the chart's hub.extraVolumes)?"
+        ) from None
+    except ValueError as e:
+        raise ChartConfigError(f"{path} is not JSON ({e}).") from None
+    if not isinstance(settings, dict):
+        raise ChartConfigError(f"{path} holds no mapping of settings.")
+    return settings
+
+
+def configure(c: Config, config_dir: Path = CONFIG_DIR) -> dict[str, dict[str, Any]]:
+    """Apply the chart's settings to the hub's config ``c``; the services added, by name."""
+    settings = read_settings(config_dir)
+    off = turned_off(settings)
+    services = c.JupyterHub.get("services") or []
+    c.JupyterHub.services = [s for s in services if s.get("name") not in off]
+    c.GPUSpawner.gpu_inventory_all_namespaces = bool(settings.get("inventoryAllNamespaces"))
+    return setup(c, **setup_arguments(settings, config_dir))
