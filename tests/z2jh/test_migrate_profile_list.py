@@ -18,6 +18,7 @@ import pytest
 import requests
 import yaml
 
+from gpuspawner.images.release import hub_image_tag
 from gpuspawner_sandbox import testing
 
 from .conftest import CHART_VALUES, PASSWORD, Browser, chart_copy, proxy_public
@@ -111,7 +112,7 @@ def test_a_plain_z2jh_hub_upgraded_to_the_chart_still_offers_its_profiles(cluste
     )
     api = cluster.control_plane.admin_api()
     hub = api.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/hub")
-    assert hub["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":0.1.0.dev0")
+    assert hub["spec"]["template"]["spec"]["containers"][0]["image"].endswith(f":{hub_image_tag()}")
 
     # the hub answers again (the upgrade restarted it: its configuration changed)
     browser = testing.wait_for(
