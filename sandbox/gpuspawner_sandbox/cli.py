@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import build, nodebuild, nodeconfig, nodes
+from . import build, kubectl, nodebuild, nodeconfig, nodes
 from .controlplane import (
     ControlPlane,
     ControlPlaneError,
@@ -61,7 +61,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         start_real_nodes(real, cp, args)
 
     print(f"Logs: {cp.log_dir}")
-    print(f"export KUBECONFIG={cp.admin_kubeconfig}")
+    print("\n".join(kubectl.usage_lines(cp.admin_kubeconfig)))
     if not args.foreground:
         print("Stop it with: gpuspawner-sandbox down")
         return 0
@@ -156,7 +156,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         for part, alive in parts.items():
             print(f"{f'{node}/{part}':<26} {'running' if alive else 'NOT RUNNING'}")
     print(f"API server: {state['api_url']}")
-    print(f"export KUBECONFIG={state['admin_kubeconfig']}")
+    print("\n".join(kubectl.usage_lines(Path(state["admin_kubeconfig"]))))
     healthy = all(components.values()) and all(a for p in real.values() for a in p.values())
     return 0 if healthy else 1
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from . import build, nodebuild, nodeconfig, notebookimage, validationimage
+from . import build, kubectl, nodebuild, nodeconfig, notebookimage, validationimage
 from .controlplane import ControlPlane, ControlPlaneError
 from .hubprocess import REPO, Hub, proxy_command, start_hub
 from .kubeapi import ApiError
@@ -417,13 +417,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         stack.stop()
         return 130
+    shell = [
+        *kubectl.usage_lines(stack.control_plane.admin_kubeconfig),
+        kubectl.typed("-n", HUB_NAMESPACE, "exec", "jupyter-<name>", "--", "nvidia-smi", "-L"),
+    ]
     print(
         f"\nJupyterHub with GPUSpawner is running at {hub.public_url}/\n"
         f"Log in as any user name with the password '{DEMO_PASSWORD}' ('admin' has no GPU limit,\n"
         "'student' may use 1 A100), pick 'PyTorch' with 2 × NVIDIA H100, and open a terminal:\n"
         "`nvidia-smi` lists the two GPUs the cluster allocated to you.\n"
-        f"Cluster: export KUBECONFIG={stack.control_plane.admin_kubeconfig}\n"
-        "Press Ctrl-C to stop everything.",
+        "The cluster from a shell (the last line with a user's name: their server's GPUs):\n"
+        + "".join(f"  {line}\n" for line in shell)
+        + "Press Ctrl-C to stop everything.",
         flush=True,
     )
     if story:

@@ -1,6 +1,7 @@
 """Build what a real node runs besides the kubelet: containerd, its runc shim,
 the CNI plugins, NVIDIA's container runtime (GPU nodes), the programs inside
-our own pause and test images, and the emulated driver's nvidia-smi.
+our own pause and test images, and the emulated driver's nvidia-smi; and, for
+people at the cluster rather than its nodes, kubectl from the control plane's pin.
 
 The kubelet itself is a component of the control plane's multi-call binary
 (:mod:`gpuspawner_sandbox.build`, ``k8s kubelet``), which shares its compile.
@@ -395,8 +396,32 @@ COREDNS = LocalProgram(
 )
 
 
+def kubectl_ldflags(module_dir: Path = build.GO_MODULE_DIR) -> str:
+    """The ``k8s`` binary's version flags: ``kubectl version`` names the cluster's release."""
+    go_mod = module_dir / "go.mod"
+    if not go_mod.is_file():  # not a clone: nothing builds, and build.binary_path says why
+        return "-s -w"
+    return build.version_ldflags(build.kubernetes_version(go_mod.read_text()))
+
+
+#: Upstream's kubectl (k8s.io/kubectl at the staging version of the control plane's pin),
+#: for people at the local cluster (gpuspawner_sandbox.kubectl puts it on the venv's PATH).
+#: Its own binary, so adding or changing it never relinks ``k8s``, and the control plane's
+#: processes carry none of kubectl's packages.
+KUBECTL = LocalProgram(
+    name="kubectl",
+    module_dir=build.GO_MODULE_DIR,
+    describe=(
+        "Building kubectl (sandbox/go/cmd/kubectl, k8s.io/kubectl at the control plane's pin); "
+        "about 30 seconds once the control plane is built, several minutes from a cold Go cache."
+    ),
+    package="./cmd/kubectl",
+    ldflags=kubectl_ldflags(),
+    sources=(*build.SOURCE_FILES, "cmd/kubectl"),
+)
+
 #: Our programs built from sandbox/go besides the ``k8s`` binary.
-MODULE_PROGRAMS = (NVIDIA_SMI, DCGM_EXPORTER)
+MODULE_PROGRAMS = (NVIDIA_SMI, DCGM_EXPORTER, KUBECTL)
 
 
 def find_runc() -> Path:
@@ -419,6 +444,8 @@ def build_all(cache: Path | None = None, *, out: TextIO | None = None) -> NodeBi
     runc = find_runc()
     k8s = build.build(cache=cache, out=out)
     dirs = {tool.name: build_tool(tool, cache, out=out) for tool in NODE_TOOLS}
+    # Not a node's: people's kubectl for the cluster (the shim finds it by its sources).
+    build_local(KUBECTL, cache, out=out)
     return NodeBinaries(
         k8s=k8s,
         containerd_dir=dirs[CONTAINERD.name],

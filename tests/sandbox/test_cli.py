@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -39,6 +40,20 @@ def test_down_never_signals_a_stranger_with_a_recorded_pid(tmp_path, capsys):
         stranger.wait()
 
 
+def run_as_printed(out: str) -> subprocess.CompletedProcess:
+    """The printed ``export KUBECONFIG=…`` and ``… get nodes`` lines, run in a shell as typed."""
+    lines = [
+        line
+        for line in out.splitlines()
+        if line.startswith("export KUBECONFIG=") or line.endswith(" get nodes")
+    ]
+    assert len(lines) == 2, out
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    return subprocess.run(
+        ["sh", "-c", "\n".join(lines)], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
 def test_up_control_plane_only_status_down_leave_no_process(control_plane_binary, tmp_path, capsys):
     state = tmp_path / "state"
     try:
@@ -46,6 +61,9 @@ def test_up_control_plane_only_status_down_leave_no_process(control_plane_binary
         out = capsys.readouterr().out
         assert f"export KUBECONFIG={state / 'admin.kubeconfig'}" in out
         assert "Ready in" not in out  # no nodes
+        # the venv's kubectl, as printed, reaches the API server: no nodes yet
+        shown = run_as_printed(out)
+        assert shown.returncode == 0 and "No resources found" in shown.stderr, shown
 
         assert cli.main(["--state-dir", str(state), "status"]) == 0
         status = capsys.readouterr().out
@@ -99,6 +117,11 @@ def test_up_status_down(pytestconfig, tmp_path, capsys):
         assert "cli-cpu-0/device-plugin" not in status
         assert "cli-gpu-0/dcgm-exporter " in status
         assert "cli-cpu-0/dcgm-exporter" not in status
+        # `status` prints the lines again; as typed, the venv's kubectl lists both nodes
+        shown = run_as_printed(status)
+        assert shown.returncode == 0, shown.stderr
+        rows = [line.split() for line in shown.stdout.splitlines()[1:]]
+        assert {row[0]: row[1] for row in rows} == {"cli-gpu-0": "Ready", "cli-cpu-0": "Ready"}
         plugin = nodes.read_state(state)["nodes"]["cli-gpu-0"]["pids"]["device-plugin"]
         cmdline = Path(f"/proc/{plugin}/cmdline").read_bytes().split(b"\0")
         assert b"--device-list-strategy=cdi-cri" in cmdline
