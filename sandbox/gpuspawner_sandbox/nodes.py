@@ -848,25 +848,32 @@ class RealNodes:
         """``IP:PORT`` of a GPU node's emulated DCGM exporter (its /metrics); None otherwise."""
         return self.state["nodes"][name].get("dcgm_exporter")
 
+    def in_node(
+        self, name: str, argv: Sequence[str], timeout: float = 30
+    ) -> subprocess.CompletedProcess:
+        """Run a program in the node's mount namespace (its containerd and kubelet sockets)."""
+        holder = self.state["nodes"][name]["pids"]["holder"]
+        return subprocess.run(
+            ["nsenter", f"--mount=/proc/{holder}/ns/mnt", "--", *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
     def pod_resources(self, name: str) -> list[dict[str, Any]]:
         """What the node's kubelet says each container holds, from its PodResources API.
 
         Asked as the DCGM exporter asks (``dcgm-exporter --list-pod-resources``, in the
         node's mount namespace): one entry per container and resource, with its device IDs.
         """
-        holder = self.state["nodes"][name]["pids"]["holder"]
-        result = subprocess.run(
+        result = self.in_node(
+            name,
             [
-                "nsenter",
-                f"--mount=/proc/{holder}/ns/mnt",
-                "--",
                 str(self.binaries.dcgm_exporter),
                 "--list-pod-resources",
                 f"--pod-resources-socket={nodeconfig.POD_RESOURCES_SOCKET}",
             ],
-            capture_output=True,
-            text=True,
-            timeout=30,
         )
         if result.returncode != 0:
             raise NodeError(

@@ -2,7 +2,10 @@
 
 The demo runs one over every GPU node's emulated DCGM exporter, so the culler and
 the admin page read GPU activity as they would on a real cluster; the tests
-start the same one.
+start the same one. The local cluster's in-cluster Prometheus
+(:mod:`.clusterprometheus`, a pod reachable from pods) runs the same program with
+the same flags and the same scrape job, there discovering the exporters through
+the cluster DNS (SRV records of their Service).
 """
 
 from __future__ import annotations
@@ -34,15 +37,63 @@ def prometheus_binary() -> str | None:
     )
 
 
+#: Loopback or a pod's address: never through a proxy the environment names.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+#: The scrape job's name, as NVIDIA's dcgm-exporter chart names its ServiceMonitor's.
+DCGM_JOB = "dcgm-exporter"
+
+
+def dcgm_scrape_config(
+    *,
+    static_targets: list[str] | None = None,
+    dns_sd: dict | None = None,
+    honor_labels: bool = True,
+    target_labels: dict | None = None,
+    scrape_interval: str = "1s",
+) -> dict:
+    """prometheus.yml scraping the DCGM exporters: listed (``static_targets``, ``host:port``
+    each) or discovered (one ``dns_sd`` entry: SRV records of the exporters' Service).
+
+    ``honor_labels`` keeps the exporter's own ``pod``/``namespace`` labels, as the
+    DCGM exporter's documentation asks of a Prometheus that scrapes it.
+    """
+    job: dict = {"job_name": DCGM_JOB, "honor_labels": honor_labels}
+    if static_targets is not None:
+        static: dict = {"targets": list(static_targets)}
+        if target_labels:
+            static["labels"] = target_labels
+        job["static_configs"] = [static]
+    if dns_sd is not None:
+        job["dns_sd_configs"] = [dns_sd]
+    return {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "scrape_configs": [job],
+    }
+
+
+def server_args(config_file: str, data_dir: str, listen: str) -> list[str]:
+    """Prometheus's flags (after the program), on the host and in the cluster alike."""
+    return [
+        f"--config.file={config_file}",
+        f"--storage.tsdb.path={data_dir}",
+        f"--web.listen-address={listen}",
+        "--storage.tsdb.retention.time=1h",
+        # a series that stops being scraped disappears from instant queries in 10 s
+        "--query.lookback-delta=10s",
+        "--log.level=warn",
+    ]
+
+
 @dataclass
-class Prometheus:
-    process: subprocess.Popen
+class PrometheusApi:
+    """Prometheus's HTTP API at ``url`` (on 127.0.0.1, or a pod's address in the cluster)."""
+
     url: str
-    log_path: Path
 
     def query(self, promql: str) -> dict:
         data = urllib.parse.urlencode({"query": promql}).encode()
-        with urllib.request.urlopen(f"{self.url}/api/v1/query", data=data, timeout=10) as r:
+        with _DIRECT.open(f"{self.url}/api/v1/query", data=data, timeout=10) as r:
             return json.loads(r.read())
 
     def wait_for(self, promql: str, predicate, timeout: float = 30) -> dict:
@@ -55,6 +106,14 @@ class Prometheus:
                 return last
             time.sleep(0.5)
         raise AssertionError(f"Prometheus never satisfied the check for {promql!r}: {last}")
+
+
+@dataclass
+class Prometheus(PrometheusApi):
+    """A Prometheus this process started on 127.0.0.1 (:func:`start_prometheus`)."""
+
+    process: subprocess.Popen
+    log_path: Path
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -77,54 +136,37 @@ def start_prometheus(
 ) -> Prometheus:
     """Prometheus on 127.0.0.1 scraping DCGM exporters (``host:port`` each), data in ``workdir``.
 
-    ``honor_labels`` keeps the exporter's own ``pod``/``namespace`` labels, as the
-    DCGM exporter's documentation asks of a Prometheus that scrapes it.
+    ``honor_labels`` and the rest: :func:`dcgm_scrape_config`.
     """
     binary = binary or prometheus_binary()
     if binary is None:
         raise PrometheusMissing(f"the prometheus binary is not installed: run {INSTALL_HINT}")
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    static = {"targets": [targets] if isinstance(targets, str) else list(targets)}
-    if target_labels:
-        static["labels"] = target_labels
-    config = {
-        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
-        "scrape_configs": [
-            {
-                "job_name": "dcgm-exporter",
-                "honor_labels": honor_labels,
-                "static_configs": [static],
-            }
-        ],
-    }
+    config = dcgm_scrape_config(
+        static_targets=[targets] if isinstance(targets, str) else list(targets),
+        honor_labels=honor_labels,
+        target_labels=target_labels,
+        scrape_interval=scrape_interval,
+    )
     config_path = workdir / "prometheus.yml"
     config_path.write_text(json.dumps(config))  # JSON is YAML
     log_path = workdir / "prometheus.log"
     process = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config_path}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--storage.tsdb.retention.time=1h",
-            # a series that stops being scraped disappears from instant queries in 10 s
-            "--query.lookback-delta=10s",
-            "--log.level=warn",
-        ],
+        [binary, *server_args(str(config_path), str(workdir / "data"), f"127.0.0.1:{port}")],
         stdout=log_path.open("wb"),
         stderr=subprocess.STDOUT,
         # A crashed or killed demo, test run or benchmark must not leave it running.
         preexec_fn=dying_with_us(),
     )
-    prometheus = Prometheus(process, f"http://127.0.0.1:{port}", log_path)
+    prometheus = Prometheus(f"http://127.0.0.1:{port}", process, log_path)
     deadline = time.monotonic() + 30
     try:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise RuntimeError(f"Prometheus exited at start:\n{log_path.read_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(f"{prometheus.url}/-/ready", timeout=2) as r:
+                with _DIRECT.open(f"{prometheus.url}/-/ready", timeout=2) as r:
                     if r.status == 200:
                         return prometheus
             except (urllib.error.URLError, OSError):

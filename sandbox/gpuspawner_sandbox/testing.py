@@ -330,6 +330,37 @@ def container_pids(node: str, container_id: str) -> list[int]:
     return []
 
 
+def namespace_pid(pid: int) -> int:
+    """The pid a host process has in its innermost pid namespace (NSpid's last field)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    raise AssertionError(f"no NSpid for {pid}")
+
+
+def in_pod_container(pod: dict, argv: list[str], uid: int = 1000, gid: int = 100):
+    """Start ``argv`` in a pod's first container, as its user types it in a terminal
+    (its mount and pid namespaces, jovyan's uid/gid by default): a ``subprocess.Popen``."""
+    import subprocess
+
+    container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    pids = container_pids(pod["spec"]["nodeName"], container_id)
+    (init,) = [p for p in pids if namespace_pid(p) == 1]
+    enter = [
+        "nsenter",
+        f"--target={init}",
+        "--mount",
+        "--pid",
+        f"--setuid={uid}",
+        f"--setgid={gid}",
+    ]
+    return subprocess.Popen(
+        [*enter, *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
 def process_environment(pid: int) -> dict[str, str]:
     """A process's environment, from /proc."""
     raw = Path(f"/proc/{pid}/environ").read_bytes()
