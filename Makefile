@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# JupyterHub 5.5 + KubeSpawner 7.0, zero-to-jupyterhub 4.4.0's hub (README, "Compatibility"):
+# JupyterHub 5.5 + KubeSpawner 7.0, zero-to-jupyterhub 4.4.0's hub (docs/development.md, "Compatibility"):
 # `make test` also runs the unit and hub-level tests in this second virtualenv. The e2e,
 # image, sandbox and z2jh tests run once, on the newest line in $(VENV): what they test (the
 # cluster, Docker, the images) does not depend on the hub's JupyterHub line (the z2jh
@@ -23,7 +23,7 @@ UNIT_TESTS := tests $(foreach t,$(MACHINE_TESTS),--ignore=$(t))
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS_JH55 ?= -n $(PYTEST_WORKERS) $(UNIT_TESTS)
 
-.PHONY: setup system-packages test lint demo bench clean full-images
+.PHONY: setup system-packages test lint docs chart demo bench clean full-images
 
 setup: $(VENV)/.installed node_modules/.installed $(VENV)/.labext-installed
 
@@ -32,12 +32,12 @@ setup: $(VENV)/.installed node_modules/.installed $(VENV)/.labext-installed
 system-packages:
 	@sh scripts/install-system-packages.sh
 
-$(VENV)/.installed: pyproject.toml sandbox/pyproject.toml .ci/jupyterhub-6.1.txt
+$(VENV)/.installed: pyproject.toml sandbox/pyproject.toml .ci/jupyterhub-6.1.txt docs/requirements.txt
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.10 or newer is needed: install python3 (e.g. apt-get install python3 python3-venv)"; exit 1; }
 	@command -v npm >/dev/null || { echo "Node.js 18+ with npm is needed for configurable-http-proxy: install nodejs and npm (e.g. apt-get install nodejs npm)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]' -e ./sandbox -c .ci/jupyterhub-6.1.txt
+	$(PY) -m pip install --quiet -e '.[test]' -e ./sandbox -r docs/requirements.txt -c .ci/jupyterhub-6.1.txt
 	@touch $@
 
 $(VENV_JH55)/.installed: pyproject.toml sandbox/pyproject.toml .ci/jupyterhub-5.5.txt
@@ -68,10 +68,27 @@ node_modules/.installed: package.json
 	npm install --no-audit --no-fund --loglevel=error
 	@touch $@
 
+# The docs site (docs/, Sphinx + MyST + autodoc-traits): warnings are errors and every
+# reference must resolve (-n), so a broken link or reference fails `make test`.
+docs: setup
+	$(VENV)/bin/sphinx-build -W --keep-going -n -q -b html docs build/docs
+
+# gpuspawner's Helm chart: its jupyterhub 4.4.0 dependency packaged offline from
+# ../shared/third-party into chart/gpuspawner/charts/ (an admin: `helm dependency build`),
+# `helm lint --strict`, then `helm package` into build/chart/ (the sandbox's Helm, built once).
+chart: setup
+	$(PY) -m gpuspawner_sandbox.helm chart --destination build/chart
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+
+# The machine tests' temporary folders (the clusters' state among them) live in a
+# folder of their own: pytest keeps only the three newest numbered folders under
+# /tmp/pytest-of-<user>, so other pytest runs beside them (the unit tests' two
+# lines, or anyone else's) could otherwise delete a running cluster's record.
+MACHINE_BASETEMP ?= /tmp/gpuspawner-machine-tests-$(shell id -u)
 
 # Both JupyterHub lines, each run to its end; pytest exits 5 when it collected no
 # test: that is a failure here, never a pass. The whole suite ends with its 30
@@ -83,7 +100,7 @@ lint: setup
 # group; tests/conftest.py undoes the background's ignored SIGINT): the 5.5 line is
 # not started after an interrupted 6.1 line (pytest's exit status 2), and the
 # recipe waits for the background to end before it reports.
-test: lint system-packages $(VENV_JH55)/.installed $(VENV_JH55)/.labext-installed
+test: lint docs chart system-packages $(VENV_JH55)/.installed $(VENV_JH55)/.labext-installed
 	@failed=0; \
 	verdict() { rc=$$1; \
 		if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; rc=1; fi; \
@@ -104,7 +121,7 @@ test: lint system-packages $(VENV_JH55)/.installed $(VENV_JH55)/.labext-installe
 		    echo $$? >$$beside/5.5.rc; \
 		  fi ) & \
 		echo "== JupyterHub 6.1 + KubeSpawner 7.1 ($(VENV)): real nodes, Docker, Helm (the unit and hub-level tests of both lines run beside; their output follows) =="; \
-		run $(VENV)/bin/pytest --durations=30 $(MACHINE_TESTS); \
+		run $(VENV)/bin/pytest --durations=30 --basetemp=$(MACHINE_BASETEMP) $(MACHINE_TESTS); \
 		until wait; do :; done; \
 		echo "== unit and hub-level tests: JupyterHub 6.1 + KubeSpawner 7.1 ($(VENV)), run beside =="; \
 		cat $$beside/6.1; verdict $$(cat $$beside/6.1.rc 2>/dev/null || echo 1); \
