@@ -41,6 +41,23 @@ def last_activity(hub, user: str) -> str | None:
     return hub.api("GET", f"/users/{user}").json()["servers"][""]["last_activity"]
 
 
+def settled_activity(hub, user: str) -> str | None:
+    """The server's last activity once its start's own reports are in.
+
+    A freshly started single-user server reports activity once just after the hub
+    sees it answer; the hub folds the proxy's figures in every 2 s. Two equal reads
+    4 s apart mean neither is still on its way.
+    """
+    before = last_activity(hub, user)
+    for _ in range(20):
+        time.sleep(4)
+        now = last_activity(hub, user)
+        if now == before:
+            return now
+        before = now
+    raise AssertionError(f"the last activity of {user!r} never settled: {before}")
+
+
 async def status(url: str, token: str | None) -> dict:
     code, body = await fetch_status(url, token)
     assert code == 200, body
@@ -69,7 +86,7 @@ async def test_gpu_status_tells_each_token_its_own_servers_load_and_stop(
     assert all(decision.action == P.KEEP for decision in d.values()), d
     passes_requests = app.prometheus.requests
     url = f"http://127.0.0.1:{port}/api/gpu-status"
-    activity_before = last_activity(hub, "gsidle")
+    activity_before = settled_activity(hub, "gsidle")
 
     # the busy server's own token: its own entry, with the exporter's figures
     own = user_token(hub, "gsbusy", ["access:servers!server=gsbusy/", ACCESS])
