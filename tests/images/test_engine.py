@@ -63,28 +63,34 @@ def test_build_context_is_the_repository_less_dockerignore_plus_extra_files(matr
     """What the engine receives: what the Dockerfiles COPY, z2jh's requirements, no .venv."""
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("jupyterhub==5.5.0\n")
-    steps = plan_builds(
-        matrix, ["cuda-pytorch", "hub"], context=str(REPO), hub_requirements=str(requirements)
+    pytorch, rebuild, hub = plan_builds(
+        matrix,
+        ["cuda-pytorch", "k8s-hub", "hub"],
+        context=str(REPO),
+        hub_requirements=str(requirements),
     )
-    with engine.build_context(steps[0]) as f:
+    with engine.build_context(pytorch) as f:
         names = tarfile.open(fileobj=f).getnames()
     assert "images/cuda-pytorch/Dockerfile" in names
     assert "images/common/start.sh" in names
     assert "gpuspawner/images/smoke.py" in names
     assert not [n for n in names if n.startswith((".venv", ".git/", ".cache"))]
     assert HUB_REQUIREMENTS_IN_CONTEXT not in names
-    with engine.build_context(steps[1]) as f:
+    # only the offline k8s-hub rebuild needs z2jh's pins; the hub is FROM k8s-hub
+    with engine.build_context(rebuild) as f:
         tar = tarfile.open(fileobj=f)
         sent = tar.extractfile(HUB_REQUIREMENTS_IN_CONTEXT).read()
     assert sent == b"jupyterhub==5.5.0\n"
+    with engine.build_context(hub) as f:
+        assert HUB_REQUIREMENTS_IN_CONTEXT not in tarfile.open(fileobj=f).getnames()
 
 
 def test_missing_hub_requirements_is_one_sentence(matrix, tmp_path):
     (step,) = plan_builds(
-        matrix, ["hub"], context=str(REPO), hub_requirements=str(tmp_path / "absent.txt")
+        matrix, ["k8s-hub"], context=str(REPO), hub_requirements=str(tmp_path / "absent.txt")
     )
     with pytest.raises(
-        engine.EngineError, match=r"cannot read .*absent.txt for hub's build context"
+        engine.EngineError, match=r"cannot read .*absent.txt for k8s-hub's build context"
     ):
         with engine.build_context(step):
             pass

@@ -85,15 +85,12 @@ def test_catalog_output_carries_the_prepuller_block_as_comments(matrix, tmp_path
 
 
 def test_hub_image_is_the_one_the_image_tool_builds(matrix):
-    from packaging.version import Version
-
     from gpuspawner import __version__
     from gpuspawner.images.plan import hub_ref
 
     image = yaml.safe_load(VALUES.read_text())["hub"]["image"]
-    # the release of this package (`gpuspawner-images build hub` tags the package version)
-    release = Version(__version__).base_version
-    assert f"{image['name']}:{image['tag']}" == hub_ref(matrix, release)
+    # `gpuspawner-images build hub` tags the package's version (gpuspawner.images.release)
+    assert f"{image['name']}:{image['tag']}" == hub_ref(matrix, __version__)
 
 
 def chart_config(chart_defaults, values: dict):
