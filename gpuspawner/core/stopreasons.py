@@ -37,6 +37,9 @@ REASON_PRESSURE = "pressure"
 REASON_MAX_AGE = "max-age"
 #: The GPU check (the init container) failed; ``kind`` names how.
 REASON_GPU_CHECK = "gpu-check"
+#: The GPU check's kind when the runtime could not start it (no python3 in its image):
+#: it never ran, so nothing is known of the GPUs. validation.podstatus assigns it.
+NOT_STARTABLE_KIND = "check-not-startable"
 #: No node could take the server's GPUs for GPUSpawner.gpu_unschedulable_timeout.
 REASON_STUCK_PENDING = "stuck-pending"
 #: An admin stopped it from the GPU page (gpuspawner-admin).
@@ -175,8 +178,11 @@ class StopNotice:
         if self.reason == REASON_MAX_AGE:
             return f"it reached the maximum age of {span}" if span else "it reached its maximum age"
         if self.reason == REASON_GPU_CHECK:
-            kind = f" ({self.kind})" if self.kind else ""
             detail = self.detail.rstrip(".")
+            if self.kind == NOT_STARTABLE_KIND:
+                # the check never ran: this says nothing of the GPUs
+                return "its GPUs could not be checked" + (f": {detail}" if detail else "")
+            kind = f" ({self.kind})" if self.kind else ""
             return f"its GPUs failed their check{kind}" + (f": {detail}" if detail else "")
         if self.reason == REASON_STUCK_PENDING:
             wait = f" for {span}" if span else ""

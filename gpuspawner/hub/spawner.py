@@ -1212,12 +1212,10 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             self.log.warning("GPU check failed for %s: %s", self._log_name, reason)
             self._failed_start(stopreasons.REASON_GPU_CHECK, kind=e.kind, detail=reason)
             await self._delete_failed_pod("its GPU check failed")
-            from ..validation.podstatus import NOT_STARTABLE_KIND
-
             # A check that never started says nothing of the GPUs: not "failed their check".
             message = (
                 refusals.sentence(REASON_GPU_CHECK, "not-run", detail=reason)
-                if e.kind == NOT_STARTABLE_KIND
+                if e.kind == stopreasons.NOT_STARTABLE_KIND
                 else refusals.sentence(REASON_GPU_CHECK, "failed", detail=reason)
             )
             raise spawn_error(

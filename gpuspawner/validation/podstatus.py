@@ -16,12 +16,11 @@ from typing import Any
 from ..core.labels import VALIDATION_CONTAINER_NAME
 from ..core.refusals import shown
 from ..core.serverpod import ServerPod, is_gpu_resource
+from ..core.stopreasons import NOT_STARTABLE_KIND
 from .gpucheck import EXIT_CODES, EXIT_NVIDIA_SMI_FAILED
 
 _NOT_STARTABLE = 127
 _KILLED = 137
-#: The kind of a check the runtime could not start (no python3 in its image): it never ran.
-NOT_STARTABLE_KIND = "check-not-startable"
 
 #: Every exit code of the GPU check container: the check's own (``gpucheck.EXIT_CODES``) and
 #: the container runtime's. Code -> (kind, reason): the kind is the bounded label the hub's

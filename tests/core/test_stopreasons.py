@@ -41,6 +41,15 @@ def test_the_issue_example():
             "its GPUs failed their check (xid-error): GPU 1 reported Xid 79",
         ),
         (
+            S.StopNotice(
+                S.REASON_GPU_CHECK,
+                AT,
+                kind=S.NOT_STARTABLE_KIND,
+                detail="The check image 'x' has no python3.",
+            ),
+            "its GPUs could not be checked: The check image 'x' has no python3",
+        ),
+        (
             S.StopNotice(S.REASON_STUCK_PENDING, AT, seconds=300),
             "no node had free GPUs for it for 5 minutes",
         ),
