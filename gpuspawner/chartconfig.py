@@ -42,26 +42,26 @@ class ChartConfigError(ValueError):
     """The chart's rendered settings cannot be read; one sentence saying which and why."""
 
 
+#: Each service: its hub name, its switch among :func:`gpuspawner.setup`'s arguments (and
+#: the prefix of its ``…_url``), and its key in the chart's ``gpuspawner:`` values.
+PARTS = (
+    (CULLER_SERVICE, "culler", "culler"),
+    (ADMIN_SERVICE, "admin", "admin"),
+    (USER_SERVICE, "user_service", "userService"),
+)
+
+
+def _enabled(settings: Mapping[str, Any], key: str) -> bool:
+    return bool((settings.get(key) or {}).get("enabled", True))
+
+
 def setup_arguments(settings: Mapping[str, Any], config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
     """The keyword arguments of :func:`gpuspawner.setup` for the chart's ``settings.json``."""
-
-    def enabled(part: str) -> bool:
-        return bool((settings.get(part) or {}).get("enabled", True))
-
     admin = settings.get("admin") or {}
     users = admin.get("users")
     return {
-        "culler": enabled("culler"),
-        "admin": enabled("admin"),
-        "user_service": enabled("userService"),
-        **{
-            f"{kind}_url": f"http://{HUB_SERVICE}:{PORTS[name]}"
-            for kind, name in (
-                ("culler", CULLER_SERVICE),
-                ("admin", ADMIN_SERVICE),
-                ("user_service", USER_SERVICE),
-            )
-        },
+        **{argument: _enabled(settings, key) for _, argument, key in PARTS},
+        **{f"{argument}_url": f"http://{HUB_SERVICE}:{PORTS[name]}" for name, argument, _ in PARTS},
         "ip": "0.0.0.0",
         "culler_args": [f"--config={config_dir / 'culler_config.json'}"],
         "admin_args": [f"--config={config_dir / 'admin_config.json'}"],
@@ -74,16 +74,7 @@ def setup_arguments(settings: Mapping[str, Any], config_dir: Path = CONFIG_DIR) 
 
 def turned_off(settings: Mapping[str, Any]) -> set[str]:
     """The hub services the values turn off (their z2jh entries are dropped)."""
-    args = setup_arguments(settings)
-    return {
-        name
-        for name, on in (
-            (CULLER_SERVICE, args["culler"]),
-            (ADMIN_SERVICE, args["admin"]),
-            (USER_SERVICE, args["user_service"]),
-        )
-        if not on
-    }
+    return {name for name, _, key in PARTS if not _enabled(settings, key)}
 
 
 def read_settings(config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
