@@ -61,6 +61,7 @@ from .prometheus import (
     prometheus_binary,
     server_args,
 )
+from .testing import wait_for
 
 if TYPE_CHECKING:
     from .nodes import RealNodes
@@ -353,17 +354,6 @@ def _create(api: KubeApi, manifest: Mapping[str, Any]) -> None:
             raise
 
 
-def _wait(what: str, check: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise ClusterPrometheusError(f"Timed out after {timeout:.0f}s waiting for {what}.")
-        time.sleep(0.5)
-
-
 def _ready_pod_ip(api: KubeApi) -> str | None:
     pods = api.get(
         f"/api/v1/namespaces/{NAMESPACE}/pods",
@@ -407,12 +397,20 @@ def deploy_in_cluster_prometheus(
     api = nodes.api()
     for manifest in manifests(ref, exporters, scrape_interval):
         _create(api, manifest)
-    ip = _wait("the Prometheus pod in monitoring to be ready", lambda: _ready_pod_ip(api), timeout)
+    ip = wait_for(
+        "the Prometheus pod in monitoring to be ready",
+        lambda: _ready_pod_ip(api),
+        timeout,
+        interval=0.5,
+        error=ClusterPrometheusError,
+    )
     prometheus = PrometheusApi(f"http://{ip}:{PORT}")
-    _wait(
+    wait_for(
         f"Prometheus to scrape the DCGM exporters of {', '.join(sorted(exporters))}",
         lambda: _scraping(prometheus, len(exporters)),
         timeout,
+        interval=0.5,
+        error=ClusterPrometheusError,
     )
     emit(f"In-cluster Prometheus: {URL} ready in {time.monotonic() - started:.0f}s")
     return InClusterPrometheus(URL, prometheus)

@@ -28,16 +28,28 @@ from .kubeapi import ApiError, KubeApi
 MACHINE_WAIT = 30 * 60
 
 
-def wait_for(what: str, check, timeout: float = 60, interval: float = 0.25):
-    """Poll ``check()`` until it returns something truthy, and return that; fail the test after ``timeout`` s."""
-    import pytest
+def wait_for(
+    what: str,
+    check,
+    timeout: float = 60,
+    interval: float = 0.25,
+    error: type[Exception] | None = None,
+):
+    """Poll ``check()`` until it returns something truthy, and return that.
 
+    After ``timeout`` s it fails the test, or, for the harness's own code that runs
+    outside a test too, raises ``error`` with one sentence.
+    """
     deadline = time.monotonic() + timeout
     while True:
         result = check()
         if result:
             return result
         if time.monotonic() > deadline:
+            if error is not None:
+                raise error(f"Timed out after {timeout:.0f}s waiting for {what}.")
+            import pytest
+
             pytest.fail(f"timed out waiting for {what}")
         time.sleep(interval)
 
