@@ -96,6 +96,30 @@ KEYS: dict[str, Key] = {
         "through the extra_* settings either: the catalog's GPU keys give GPUs.",
         "{extra_labels: {team: vision}}",
     ),
+    "images.<image>.max_runtime": Key(
+        "none",
+        "A hard stop this long after a server started, whatever it does, warned ahead as a "
+        "cull is; no keep puts it off. With the GPU type's max_runtime too, the smaller applies.",
+        "8h",
+    ),
+    "images.<image>.max_keep": Key(
+        "the culler's default_max_keep",
+        "The longest 'keep' a user may choose when the culler warns that it will stop an "
+        "idle server; 0: no keep for this image.",
+        "4h",
+    ),
+    "images.<image>.idle_timeout": Key(
+        "none (the culler's own idle rule)",
+        "Users choose their servers' idle timeout on the form (in minutes), within these "
+        "bounds; the culler uses it instead of its own idle timeout. Without it, the form "
+        "offers no choice and a request that names one is refused.",
+        "{min: 30m, max: 8h, default: 1h}",
+    ),
+    "images.<image>.idle_timeout.min": Key("(required)", "The shortest idle timeout.", "30m"),
+    "images.<image>.idle_timeout.max": Key("(required)", "The longest; at least min.", "8h"),
+    "images.<image>.idle_timeout.default": Key(
+        "min", "What the form offers first; between min and max.", "1h"
+    ),
     "gpu_types": Key("{}", "The GPU types of the cluster (none: CPU-only servers)."),
     "gpu_types.<type>.display_name": Key("the key", "The name on the spawn form.", "NVIDIA A100"),
     "gpu_types.<type>.memory": Key("''", "Shown on the form beside the name.", "80 GB"),
@@ -124,6 +148,12 @@ KEYS: dict[str, Key] = {
     "gpu_types.<type>.weight": Key(
         "1",
         "GPU units one device counts for against limits (a 1g.10gb MIG slice of an A100: 0.142857).",
+    ),
+    "gpu_types.<type>.max_runtime": Key(
+        "none",
+        "A hard stop for servers with this GPU type, as the image's max_runtime; "
+        "the smaller of the two applies.",
+        "24h",
     ),
     "gpu_counts": Key(
         _yaml(list(catalog.DEFAULT_GPU_COUNTS)),
@@ -162,6 +192,40 @@ KEYS: dict[str, Key] = {
         "{}",
         "A cap on what all members of a group hold together, whatever their own rules.",
         "{students: 6}",
+    ),
+    "limits.gpu_hours": Key(
+        "{} (no budgets)",
+        "GPU-hours each user may use per period, in weighted GPU-hours (GPUs × weight × "
+        "hours); running servers count as they run.",
+    ),
+    "limits.gpu_hours.period": Key("week", "How long a budget lasts before it resets."),
+    "limits.gpu_hours.reset": Key(
+        "the start of the day, Monday, the 1st",
+        "When a period starts, in UTC: 'HH:MM' for a day, '<weekday> HH:MM' for a week "
+        "(weekday names in any case), '<day 1-28> HH:MM' for a month. Quote it: YAML "
+        "reads an unquoted 12:30 as a number.",
+        '"monday 06:00"',
+    ),
+    "limits.gpu_hours.min_session": Key(
+        "15m",
+        "A GPU request is refused when the rest of the budget, shared with what the user "
+        "already runs, would run it for less than this; 0: only a spent budget refuses.",
+        "30m",
+    ),
+    "limits.gpu_hours.default": Key(
+        "unlimited",
+        f"A user with no rule of their own: GPU-hours per period, 0 (no GPUs) or "
+        f"'{catalog.UNLIMITED}'.",
+        "40",
+    ),
+    "limits.gpu_hours.groups": Key(
+        "{}",
+        "Budgets per hub group; a user in several gets the most generous, which is also "
+        "the group their usage is charged to.",
+        "{ml-team: 100}",
+    ),
+    "limits.gpu_hours.users": Key(
+        "{}", "Budgets per user; they win over the groups'.", "{alice: unlimited}"
     ),
 }
 

@@ -66,6 +66,30 @@ _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _TOLERATION_EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
 _AFFINITY_OPERATORS = {"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"}
 
+# Durations: a number of seconds, or days/hours/minutes/seconds in that order ("1h30m").
+_DURATION_RE = re.compile(
+    r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$"
+)
+_SECONDS_RE = re.compile(r"^\d+(?:\.\d+)?$")
+_DURATION_UNITS = (86400, 3600, 60, 1)
+#: The longest duration the catalog accepts (ten years): longer is a typo, and would
+#: overflow the dates computed from it.
+MAX_DURATION = 3650 * 86400.0
+
+#: Budget periods, and the weekday names a weekly reset is given with (Monday first, as
+#: :meth:`datetime.date.weekday` counts).
+BUDGET_PERIODS = ("day", "week", "month")
+WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+# A reset time: "HH:MM" (day), "<weekday> HH:MM" (week), "<1-28> HH:MM" (month); the day
+# of a month stops at 28 so that every month has it.
+_CLOCK = r"([01]?\d|2[0-3]):([0-5]\d)"
+_RESET_RES = {
+    "day": re.compile(rf"^{_CLOCK}$"),
+    "week": re.compile(rf"^(?i:({'|'.join(WEEKDAYS)})) +{_CLOCK}$"),
+    "month": re.compile(rf"^([1-9]|1\d|2[0-8]) +{_CLOCK}$"),
+}
+_RESET_EXAMPLES = {"day": "'06:00'", "week": "'monday 00:00'", "month": "'1 00:00'"}
+
 #: Environment variables the spawner owns: an image's ``env`` may not set them.
 RESERVED_ENV = frozenset({labels.ENV_VISIBLE_DEVICES, labels.ENV_DRIVER_CAPABILITIES})
 
@@ -83,6 +107,32 @@ def quantity_bytes(quantity: str) -> int:
     return math.ceil(Decimal(number) * _QUANTITY_FACTORS[match.group(2) or ""])
 
 
+def parse_duration_text(text: str) -> float:
+    """A duration as the catalog, the form and the CLI write it, in seconds.
+
+    ``"90s"``, ``"30m"``, ``"8h"``, ``"2d"``, ``"1h30m"`` (units in that order, each at
+    most once, no spaces), or a bare number of seconds (``"3600"``). Raises ValueError
+    for anything else, for a negative or a non-finite value and for more than
+    :data:`MAX_DURATION`.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"not a duration: {text!r}")
+    if _SECONDS_RE.match(text):
+        seconds = float(text)
+    else:
+        match = _DURATION_RE.match(text)
+        if not match or not text:
+            raise ValueError(f"not a duration: {text!r}")
+        seconds = sum(
+            float(part) * unit
+            for part, unit in zip(match.groups(), _DURATION_UNITS, strict=True)
+            if part is not None
+        )
+    if not math.isfinite(seconds) or seconds > MAX_DURATION:
+        raise ValueError(f"too long a duration: {text!r}")
+    return seconds
+
+
 class CatalogError(ValueError):
     """A catalog problem, as one sentence naming the source and the key."""
 
@@ -92,6 +142,19 @@ class CatalogError(ValueError):
         self.problem = problem
         where = f"{source}: {path}" if path else source
         super().__init__(f"{where}: {problem}")
+
+
+@dataclass(frozen=True)
+class IdleTimeoutBounds:
+    """The idle timeouts (seconds) users may choose for an image's servers, and the form's default."""
+
+    minimum: float
+    maximum: float
+    default: float
+
+    def allows(self, seconds: float) -> bool:
+        """Whether ``seconds`` is within the bounds."""
+        return self.minimum <= seconds <= self.maximum
 
 
 @dataclass(frozen=True)
@@ -117,6 +180,12 @@ class ImageSpec:
     #: KubeSpawner trait values applied when the image is chosen, as a profile's
     #: ``kubespawner_override`` is (dicts merged into the configured value).
     kubespawner_override: Mapping[str, Any] = field(default_factory=dict)
+    #: Seconds after its start when a server is stopped, whatever it does; None: no limit.
+    max_runtime: float | None = None
+    #: The longest "keep" (seconds) a user may choose (0: none); None: the culler's default.
+    max_keep: float | None = None
+    #: The bounds of the idle timeout users choose on the form; None: they choose none.
+    idle_timeout: IdleTimeoutBounds | None = None
 
     @property
     def restricted(self) -> bool:
@@ -156,6 +225,9 @@ class GPUType:
     memory: str = ""
     counts: tuple[int, ...] | None = None
     weight: float = 1.0
+    #: Seconds after its start when a server of this type is stopped; None: no limit.
+    #: Where the image has one too, the smaller applies.
+    max_runtime: float | None = None
 
     @property
     def is_mig(self) -> bool:
@@ -172,13 +244,42 @@ class Allowance:
 
 
 @dataclass(frozen=True)
+class BudgetRules:
+    """GPU-hour budgets (weighted GPU-hours per period): a default, per-group and per-user rules.
+
+    A value of None is unlimited. The period starts at its reset time in UTC: each day at
+    ``reset_seconds`` after midnight; each week on ``reset_weekday`` (0 is Monday); each
+    month on day ``reset_day`` (1-28). :mod:`gpuspawner.core.budgets` does the arithmetic.
+    """
+
+    period: str = "week"
+    reset_weekday: int = 0
+    reset_day: int = 1
+    reset_seconds: int = 0
+    #: A request is refused when the rest of the budget cannot run it this long (seconds).
+    min_session: float = 900.0
+    default: float | None = None
+    groups: Mapping[str, float | None] = field(default_factory=dict)
+    users: Mapping[str, float | None] = field(default_factory=dict)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any rule sets a budget (otherwise everyone is unlimited)."""
+        return any(
+            value is not None
+            for value in (self.default, *self.groups.values(), *self.users.values())
+        )
+
+
+@dataclass(frozen=True)
 class LimitRules:
-    """Per-user GPU limits: a default, per-group and per-user rules, group pools."""
+    """Per-user GPU limits: a default, per-group and per-user rules, group pools; budgets."""
 
     default: Allowance = Allowance()
     groups: Mapping[str, Allowance] = field(default_factory=dict)
     users: Mapping[str, Allowance] = field(default_factory=dict)
     group_pools: Mapping[str, float] = field(default_factory=dict)
+    gpu_hours: BudgetRules = BudgetRules()
 
 
 @dataclass(frozen=True)
@@ -255,9 +356,11 @@ class _Reader:
         if known is not None:
             unknown = sorted(set(value) - known)
             if unknown:
+                close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
                 raise self.fail(
                     _join(path, unknown[0]),
-                    f"unknown key '{unknown[0]}'; expected one of: {', '.join(sorted(known))}",
+                    f"unknown key '{unknown[0]}'; {hint}expected one of: {', '.join(sorted(known))}",
                 )
         return value
 
@@ -305,7 +408,8 @@ class _Reader:
             )
         return text
 
-    def limit(self, value: Any, path: str) -> float | None:
+    def limit(self, value: Any, path: str, unit: str = "GPUs") -> float | None:
+        """A number of ``unit`` >= 0 (GPUs, or GPU-hours for budgets), or 'unlimited' (None)."""
         if value == UNLIMITED:
             return None
         if (
@@ -315,9 +419,28 @@ class _Reader:
             or value < 0
         ):
             raise self.fail(
-                path, f"expected a number of GPUs >= 0 or '{UNLIMITED}', got {_show(value)}"
+                path, f"expected a number of {unit} >= 0 or '{UNLIMITED}', got {_show(value)}"
             )
         return float(value)
+
+    def parse_duration(self, value: Any, path: str, *, allow_zero: bool = False) -> float:
+        """A duration (:func:`parse_duration_text`, or a number of seconds) > 0 (or >= 0)."""
+        seconds = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds = float(value) if 0 <= value <= MAX_DURATION else None
+        elif isinstance(value, str):
+            try:
+                seconds = parse_duration_text(value)
+            except ValueError:
+                seconds = None
+        if seconds is None or (seconds == 0 and not allow_zero):
+            at_least = "0 or more" if allow_zero else "more than 0"
+            raise self.fail(
+                path,
+                f"expected a duration of {at_least} seconds, such as 3600, '30m', '8h' or "
+                f"'1h30m' (at most {MAX_DURATION / 86400:g} days), got {_show(value)}",
+            )
+        return seconds
 
     def string_map(self, value: Any, path: str) -> dict[str, str]:
         mapping = self.mapping(value, path)
@@ -362,7 +485,11 @@ _IMAGE_KEYS = {
     "groups",
     "users",
     "kubespawner_override",
+    "max_runtime",
+    "max_keep",
+    "idle_timeout",
 }
+_IDLE_TIMEOUT_KEYS = {"min", "max", "default"}
 _TYPE_KEYS = {
     "display_name",
     "resource",
@@ -372,8 +499,10 @@ _TYPE_KEYS = {
     "memory",
     "counts",
     "weight",
+    "max_runtime",
 }
-_LIMIT_KEYS = {"default", "groups", "users", "group_pools"}
+_LIMIT_KEYS = {"default", "groups", "users", "group_pools", "gpu_hours"}
+_BUDGET_KEYS = {"period", "reset", "min_session", "default", "groups", "users"}
 _ALLOWANCE_KEYS = {"gpus", "per_type"}
 _DEFAULT_KEYS = {"image", "gpu_type", "gpus"}
 
@@ -474,6 +603,7 @@ def _parse_gpu_types(r: _Reader, value: Any) -> dict[str, GPUType]:
                 else None
             ),
             weight=r.number(spec.get("weight", 1), _join(path, "weight")),
+            max_runtime=_optional(r.parse_duration, spec, "max_runtime", path),
         )
     return types
 
@@ -612,11 +742,43 @@ def _parse_images(r: _Reader, value: Any, gpu_types: Mapping[str, GPUType]) -> d
             groups=groups,
             users=users,
             kubespawner_override=override,
+            max_runtime=_optional(r.parse_duration, spec, "max_runtime", path),
+            max_keep=_optional(
+                lambda v, p: r.parse_duration(v, p, allow_zero=True), spec, "max_keep", path
+            ),
+            idle_timeout=_optional(
+                lambda v, p: _parse_idle_timeout(r, v, p), spec, "idle_timeout", path
+            ),
         )
     marked = [key for key, image in images.items() if image.default]
     if len(marked) > 1:
         raise r.fail("images", f"only one image may be the default, got {', '.join(marked)}")
     return images
+
+
+def _parse_idle_timeout(r: _Reader, value: Any, path: str) -> IdleTimeoutBounds:
+    """An image's ``idle_timeout``: ``min`` and ``max`` (required), ``default`` (the ``min``)."""
+    raw = r.mapping(value, path, _IDLE_TIMEOUT_KEYS)
+    for name in ("min", "max"):
+        if name not in raw:
+            raise r.fail(
+                _join(path, name),
+                f"the idle timeout needs '{name}', such as min: 30m and max: 8h",
+            )
+    minimum = r.parse_duration(raw["min"], _join(path, "min"))
+    maximum = r.parse_duration(raw["max"], _join(path, "max"))
+    if minimum > maximum:
+        raise r.fail(_join(path, "min"), f"{_show(raw['min'])} is above max {_show(raw['max'])}")
+    default = minimum
+    if "default" in raw:
+        default = r.parse_duration(raw["default"], _join(path, "default"))
+        if not minimum <= default <= maximum:
+            raise r.fail(
+                _join(path, "default"),
+                f"{_show(raw['default'])} is not between min {_show(raw['min'])} "
+                f"and max {_show(raw['max'])}",
+            )
+    return IdleTimeoutBounds(minimum=minimum, maximum=maximum, default=default)
 
 
 # A KubeSpawner trait name (``kubespawner_override``'s keys).
@@ -881,7 +1043,72 @@ def _parse_limits(r: _Reader, value: Any, gpu_types: Mapping[str, GPUType]) -> L
         limit = r.limit(cap, _join("limits.group_pools", name))
         if limit is not None:
             pools[name] = limit
-    return LimitRules(default=default, groups=groups, users=users, group_pools=pools)
+    gpu_hours = _parse_budgets(r, raw["gpu_hours"]) if "gpu_hours" in raw else BudgetRules()
+    return LimitRules(
+        default=default, groups=groups, users=users, group_pools=pools, gpu_hours=gpu_hours
+    )
+
+
+def _parse_reset(r: _Reader, value: Any, path: str, period: str) -> tuple[int, int, int]:
+    """A reset time for ``period`` -> (weekday, day of month, seconds after midnight)."""
+    example = _RESET_EXAMPLES[period]
+    if isinstance(value, int) and not isinstance(value, bool) and period == "day":
+        # YAML 1.1 reads an unquoted 12:30 as the base-60 number 750
+        raise r.fail(
+            path,
+            f"expected a time such as {example} in quotes, got {_show(value)} "
+            "(YAML reads an unquoted time such as 12:30 as a number)",
+        )
+    match = _RESET_RES[period].match(value) if isinstance(value, str) else None
+    if not match:
+        what = {
+            "day": "a UTC time (HH:MM) for a daily budget",
+            "week": "a weekday and a UTC time for a weekly budget",
+            "month": "a day of the month (1-28) and a UTC time for a monthly budget",
+        }[period]
+        raise r.fail(path, f"expected {what}, such as {example}, got {_show(value)}")
+    *day, hour, minute = match.groups()
+    seconds = int(hour) * 3600 + int(minute) * 60
+    if period == "week":
+        return WEEKDAYS.index(day[0].lower()), 1, seconds
+    if period == "month":
+        return 0, int(day[0]), seconds
+    return 0, 1, seconds
+
+
+def _parse_budgets(r: _Reader, value: Any) -> BudgetRules:
+    path = "limits.gpu_hours"
+    raw = r.mapping(value, path, _BUDGET_KEYS)
+    period = raw.get("period", "week")
+    if period not in BUDGET_PERIODS:
+        raise r.fail(
+            _join(path, "period"),
+            f"expected one of {', '.join(BUDGET_PERIODS)}, got {_show(period)}",
+        )
+    weekday, day, seconds = (
+        _parse_reset(r, raw["reset"], _join(path, "reset"), period) if "reset" in raw else (0, 1, 0)
+    )
+    min_session = (
+        r.parse_duration(raw["min_session"], _join(path, "min_session"), allow_zero=True)
+        if "min_session" in raw
+        else BudgetRules.min_session
+    )
+    return BudgetRules(
+        period=period,
+        reset_weekday=weekday,
+        reset_day=day,
+        reset_seconds=seconds,
+        min_session=min_session,
+        default=r.limit(raw.get("default", UNLIMITED), _join(path, "default"), "GPU-hours"),
+        groups={
+            name: r.limit(rule, _join(_join(path, "groups"), name), "GPU-hours")
+            for name, rule in r.mapping(raw.get("groups", {}), _join(path, "groups")).items()
+        },
+        users={
+            name: r.limit(rule, _join(_join(path, "users"), name), "GPU-hours")
+            for name, rule in r.mapping(raw.get("users", {}), _join(path, "users")).items()
+        },
+    )
 
 
 # ---------------------------------------------------------------------------

@@ -74,6 +74,31 @@ def _limit() -> Schema:
     }
 
 
+def _duration(allow_zero: bool = False) -> Schema:
+    # _Reader.parse_duration: seconds, or '90s', '30m', '8h', '2d', '1h30m' (a zero given
+    # as text, '0s', is the hub's to refuse)
+    bound = {"minimum": 0} if allow_zero else {"exclusiveMinimum": 0}
+    return {
+        "anyOf": [
+            {"type": "number", **bound, "maximum": rules.MAX_DURATION},
+            {
+                "type": "string",
+                "minLength": 1,
+                "pattern": f"{_pattern(rules._SECONDS_RE)}|{_pattern(rules._DURATION_RE)}",
+            },
+        ],
+        "description": "a duration: seconds, or a string such as '30m', '8h' or '1h30m'",
+    }
+
+
+def _hours() -> Schema:
+    # _Reader.hours: GPU-hours >= 0, or 'unlimited'
+    return {
+        "anyOf": [{"const": rules.UNLIMITED}, {"type": "number", "minimum": 0}],
+        "description": f"a number of GPU-hours >= 0 or '{rules.UNLIMITED}'",
+    }
+
+
 def _string_map(names: Schema | None = None) -> Schema:
     # _Reader.string_map: string keys, string (or number) values, never booleans
     schema: Schema = {
@@ -178,6 +203,14 @@ IMAGE_RULES: dict[str, Schema] = {
     "users": _names(),
     # KubeSpawner's own settings for the image's servers (their names are checked by the hub)
     "kubespawner_override": {"type": "object"},
+    "max_runtime": _duration(),
+    "max_keep": _duration(allow_zero=True),
+    # min <= default <= max is the hub's check
+    "idle_timeout": _closed(
+        {"min": _duration(), "max": _duration(), "default": _duration()},
+        rules._IDLE_TIMEOUT_KEYS,
+        required=["min", "max"],
+    ),
 }
 
 #: Each GPU type key's rule.
@@ -190,7 +223,28 @@ TYPE_RULES: dict[str, Schema] = {
     "memory": _text(),
     "counts": _counts(1),
     "weight": _number(),
+    "max_runtime": _duration(),
 }
+
+
+def _budgets() -> Schema:
+    # the reset's form depends on the period: any of them here, the period's own in the hub
+    by_name = {"type": "object", "additionalProperties": _hours()}
+    return _closed(
+        {
+            "period": {"enum": list(rules.BUDGET_PERIODS)},
+            "reset": {
+                "type": "string",
+                "pattern": "|".join(_pattern(regex) for regex in rules._RESET_RES.values()),
+                "description": "UTC: 'HH:MM' (day), '<weekday> HH:MM' (week), '<1-28> HH:MM' (month)",
+            },
+            "min_session": _duration(allow_zero=True),
+            "default": _hours(),
+            "groups": by_name,
+            "users": by_name,
+        },
+        rules._BUDGET_KEYS,
+    )
 
 
 def _allowance() -> Schema:
@@ -226,6 +280,7 @@ def catalog_schema() -> Schema:
                 "groups": by_name,
                 "users": by_name,
                 "group_pools": {"type": "object", "additionalProperties": _limit()},
+                "gpu_hours": _budgets(),
             },
             rules._LIMIT_KEYS,
         ),

@@ -25,6 +25,16 @@ ANNOTATION_STOP_REASON = f"{LABEL_PREFIX}/stop-reason"
 #: Pod annotation (JSON, gpuspawner.core.stopreasons.CullWarning): the culler's pending warning that
 #: it will stop the server, and when; removed when the warning is withdrawn.
 ANNOTATION_CULL_WARNING = f"{LABEL_PREFIX}/cull-warning"
+#: Pod annotation: the group the server's GPU-hours are charged to (one per server, so group
+#: totals never count a server twice), chosen by :func:`gpuspawner.core.usage.charge_group`
+#: and written by GPUSpawner when it creates the pod.
+ANNOTATION_CHARGE_GROUP = f"{LABEL_PREFIX}/charge-group"
+#: Pod annotation: the idle timeout the user chose on the form, in seconds (a decimal string),
+#: within the image's catalog bounds; written by GPUSpawner, used by the culler.
+ANNOTATION_IDLE_TIMEOUT = f"{LABEL_PREFIX}/idle-timeout"
+#: Pod annotation (JSON ``{"until": epoch, "seconds": 3600, "at": epoch}``): the user chose to
+#: keep the server until then; written by the culler, which honours it.
+ANNOTATION_KEEP_UNTIL = f"{LABEL_PREFIX}/keep-until"
 #: KubeSpawner's pod label with a label-safe form of the user name, for selecting a user's pods.
 KUBESPAWNER_LABEL_USER = "hub.jupyter.org/username"
 #: KubeSpawner's own annotations carry the unescaped user and server names (labels must be

@@ -96,6 +96,8 @@ REASON_NO_PROFILE = "no-such-profile"
 REASON_LIMIT = "limit"
 #: Over a group's shared pool of GPUs.
 REASON_GROUP_POOL = "group-pool"
+#: The user's GPU-hours budget is spent, or its rest cannot run the request long enough.
+REASON_BUDGET = "budget"
 #: The user's GPUs could not be counted: the cluster did not answer.
 REASON_USAGE_UNKNOWN = "usage-unknown"
 #: No node could ever hold the request.
@@ -155,6 +157,19 @@ SENTENCES: Mapping[str, Wording] = MappingProxyType(
                 "count-not-for-type": (
                     "{gpus} is not an allowed number of {gpu_type} GPUs: choose {counts}."
                 ),
+                # the idle timeout a user chooses (minutes, within the image's bounds)
+                "idle-timeout-unreadable": (
+                    "{value!q} is not an idle timeout: give minutes as a number from "
+                    "{minimum} to {maximum}, such as {minimum}."
+                ),
+                "idle-timeout-bounds": (
+                    "The idle timeout for {image} must be between {minimum} and {maximum} "
+                    "minutes; you asked for {minutes}."
+                ),
+                "idle-timeout-not-offered": (
+                    "{image} has no idle timeout to choose: leave it out, and the hub's "
+                    "idle rule applies."
+                ),
             },
         ),
         REASON_UNLISTED_CHOICE: Wording(
@@ -213,12 +228,34 @@ SENTENCES: Mapping[str, Wording] = MappingProxyType(
                 ),
             },
         ),
+        REASON_BUDGET: Wording(
+            403,
+            {
+                "budget-zero": (
+                    "Your GPU-hours budget is 0 ({rule}): you can start servers without GPUs. "
+                    "Ask an admin if you need GPUs."
+                ),
+                "spent": (
+                    "You have used all {limit} of your GPU-hours {period}; "
+                    "your budget resets {reset}."
+                ),
+                "short": (
+                    "The {remaining} GPU-hours left of your budget {period} would run {label} "
+                    "for only {duration}, less than {minimum}; choose fewer GPUs, "
+                    "or wait until {reset}."
+                ),
+            },
+        ),
         REASON_USAGE_UNKNOWN: Wording(
             503,
             {
                 "cluster-silent": (
                     "Your GPU usage could not be checked because the cluster did not answer. "
                     "Please try again in a minute."
+                ),
+                "budget-unknown": (
+                    "Your GPU-hours could not be checked against your budget because the "
+                    "usage database did not answer. Please try again in a minute."
                 ),
             },
         ),

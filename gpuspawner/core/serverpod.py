@@ -10,8 +10,11 @@ scheduler's "unschedulable" condition (:func:`unschedulable_message`).
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from . import labels
@@ -32,6 +35,19 @@ GPU_RESOURCE_PREFIXES: tuple[str, ...] = (
 _FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
 
+def _phase(status: Mapping[str, Any]) -> str:
+    """The pod's phase; "" when missing or not a string."""
+    phase = status.get("phase")
+    return phase if isinstance(phase, str) else ""
+
+
+def _items(value: Any) -> list[Mapping[str, Any]]:
+    """The mappings of a status list (conditions, container statuses); [] when it is not a list."""
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if isinstance(item, Mapping)]
+
+
 def is_gpu_resource(name: str, extra: Iterable[str] = ()) -> bool:
     """Whether a Kubernetes resource name is a GPU: one of ``extra`` (the catalog's) or a known prefix."""
     return name in extra or name.startswith(GPU_RESOURCE_PREFIXES)
@@ -41,7 +57,7 @@ def pod_is_active(pod: Mapping[str, Any]) -> bool:
     """Whether any pod holds (or waits for) resources: not finished and not being deleted."""
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
         return False
-    return (pod.get("status") or {}).get("phase") not in _FINISHED_PHASES
+    return _phase(pod.get("status") or {}) not in _FINISHED_PHASES
 
 
 def selector(user_label: str | None = None) -> str:
@@ -62,11 +78,11 @@ def unschedulable_message(pod: Mapping[str, Any] | None) -> str | None:
     if not pod:
         return None
     status = pod.get("status") or {}
-    if status.get("phase") not in (None, "Pending") or (pod.get("spec") or {}).get("nodeName"):
+    if _phase(status) not in ("", "Pending") or (pod.get("spec") or {}).get("nodeName"):
         return None
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
         return None
-    for condition in status.get("conditions") or []:
+    for condition in _items(status.get("conditions")):
         if (
             condition.get("type") == "PodScheduled"
             and condition.get("status") == "False"
@@ -74,6 +90,116 @@ def unschedulable_message(pod: Mapping[str, Any] | None) -> str | None:
         ):
             return condition.get("message") or ""
     return None
+
+
+def parse_timestamp(text: Any) -> float | None:
+    """An RFC 3339 time as the API writes it (``2026-11-29T22:41:10Z``) in Unix seconds; else None.
+
+    A time without an offset is read as UTC (the API never writes one; a local reading would
+    shift usage by the hub's time zone).
+    """
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in "Zz" else text)
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        return moment.timestamp()
+    except (ValueError, OverflowError):
+        return None
+
+
+def _positive_seconds(text: Any) -> float | None:
+    """A positive, finite number of seconds from a decimal string; else None."""
+    if not isinstance(text, str):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value < math.inf else None
+
+
+def _keep_until(text: Any) -> float | None:
+    """``until`` of the keep annotation (``{"until": epoch, "seconds": …, "at": …}``); else None."""
+    if not isinstance(text, str):
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    until = data.get("until") if isinstance(data, dict) else None
+    if isinstance(until, bool) or not isinstance(until, (int, float)) or not math.isfinite(until):
+        return None
+    return float(until)
+
+
+def scheduled_at(pod: Mapping[str, Any]) -> float | None:
+    """When the scheduler bound the pod: its ``PodScheduled`` condition's True transition."""
+    for condition in _items((pod.get("status") or {}).get("conditions")):
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "True":
+            return parse_timestamp(condition.get("lastTransitionTime"))
+    return None
+
+
+def _finished_times(status: Mapping[str, Any], key: str) -> tuple[list[float], bool]:
+    """The ``finishedAt`` of terminated containers under ``key``, and whether all have terminated."""
+    times, all_done, seen = [], True, False
+    for container in _items(status.get(key)):
+        seen = True
+        terminated = (container.get("state") or {}).get("terminated")
+        when = (
+            parse_timestamp(terminated.get("finishedAt"))
+            if isinstance(terminated, Mapping)
+            else None
+        )
+        if when is None:
+            all_done = False
+        else:
+            times.append(when)
+    return times, seen and all_done
+
+
+def deletion_requested_at(pod: Mapping[str, Any]) -> float | None:
+    """When the pod's deletion was asked for: ``deletionTimestamp`` less its grace period."""
+    meta = pod.get("metadata") or {}
+    when = parse_timestamp(meta.get("deletionTimestamp"))
+    if when is None:
+        return None
+    grace = meta.get("deletionGracePeriodSeconds")
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < math.inf:
+        grace = 0
+    return when - grace
+
+
+def ended_at(pod: Mapping[str, Any]) -> float | None:
+    """When the pod stopped holding its GPUs; None while it runs.
+
+    The pod has ended when it is Succeeded/Failed or all its (main) containers have
+    terminated; it ended at the latest ``finishedAt`` of its terminated containers, init
+    containers included (a pod whose GPU check failed never started its notebook). A
+    finished pod without any such time (evicted from a lost node) ended when its deletion
+    was asked for, else at its conditions' latest transition. A pod still running while
+    being deleted has not ended: its GPUs are held until its containers stop.
+    """
+    status = pod.get("status") or {}
+    main, main_done = _finished_times(status, "containerStatuses")
+    init, _ = _finished_times(status, "initContainerStatuses")
+    if _phase(status) not in _FINISHED_PHASES and not main_done:
+        return None
+    if main or init:
+        return max(main + init)
+    deleted = deletion_requested_at(pod)
+    if deleted is not None:
+        return deleted
+    transitions = [
+        parse_timestamp(c.get("lastTransitionTime")) for c in _items(status.get("conditions"))
+    ]
+    return max((t for t in transitions if t is not None), default=None)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _weight(text: str | None) -> float | None:
@@ -114,6 +240,20 @@ class ServerPod:
     stop_notice: StopNotice | None = None
     #: The culler's pending warning (``gpuspawner.io/cull-warning``); None when none or unreadable.
     cull_warning: CullWarning | None = None
+    #: The group its GPU-hours are charged to (``gpuspawner.io/charge-group``); "" when not recorded.
+    charge_group: str = ""
+    #: The user's chosen idle timeout in seconds (``gpuspawner.io/idle-timeout``); None when none.
+    idle_timeout: float | None = None
+    #: Kept by its user until then (``gpuspawner.io/keep-until``, Unix seconds); None when not kept.
+    keep_until: float | None = None
+    #: When its GPUs became its own (the scheduler bound it: ``PodScheduled`` True); None before.
+    scheduled_at: float | None = None
+    #: When it stopped holding them (:func:`ended_at`); None while it runs.
+    ended_at: float | None = None
+    #: When its deletion was asked for (:func:`deletion_requested_at`); None when not deleted.
+    deleted_at: float | None = None
+    #: The pod's Kubernetes uid: one per pod, so one usage interval per uid.
+    uid: str = ""
 
     @classmethod
     def from_pod(cls, pod: Mapping[str, Any]) -> ServerPod:
@@ -138,12 +278,19 @@ class ServerPod:
             gpu_resource=annotations.get(labels.ANNOTATION_GPU_RESOURCE)
             or labels.DEFAULT_GPU_RESOURCE,
             node=(pod.get("spec") or {}).get("nodeName") or "",
-            phase=(pod.get("status") or {}).get("phase") or "",
+            phase=_phase(pod.get("status") or {}),
             deleting=bool(meta.get("deletionTimestamp")),
             created=meta.get("creationTimestamp") or "",
             unschedulable=unschedulable_message(pod),
             stop_notice=StopNotice.from_state(annotations.get(labels.ANNOTATION_STOP_REASON)),
             cull_warning=CullWarning.from_state(annotations.get(labels.ANNOTATION_CULL_WARNING)),
+            charge_group=_text(annotations.get(labels.ANNOTATION_CHARGE_GROUP)),
+            idle_timeout=_positive_seconds(annotations.get(labels.ANNOTATION_IDLE_TIMEOUT)),
+            keep_until=_keep_until(annotations.get(labels.ANNOTATION_KEEP_UNTIL)),
+            scheduled_at=scheduled_at(pod),
+            ended_at=ended_at(pod),
+            deleted_at=deletion_requested_at(pod),
+            uid=_text(meta.get("uid")),
         )
 
     @property

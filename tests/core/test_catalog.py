@@ -6,10 +6,13 @@ import yaml
 
 from gpuspawner.core.catalog import (
     DEFAULT_GPU_RESOURCE,
+    BudgetRules,
     CatalogError,
     CatalogFile,
+    IdleTimeoutBounds,
     load_catalog_file,
     parse_catalog,
+    parse_duration_text,
 )
 
 from ..conftest import FIXTURES, REPO
@@ -63,7 +66,8 @@ def test_minimal_catalog_defaults_to_cpu_only():
     [
         (
             "bad-unknown-key.yaml",
-            "bad-unknown-key.yaml: gpu_types.a100.node_selecter: unknown key 'node_selecter'; expected one of:",
+            "bad-unknown-key.yaml: gpu_types.a100.node_selecter: unknown key 'node_selecter'; "
+            "did you mean 'node_selector'? expected one of:",
         ),
         (
             "bad-count.yaml",
@@ -517,3 +521,211 @@ def test_hostile_override_values_are_bounded(tmp_path):
     )
     with pytest.raises(CatalogError, match="too large or too deeply nested"):
         load_catalog_file(tmp_path / "loop.yaml")
+
+
+# ---------------------------------------------------------------------------
+# issue 32: durations, runtime limits, keep, idle timeouts and GPU-hours budgets
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("90s", 90),
+        ("30m", 1800),
+        ("8h", 28800),
+        ("2d", 172800),
+        ("1h30m", 5400),
+        ("1d2h3m4s", 93784),
+        ("1.5h", 5400),
+        ("3600", 3600),
+        ("0s", 0),
+    ],
+)
+def test_durations_as_text(text, seconds):
+    assert parse_duration_text(text) == seconds
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "h",
+        "1 h",
+        "1H",
+        "30m1h",
+        "1h1h",
+        "-5m",
+        "1e3",
+        "nan",
+        "inf",
+        "1.h",
+        "5 minutes",
+        "3651d",
+    ],
+)
+def test_durations_that_are_not(text):
+    with pytest.raises(ValueError):
+        parse_duration_text(text)
+
+
+def image_with(**keys):
+    return {"images": {"pytorch": {"image": "x", **keys}}}
+
+
+def test_runtime_keep_and_idle_timeout_keys():
+    data = image_with(
+        max_runtime="8h", max_keep=0, idle_timeout={"min": "30m", "max": 28800, "default": "1h"}
+    )
+    data["gpu_types"] = {"a100": {"max_runtime": 86400}}
+    catalog = parse_catalog(data)
+    image = catalog.images["pytorch"]
+    assert (image.max_runtime, image.max_keep) == (28800, 0)  # max_keep 0: no keep
+    assert image.idle_timeout == IdleTimeoutBounds(minimum=1800, maximum=28800, default=3600)
+    assert image.idle_timeout.allows(1800) and not image.idle_timeout.allows(28801)
+    assert catalog.gpu_types["a100"].max_runtime == 86400
+
+
+def test_the_new_keys_are_optional():
+    catalog = parse_catalog(image_with(idle_timeout={"min": "10m", "max": "1h"}))
+    image = catalog.images["pytorch"]
+    assert (image.max_runtime, image.max_keep) == (None, None)
+    assert image.idle_timeout.default == 600  # the shortest: GPUs back soonest
+    assert catalog.limits.gpu_hours == BudgetRules()
+    assert not catalog.limits.gpu_hours.enabled
+
+
+def test_a_budget_section():
+    data = image_with()
+    data["limits"] = {
+        "gpu_hours": {
+            "period": "week",
+            "reset": "Tuesday 06:30",
+            "min_session": "30m",
+            "default": 40,
+            "groups": {"ml-team": 100, "staff": "unlimited"},
+            "users": {"alice": "unlimited", "bob": 0},
+        }
+    }
+    rules = parse_catalog(data).limits.gpu_hours
+    assert rules == BudgetRules(
+        period="week",
+        reset_weekday=1,
+        reset_day=1,
+        reset_seconds=6 * 3600 + 1800,
+        min_session=1800,
+        default=40,
+        groups={"ml-team": 100, "staff": None},
+        users={"alice": None, "bob": 0},
+    )
+    assert rules.enabled
+
+
+@pytest.mark.parametrize(
+    "period, reset, expected",
+    [
+        ("day", "00:00", (0, 1, 0)),
+        ("day", "23:59", (0, 1, 86340)),
+        ("day", "6:05", (0, 1, 21900)),
+        ("week", "monday 00:00", (0, 1, 0)),
+        ("week", "SUNDAY 12:00", (6, 1, 43200)),
+        ("month", "1 00:00", (0, 1, 0)),
+        ("month", "28 23:30", (0, 28, 84600)),
+    ],
+)
+def test_reset_times_per_period(period, reset, expected):
+    data = image_with()
+    data["limits"] = {"gpu_hours": {"period": period, "reset": reset, "default": 1}}
+    rules = parse_catalog(data).limits.gpu_hours
+    assert (rules.reset_weekday, rules.reset_day, rules.reset_seconds) == expected
+
+
+def test_the_default_reset_is_the_start_of_the_period():
+    for period in ("day", "week", "month"):
+        data = image_with()
+        data["limits"] = {"gpu_hours": {"period": period}}
+        rules = parse_catalog(data).limits.gpu_hours
+        assert (rules.period, rules.reset_weekday, rules.reset_day, rules.reset_seconds) == (
+            period,
+            0,
+            1,
+            0,
+        )
+        assert rules.default is None and not rules.enabled
+
+
+def test_an_unquoted_yaml_time_is_explained():
+    data = yaml.safe_load(
+        "images: {p: {image: x}}\nlimits: {gpu_hours: {period: day, reset: 12:30}}"
+    )
+    assert data["limits"]["gpu_hours"]["reset"] == 750  # what YAML 1.1 makes of it
+    with pytest.raises(CatalogError, match=r"in quotes, got 750 \(YAML reads an unquoted time"):
+        parse_catalog(data)
+
+
+def budget(**keys):
+    data = image_with()
+    data["limits"] = {"gpu_hours": keys}
+    return data
+
+
+@pytest.mark.parametrize(
+    "data, path, fragment",
+    [
+        (image_with(max_runtime=0), "images.pytorch.max_runtime", "more than 0 seconds"),
+        (image_with(max_runtime="0s"), "images.pytorch.max_runtime", "more than 0 seconds"),
+        (image_with(max_runtime="8 hours"), "images.pytorch.max_runtime", "got '8 hours'"),
+        (image_with(max_runtime=True), "images.pytorch.max_runtime", "got True"),
+        (image_with(max_runtime=-1), "images.pytorch.max_runtime", "got -1"),
+        (image_with(max_runtime=float("inf")), "images.pytorch.max_runtime", "at most 3650 days"),
+        (image_with(max_keep=-60), "images.pytorch.max_keep", "0 or more seconds"),
+        (image_with(idle_timeout=3600), "images.pytorch.idle_timeout", "expected a mapping"),
+        (image_with(idle_timeout={"max": "1h"}), "images.pytorch.idle_timeout.min", "needs 'min'"),
+        (image_with(idle_timeout={"min": "1h"}), "images.pytorch.idle_timeout.max", "needs 'max'"),
+        (
+            image_with(idle_timeout={"min": "2h", "max": "1h"}),
+            "images.pytorch.idle_timeout.min",
+            "'2h' is above max '1h'",
+        ),
+        (
+            image_with(idle_timeout={"min": "1h", "max": "2h", "default": "3h"}),
+            "images.pytorch.idle_timeout.default",
+            "not between min '1h' and max '2h'",
+        ),
+        (
+            image_with(idle_timeout={"min": 0, "max": "2h"}),
+            "images.pytorch.idle_timeout.min",
+            "more than 0 seconds",
+        ),
+        (
+            image_with(idle_timeout={"min": "1m", "max": "2h", "defualt": "1h"}),
+            "images.pytorch.idle_timeout.defualt",
+            "did you mean 'default'?",
+        ),
+        (image_with(max_runtme="8h"), "images.pytorch.max_runtme", "did you mean 'max_runtime'?"),
+        (budget(period="year"), "limits.gpu_hours.period", "expected one of day, week, month"),
+        (budget(perod="week"), "limits.gpu_hours.perod", "did you mean 'period'?"),
+        (budget(default=-1), "limits.gpu_hours.default", "GPU-hours >= 0 or 'unlimited'"),
+        (budget(default="lots"), "limits.gpu_hours.default", "got 'lots'"),
+        (budget(groups={"ml": float("nan")}), "limits.gpu_hours.groups.ml", "GPU-hours"),
+        (budget(users=["alice"]), "limits.gpu_hours.users", "expected a mapping"),
+        (budget(min_session="soon"), "limits.gpu_hours.min_session", "got 'soon'"),
+        (budget(reset="00:00"), "limits.gpu_hours.reset", "for a weekly budget"),
+        (budget(reset="monday"), "limits.gpu_hours.reset", "such as 'monday 00:00'"),
+        (budget(reset="mon 00:00"), "limits.gpu_hours.reset", "got 'mon 00:00'"),
+        (budget(reset="monday 24:00"), "limits.gpu_hours.reset", "got 'monday 24:00'"),
+        (budget(reset="monday 12:60"), "limits.gpu_hours.reset", "got 'monday 12:60'"),
+        (budget(period="day", reset="monday 00:00"), "limits.gpu_hours.reset", "HH:MM"),
+        (budget(period="day", reset="7"), "limits.gpu_hours.reset", "daily budget"),
+        (budget(period="month", reset="29 00:00"), "limits.gpu_hours.reset", "(1-28)"),
+        (budget(period="month", reset="0 00:00"), "limits.gpu_hours.reset", "monthly budget"),
+        (budget(period="month", reset="1st 00:00"), "limits.gpu_hours.reset", "such as '1 00:00'"),
+        (budget(period="week", reset=["monday"]), "limits.gpu_hours.reset", "got ['monday']"),
+    ],
+)
+def test_bad_issue_32_keys_name_the_path_in_one_sentence(data, path, fragment):
+    with pytest.raises(CatalogError) as info:
+        parse_catalog(data)
+    assert info.value.path == path
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)

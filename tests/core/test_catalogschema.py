@@ -85,9 +85,9 @@ VALID = {
 }
 
 
-def changed(path: str, value):
-    """VALID with the value at a dotted path set (or added)."""
-    data = copy.deepcopy(VALID)
+def changed(path: str, value, base=VALID):
+    """``base`` with the value at a dotted path set (or added)."""
+    data = copy.deepcopy(base)
     *parents, last = path.split(".")
     node = data
     for key in parents:
@@ -136,3 +136,72 @@ def test_what_needs_the_whole_catalog_is_left_to_the_hub():
     with pytest.raises(CatalogError, match="unknown GPU type"):
         parse_catalog(data)
     assert errors(data) == []
+
+
+#: Every issue 32 key, valid (runtime limits, keep, idle timeouts, GPU-hours budgets).
+WITH_TIME = changed(
+    "images.pytorch",
+    {
+        "image": "example/pytorch:1",
+        "max_runtime": "8h",
+        "max_keep": 0,
+        "idle_timeout": {"min": "30m", "max": 28800, "default": "1h30m"},
+    },
+)
+WITH_TIME["gpu_types"]["a100"]["max_runtime"] = 86400
+WITH_TIME["limits"]["gpu_hours"] = {
+    "period": "month",
+    "reset": "28 23:59",
+    "min_session": "15m",
+    "default": 40.5,
+    "groups": {"ml-team": 100},
+    "users": {"alice": "unlimited"},
+}
+
+
+def time_changed(path: str, value):
+    return changed(path, value, WITH_TIME)
+
+
+def test_the_issue_32_keys_are_valid_by_both():
+    parse_catalog(WITH_TIME)
+    assert errors(WITH_TIME) == []
+    schema = catalog_schema()["properties"]
+    assert set(schema["limits"]["properties"]["gpu_hours"]["properties"]) == rules._BUDGET_KEYS
+    image = schema["images"]["additionalProperties"]["properties"]
+    assert set(image["idle_timeout"]["properties"]) == rules._IDLE_TIMEOUT_KEYS
+
+
+@pytest.mark.parametrize("reset", ["06:00", "monday 00:00", "Sunday 23:59", "1 00:00", "28 12:30"])
+def test_every_periods_reset_form_is_valid_to_the_schema(reset):
+    assert errors(time_changed("limits.gpu_hours.reset", reset)) == []
+
+
+@pytest.mark.parametrize(
+    "path,value",
+    [
+        ("images.pytorch.max_runtime", "8 hours"),
+        ("images.pytorch.max_runtime", 0),
+        ("images.pytorch.max_runtime", ""),
+        ("images.pytorch.max_runtime", "30m1h"),
+        ("images.pytorch.max_keep", -1),
+        ("images.pytorch.idle_timeout", 3600),
+        ("images.pytorch.idle_timeout", {"max": "1h"}),
+        ("images.pytorch.idle_timeout.defualt", "1h"),
+        ("gpu_types.a100.max_runtime", True),
+        ("limits.gpu_hours.period", "year"),
+        ("limits.gpu_hours.reset", "someday"),
+        ("limits.gpu_hours.reset", "29 00:00"),
+        ("limits.gpu_hours.reset", "monday 24:00"),
+        ("limits.gpu_hours.reset", 750),
+        ("limits.gpu_hours.default", -1),
+        ("limits.gpu_hours.groups.ml-team", "lots"),
+        ("limits.gpu_hours.perod", "week"),
+        ("limits.gpu_hours.min_session", "soon"),
+    ],
+)
+def test_bad_issue_32_keys_are_refused_by_both(path, value):
+    data = time_changed(path, value)
+    with pytest.raises(CatalogError):
+        parse_catalog(data)
+    assert errors(data), f"the schema accepts {path}={value!r}"

@@ -6,6 +6,8 @@ import copy
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuspawner.core import podspec
 from gpuspawner.core.admission import explain_unschedulable
@@ -13,6 +15,7 @@ from gpuspawner.core.serverpod import (
     ServerPod,
     is_gpu_resource,
     is_managed,
+    parse_timestamp,
     pod_is_active,
     selector,
     server_pods,
@@ -179,3 +182,195 @@ def test_an_unreadable_stop_annotation_is_no_notice(junk):
     )
     assert pod.stop_notice is None and pod.cull_warning is None
     assert pod.gpus == 2  # the rest of the pod still reads
+
+
+# ---------------------------------------------------------------------------
+# issue 32: usage times, charge group, idle timeout and keep (hand-written pods in the API's
+# shape, tests/fixtures/pods)
+# ---------------------------------------------------------------------------
+
+POD_FILES = FIXTURES / "pods"
+
+
+def pod_file(name):
+    return json.loads((POD_FILES / f"{name}.json").read_text())
+
+
+def at(text):
+    return parse_timestamp(text)
+
+
+def test_rfc3339_times_as_the_api_writes_them():
+    assert parse_timestamp("1970-01-01T00:00:00Z") == 0
+    assert parse_timestamp("2026-11-29T22:41:07Z") == 1795992067
+    assert parse_timestamp("2026-11-29T23:41:07+01:00") == 1795992067
+    assert parse_timestamp("2026-11-29T22:41:07.250000Z") == 1795992067.25
+    assert parse_timestamp("2026-11-29T22:41:07") == 1795992067  # no offset: UTC, never local
+
+
+@pytest.mark.parametrize(
+    "junk", [None, "", "Z", "yesterday", "2026-13-01T00:00:00Z", 1795992067, ["x"], {"a": 1}]
+)
+def test_a_time_that_is_not_one_reads_as_none(junk):
+    assert parse_timestamp(junk) is None
+
+
+def test_a_running_server_was_scheduled_and_has_not_ended():
+    pod = ServerPod.from_pod(pod_file("gpu-check-succeeded"))
+    assert pod.uid == "3f6c2b1e-9a4d-4c8e-b7f1-2d5e8a9c0b14"
+    assert pod.scheduled_at == at("2026-11-29T22:41:07Z")
+    # the GPU check (an init container) terminated, the notebook runs: not ended
+    assert pod.ended_at is None and pod.deleted_at is None
+
+
+def test_a_pod_whose_gpu_check_failed_ended_when_the_check_did():
+    pod = ServerPod.from_pod(pod_file("gpu-check-terminated-message"))
+    assert pod.phase == "Failed"
+    assert pod.ended_at == at("2026-11-29T22:41:12Z")
+
+
+def test_a_pod_not_yet_scheduled_has_no_start():
+    pod = copy.deepcopy(pod_file("gpu-check-succeeded"))
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "lastTransitionTime": "2026-11-29T22:41:07Z",
+            }
+        ],
+    }
+    assert ServerPod.from_pod(pod).scheduled_at is None
+
+
+def stopped(pod, finished="2026-11-29T23:00:05Z", phase="Running"):
+    """The pod with its notebook terminated at ``finished``."""
+    pod = copy.deepcopy(pod)
+    pod["status"]["phase"] = phase
+    pod["status"]["containerStatuses"][0]["state"] = {
+        "terminated": {
+            "exitCode": 0,
+            "reason": "Completed",
+            "startedAt": "2026-11-29T22:41:13Z",
+            "finishedAt": finished,
+        }
+    }
+    return pod
+
+
+def deleting(pod, when="2026-11-29T23:00:30Z", grace=30):
+    pod = copy.deepcopy(pod)
+    pod["metadata"]["deletionTimestamp"] = when
+    pod["metadata"]["deletionGracePeriodSeconds"] = grace
+    return pod
+
+
+def test_a_stopped_pod_ended_at_its_last_containers_finish():
+    running = pod_file("gpu-check-succeeded")
+    # all containers terminated, the kubelet has not yet set the phase: ended already
+    assert ServerPod.from_pod(stopped(running)).ended_at == at("2026-11-29T23:00:05Z")
+    done = ServerPod.from_pod(deleting(stopped(running, phase="Succeeded")))
+    assert done.ended_at == at("2026-11-29T23:00:05Z")
+    assert done.deleted_at == at("2026-11-29T23:00:00Z")  # deletionTimestamp less the grace
+
+
+def test_a_pod_being_deleted_holds_its_gpus_until_its_containers_stop():
+    pod = ServerPod.from_pod(deleting(pod_file("gpu-check-succeeded")))
+    assert pod.deleting and pod.ended_at is None
+    assert pod.deleted_at == at("2026-11-29T23:00:00Z")
+
+
+def test_a_finished_pod_without_container_times_ended_when_deleted_or_last_changed():
+    pod = copy.deepcopy(pod_file("gpu-check-succeeded"))
+    pod["status"] = {
+        "phase": "Failed",
+        "reason": "Evicted",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "True",
+                "lastTransitionTime": "2026-11-29T22:41:07Z",
+            },
+            {"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-29T23:10:00Z"},
+        ],
+    }
+    assert ServerPod.from_pod(pod).ended_at == at("2026-11-29T23:10:00Z")
+    assert ServerPod.from_pod(deleting(pod)).ended_at == at("2026-11-29T23:00:00Z")
+
+
+def test_the_issue_32_annotations():
+    from gpuspawner.core import labels
+
+    plain = ServerPod.from_pod(GPU_PODS["jupyter-heidi-slice"])
+    assert (plain.charge_group, plain.idle_timeout, plain.keep_until) == ("", None, None)
+    pod = ServerPod.from_pod(
+        _annotated(
+            **{
+                labels.ANNOTATION_CHARGE_GROUP: "ml-team",
+                labels.ANNOTATION_IDLE_TIMEOUT: "5400",
+                labels.ANNOTATION_KEEP_UNTIL: json.dumps(
+                    {"until": 2e9 + 3600, "seconds": 3600, "at": 2e9}
+                ),
+            }
+        )
+    )
+    assert (pod.charge_group, pod.idle_timeout, pod.keep_until) == ("ml-team", 5400, 2e9 + 3600)
+
+
+@pytest.mark.parametrize(
+    "idle, keep",
+    [
+        ("0", "{"),
+        ("-60", "null"),
+        ("nan", '{"until": "soon"}'),
+        ("inf", '{"until": true}'),
+        ("an hour", '{"until": NaN}'),
+        ("", "[1]"),
+    ],
+)
+def test_unreadable_idle_timeouts_and_keeps_read_as_none(idle, keep):
+    from gpuspawner.core import labels
+
+    pod = ServerPod.from_pod(
+        _annotated(**{labels.ANNOTATION_IDLE_TIMEOUT: idle, labels.ANNOTATION_KEEP_UNTIL: keep})
+    )
+    assert pod.idle_timeout is None and pod.keep_until is None
+    assert pod.gpus == 2
+
+
+JUNK = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=20), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+STATUS_KEYS = st.sampled_from(
+    ["phase", "conditions", "containerStatuses", "initContainerStatuses", "reason"]
+)
+META_KEYS = st.sampled_from(["uid", "deletionTimestamp", "deletionGracePeriodSeconds", "name"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(STATUS_KEYS, JUNK, max_size=5),
+    st.dictionaries(META_KEYS, JUNK, max_size=4),
+    st.lists(
+        st.fixed_dictionaries(
+            {"type": st.just("PodScheduled"), "status": st.just("True")},
+            optional={"lastTransitionTime": JUNK},
+        ),
+        max_size=2,
+    ),
+)
+def test_garbage_in_the_status_never_raises(status, meta, conditions):
+    pod = copy.deepcopy(pod_file("gpu-check-succeeded"))
+    pod["status"] = dict(status)
+    if conditions:
+        pod["status"]["conditions"] = conditions
+    pod["metadata"].update(meta)
+    read = ServerPod.from_pod(pod)
+    for value in (read.scheduled_at, read.ended_at, read.deleted_at):
+        assert value is None or isinstance(value, float)
