@@ -101,4 +101,8 @@ def configure(c: Config, config_dir: Path = CONFIG_DIR) -> dict[str, dict[str, A
     services = c.JupyterHub.get("services") or []
     c.JupyterHub.services = [s for s in services if s.get("name") not in off]
     c.GPUSpawner.gpu_inventory_all_namespaces = bool(settings.get("inventoryAllNamespaces"))
+    accounting = settings.get("accounting") or {}
+    c.GPUSpawner.accounting_enabled = bool(accounting.get("enabled", True))
+    if accounting.get("dbUrl"):
+        c.GPUSpawner.accounting_db_url = str(accounting["dbUrl"])
     return setup(c, **setup_arguments(settings, config_dir))

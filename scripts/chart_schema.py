@@ -64,6 +64,7 @@ def values_schema() -> dict[str, Any]:
             "userService": _switch(),
             "prometheus": _closed({"url": {"type": "string"}}),
             "inventory": _closed({"allNamespaces": {"type": "boolean"}}),
+            "accounting": _switch(dbUrl={"type": "string"}),
             "prePuller": _switch(
                 pullPolicy={"enum": ["Always", "IfNotPresent", "Never"]},
                 pause=_closed({"image": _image()}),

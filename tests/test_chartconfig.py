@@ -83,3 +83,16 @@ def test_an_unmounted_or_broken_settings_file_is_one_sentence(tmp_path):
     (tmp_path / "settings.json").write_text("[]")
     with pytest.raises(chartconfig.ChartConfigError, match="no mapping"):
         chartconfig.read_settings(tmp_path)
+
+
+def test_accounting_settings_reach_the_spawner(tmp_path):
+    c = z2jh_config()
+    chartconfig.configure(c, write_settings(tmp_path, accounting={"enabled": True, "dbUrl": ""}))
+    assert c.GPUSpawner.accounting_enabled is True
+    # "": the hub's own database, so the spawner's default is left alone
+    assert "accounting_db_url" not in c.GPUSpawner
+    url = "postgresql://gpuspawner@db.example.org/usage"
+    c = z2jh_config()
+    chartconfig.configure(c, write_settings(tmp_path, accounting={"enabled": False, "dbUrl": url}))
+    assert c.GPUSpawner.accounting_enabled is False
+    assert c.GPUSpawner.accounting_db_url == url

@@ -186,6 +186,8 @@ def test_the_settings_are_what_the_hub_side_reads(chart_helm):
     assert (args["culler"], args["admin"], args["user_service"]) == (True, True, True)
     assert args["prometheus_url"] == "http://prometheus-server.monitoring.svc"
     assert args["admin_users"] == () and args["admin_groups"] == ("gpu-admins",)
+    # accounting on, in the hub's own database, unless the values say otherwise
+    assert settings["accounting"] == {"enabled": True, "dbUrl": ""}
     assert (
         json.loads(data["culler_config.json"])
         == yaml.safe_load(EXAMPLE.read_text())["gpuspawner"]["culler"]["config"]
