@@ -12,9 +12,10 @@ import json
 import logging
 import random
 from collections.abc import AsyncIterator, Mapping
-from datetime import datetime
 from typing import Any
 from urllib.parse import quote, urlencode
+
+from ..core.serverpod import parse_timestamp
 
 PAGINATION_MEDIA_TYPE = "application/jupyterhub-pagination+json"
 
@@ -30,12 +31,9 @@ class HubError(Exception):
 
 
 def parse_time(value: str | None) -> float | None:
-    """The hub's ISO 8601 timestamps (``2026-11-29T10:00:00.123456Z``) -> POSIX seconds."""
-    if not value:
-        return None
-    if value.endswith("Z"):
-        value = value[:-1] + "+00:00"
-    return datetime.fromisoformat(value).timestamp()
+    """The hub's ISO 8601 timestamps (``2026-11-29T10:00:00.123456Z``) -> POSIX seconds; None
+    for anything else (read the one way every API time is read)."""
+    return parse_timestamp(value)
 
 
 def _users(items: Any, path: str) -> list[Mapping[str, Any]]:

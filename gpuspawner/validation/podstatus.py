@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import datetime
 from typing import Any
 
 from ..core.labels import VALIDATION_CONTAINER_NAME
 from ..core.refusals import shown
-from ..core.serverpod import ServerPod, is_gpu_resource
+from ..core.serverpod import ServerPod, is_gpu_resource, parse_timestamp
 from ..core.stopreasons import NOT_STARTABLE_KIND
 from .gpucheck import EXIT_CODES, EXIT_NVIDIA_SMI_FAILED
 
@@ -175,16 +174,6 @@ def check_timeout(
     return None
 
 
-def _timestamp(text: Any) -> float | None:
-    """An RFC 3339 time as the API writes it (``2026-11-29T22:41:10Z``) in Unix seconds."""
-    if not isinstance(text, str):
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def _seconds(seconds: float) -> str:
     return f"{seconds:g} second" + ("" if seconds == 1 else "s")
 
@@ -205,7 +194,7 @@ def check_overdue(
     status = _container_status(pod, container_name)
     running = ((status or {}).get("state") or {}).get("running")
     timeout = check_timeout(pod, container_name)
-    started = _timestamp((running or {}).get("startedAt"))
+    started = parse_timestamp((running or {}).get("startedAt"))
     if timeout is None or started is None or now - started <= timeout + OVERDUE_GRACE:
         return None
     return (
