@@ -7,10 +7,15 @@ Measures, for a catalog of 20 images x 6 GPU types and 200 existing GPU pods:
   * validate: resolving user_options and checking limits against the pods
   * manifest: load_user_options + get_pod_manifest, GPUSpawner vs KubeSpawner
               configured with the equivalent hand-written profile
+  * budget:   the same spawn for a user with a GPU-hours budget (limits.gpu_hours),
+              whose usage is read from a real SQLite usage store holding 5,000 users
+              x 250 servers over a year (1.25M intervals; --smoke: 50 x 20), through
+              the accounting recorder's worker thread as in the hub
 The Kubernetes API is not called: the pod list (filtered by label selector as
 the API server does; user7 holds 4 of the 200 pods) is served from memory, so the
 figures are GPUSpawner's own CPU cost (the one list call per GPU spawn is a
-network round trip, measured end to end on the local cluster).
+network round trip, measured end to end on the local cluster). The usage store is
+built once and kept in .cache/bench/ (about a minute for the full size).
 Writes a Markdown table to stdout. ``--smoke`` (2 warm-ups, 5 runs per step)
 runs every step for the tests; it starts no process, so it has nothing to stop.
 """
@@ -40,10 +45,13 @@ kube_config.KUBE_CONFIG_DEFAULT_LOCATION = os.environ["KUBECONFIG"]
 
 from kubespawner import KubeSpawner  # noqa: E402
 
+from gpuspawner.accounting.store import UsageStore  # noqa: E402
 from gpuspawner.core.catalog import parse_catalog  # noqa: E402
 from gpuspawner.core.limits import check_request, holdings_from_pods  # noqa: E402
 from gpuspawner.core.options import resolve_selection  # noqa: E402
+from gpuspawner.core.usage import Interval  # noqa: E402
 from gpuspawner.hub import state as hubstate  # noqa: E402
+from gpuspawner.hub.accounting import AccountingRecorder  # noqa: E402
 from gpuspawner.hub.spawner import GPUSpawner  # noqa: E402
 
 TYPES = ["a100", "h100", "l40s", "t4", "a10", "mig"]
@@ -81,6 +89,56 @@ def big_catalog() -> dict:
             "group_pools": {"research": 500},
         },
     }
+
+
+def budget_catalog() -> dict:
+    """The big catalog with a weekly GPU-hours budget for everyone (large enough to admit)."""
+    raw = big_catalog()
+    raw["limits"]["gpu_hours"] = {"period": "week", "default": 100_000}
+    return raw
+
+
+YEAR = 365 * 86400
+
+
+def usage_store(users: int, per_user: int) -> UsageStore:
+    """A SQLite usage store with ``users`` x ``per_user`` closed 2-hour intervals over a year.
+
+    Built once per size into .cache/bench/ (the intervals end relative to when it
+    was built; the budget read's cost does not depend on where the week falls).
+    """
+    folder = REPO / ".cache" / "bench"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"usage-{users}x{per_user}.sqlite"
+    ready = path.with_suffix(".ready")
+    if not ready.exists():
+        for stale in folder.glob(f"{path.name}*"):
+            stale.unlink()
+        store = UsageStore(f"sqlite:///{path}")
+        store.migrate()
+        now = time.time()
+        for u in range(users):
+            store.open_many(
+                Interval(
+                    uid=f"bench-{u}-{k}",
+                    user=f"user{u}",
+                    server="",
+                    charge_group="",
+                    gpu_type=TYPES[k % 5],
+                    image=f"image-{k % 20:02d}",
+                    gpus=1 + k % 2,
+                    units=float(1 + k % 2),
+                    start=now - YEAR + k * YEAR / per_user + u % 97 * 60,
+                    end=now - YEAR + k * YEAR / per_user + u % 97 * 60 + 7200,
+                    end_source="pod",
+                )
+                for k in range(per_user)
+            )
+        store.close()
+        ready.write_text(f"{users * per_user} intervals\n")
+    store = UsageStore(f"sqlite:///{path}")
+    store.migrate()
+    return store
 
 
 def pods(n: int) -> list[dict]:
@@ -185,7 +243,9 @@ def row(name: str, samples: list[float]) -> str:
     return f"| {name} | {statistics.median(samples):.3f} | {p95:.3f} | {len(samples)} |"
 
 
-async def measure(warm_ups: int, repeat: int, form_repeat: int) -> None:
+async def measure(
+    warm_ups: int, repeat: int, form_repeat: int, store_users: int, store_servers: int
+) -> None:
     raw = big_catalog()
     catalog = parse_catalog(raw)
     options = {"profile": "image-07", "gpu_type": "a100", "gpus": "2"}
@@ -196,6 +256,14 @@ async def measure(warm_ups: int, repeat: int, form_repeat: int) -> None:
     gpu_config.GPUSpawner.validation_command = ["true"]
     gpu = make(GPUSpawner, gpu_config)
     pooled = make(GPUSpawner, gpu_config, user=PoolUser())
+    budget_config = Config()
+    budget_config.GPUSpawner.catalog = budget_catalog()
+    budget_config.GPUSpawner.validation_command = ["true"]
+    budgeted = make(GPUSpawner, budget_config)
+    store = usage_store(store_users, store_servers)
+    # the hub's recorder (its worker thread and call()); nothing here starts its watch
+    recorder = AccountingRecorder(lambda: store, None, "jupyterhub", api=None)
+    budgeted.gpu_accounting = lambda: recorder
 
     kube_config_ = Config()
     kube_config_.KubeSpawner.profile_list = [
@@ -229,6 +297,7 @@ async def measure(warm_ups: int, repeat: int, form_repeat: int) -> None:
         await spawn(gpu, options)
         await spawn(kube, {"profile": "image-07"})
         await spawn(pooled, options)
+        await spawn(budgeted, options)
         await form()
 
     form_ms = await atimed(form, form_repeat)
@@ -246,7 +315,14 @@ async def measure(warm_ups: int, repeat: int, form_repeat: int) -> None:
     gpu_ms = await atimed(lambda: spawn(gpu, options), repeat)
     kube_ms = await atimed(lambda: spawn(kube, {"profile": "image-07"}), repeat)
     pooled_ms = await atimed(lambda: spawn(pooled, options), repeat)
+    budget_ms = await atimed(lambda: spawn(budgeted, options), repeat)
+    week = time.time() - 7 * 86400
+    read_ms = timed(
+        lambda: store.used_unit_seconds(["user7"], week, week + 7 * 86400, time.time()), repeat
+    )
     added = statistics.median(gpu_ms) - statistics.median(kube_ms)
+    budget_added = statistics.median(budget_ms) - statistics.median(gpu_ms)
+    intervals = store_users * store_servers
 
     print(
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}"
@@ -261,17 +337,38 @@ async def measure(warm_ups: int, repeat: int, form_repeat: int) -> None:
     print(row("spawn prep, GPUSpawner (options, limits, pod manifest)", gpu_ms))
     print(row("spawn prep, KubeSpawner (equivalent profile, pod manifest)", kube_ms))
     print(row("spawn prep, GPUSpawner, user in a group pool (reads all 200 pods)", pooled_ms))
+    print(
+        row(
+            f"spawn prep, GPUSpawner, user with a GPU-hours budget ({intervals:,} intervals in SQLite)",
+            budget_ms,
+        )
+    )
+    print(row("budget: the usage store's read alone (one user, this week)", read_ms))
     print(f"\nAdded per spawn (median GPUSpawner - median KubeSpawner): {added:.3f} ms")
+    print(
+        "Added by the budget per spawn (median with a budget - median without): "
+        f"{budget_added:.3f} ms"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, help="runs per step (300; --smoke: 5)")
+    parser.add_argument(
+        "--store-users", type=int, help="users in the usage store (5000; --smoke: 50)"
+    )
+    parser.add_argument(
+        "--store-servers", type=int, help="servers per user in a year (250; --smoke: 20)"
+    )
     add_arguments(parser)
     args = parser.parse_args()
-    sizes(args, full={"runs": 300}, smoke={"runs": 5})
+    sizes(
+        args,
+        full={"runs": 300, "store_users": 5000, "store_servers": 250},
+        smoke={"runs": 5, "store_users": 50, "store_servers": 20},
+    )
     warm_ups, form_runs = (2, 3) if args.smoke else (20, 100)
-    asyncio.run(measure(warm_ups, args.runs, form_runs))
+    asyncio.run(measure(warm_ups, args.runs, form_runs, args.store_users, args.store_servers))
     return 0
 
 

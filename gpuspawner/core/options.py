@@ -15,12 +15,13 @@ a raw newline, NUL or terminal escape from a request.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from .catalog import Catalog, GPUType, ImageSpec
+from .catalog import Catalog, GPUType, ImageSpec, parse_duration_text
 
 # ``Refusal``, the reasons, ``shown``, ``listing`` and ``escape_unprintable`` stay
 # importable from here (and from gpuspawner.options) for code written before they
@@ -40,7 +41,9 @@ from .refusals import escape_unprintable as escape_unprintable
 OPTION_PROFILE = "profile"
 OPTION_GPU_TYPE = "gpu_type"
 OPTION_GPUS = "gpus"
-KNOWN_OPTIONS = frozenset({OPTION_PROFILE, OPTION_GPU_TYPE, OPTION_GPUS})
+#: The user's idle timeout: minutes (a number, or digits on the form), or a duration ("1h30m").
+OPTION_IDLE_TIMEOUT = "idle_timeout"
+KNOWN_OPTIONS = frozenset({OPTION_PROFILE, OPTION_GPU_TYPE, OPTION_GPUS, OPTION_IDLE_TIMEOUT})
 #: What the form calls the two profile options.
 OPTION_TITLES = {OPTION_GPU_TYPE: "GPU type", OPTION_GPUS: "Number of GPUs"}
 #: KubeSpawner's key for a free-form value of a profile option (``gpus--unlisted-choice``).
@@ -50,6 +53,13 @@ UNLISTED_CHOICE_SUFFIX = "--unlisted-choice"
 # that a number in a message stays short.
 _MAX_COUNT = 999_999
 _DIGITS = re.compile(r"[0-9]{1,6}")
+# Minutes as the form's number input sends them: plain ASCII digits, maybe a decimal part.
+_MINUTES = re.compile(r"[0-9]{1,6}(\.[0-9]{1,3})?")
+# A duration string longer than this is not read (it cannot be a sensible timeout).
+_MAX_DURATION_TEXT = 32
+# Seconds of slack when a value is compared with the bounds: the form shows a bound in
+# minutes to 3 decimals (100 s is "1.667"), which must still be accepted when sent back.
+_BOUND_EPSILON = 0.1
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,9 @@ class Selection:
     image: ImageSpec
     gpu_type: GPUType | None
     gpus: int
+    #: The idle timeout the culler applies, in seconds: the user's choice or the image's
+    #: default, within the image's ``idle_timeout`` bounds; None when the image has none.
+    idle_timeout: float | None = None
 
     @property
     def is_gpu(self) -> bool:
@@ -86,6 +99,71 @@ def parse_count(value: Any) -> int | None:
     if isinstance(value, str) and _DIGITS.fullmatch(value):
         return int(value)
     return None
+
+
+def parse_idle_timeout(value: Any) -> float | None:
+    """Seconds from a request's ``idle_timeout``, or None when it cannot be read.
+
+    A number (JSON) or a string of plain digits (the form's number input) is
+    minutes: ``90``, ``"90"``, ``"1.5"``. Any other string is a duration as the
+    catalog writes them (``"1h30m"``, ``"45m"``, ``"2h"``). Booleans, zero,
+    negative or non-finite values are not read.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        seconds = float(value) * 60
+    elif isinstance(value, str) and _MINUTES.fullmatch(value):
+        seconds = float(value) * 60
+    elif isinstance(value, str) and 0 < len(value) <= _MAX_DURATION_TEXT and value.isascii():
+        # ASCII only: a full-width or other script's digit is not read as a number
+        try:
+            seconds = float(parse_duration_text(value))
+        except (TypeError, ValueError):
+            return None
+    else:
+        return None
+    if not math.isfinite(seconds) or seconds <= 0:
+        return None
+    return seconds
+
+
+def minutes_text(seconds: float) -> str:
+    """Seconds as the form's minutes: ``5400`` -> "90", ``90`` -> "1.5"."""
+    return f"{seconds / 60:.3f}".rstrip("0").rstrip(".")
+
+
+def resolve_idle_timeout(value: Any, image: ImageSpec) -> float | None:
+    """The idle timeout a request chooses for ``image``, in seconds; raise :class:`Refusal` if invalid.
+
+    Not given (or empty, as a form may send it): the image's default, or None
+    when the image offers no choice. An image without ``idle_timeout`` bounds
+    refuses any value, so nobody can lengthen the admin's idle rule.
+    """
+    bounds = image.idle_timeout
+    if value in (None, ""):
+        return bounds.default if bounds is not None else None
+    if bounds is None:
+        raise refuse(REASON_INVALID, "idle-timeout-not-offered", image=image.display_name)
+    seconds = parse_idle_timeout(value)
+    if seconds is None:
+        raise refuse(
+            REASON_INVALID,
+            "idle-timeout-unreadable",
+            value=value,
+            minimum=minutes_text(bounds.minimum),
+            maximum=minutes_text(bounds.maximum),
+        )
+    if not bounds.minimum - _BOUND_EPSILON <= seconds <= bounds.maximum + _BOUND_EPSILON:
+        raise refuse(
+            REASON_INVALID,
+            "idle-timeout-bounds",
+            minutes=minutes_text(seconds),
+            image=image.display_name,
+            minimum=minutes_text(bounds.minimum),
+            maximum=minutes_text(bounds.maximum),
+        )
+    return min(max(seconds, bounds.minimum), bounds.maximum)
 
 
 def unlisted_choices(user_options: Any) -> dict[str, Any]:
@@ -141,13 +219,22 @@ def resolve_selection(user_options: Any, catalog: Catalog) -> Selection:
     image they may not use is refused exactly like one that does not exist.
     Missing keys take the catalog's defaults; unknown keys are ignored and
     never change what is spawned. Unlisted choices (``gpus--unlisted-choice``)
-    are refused: the catalog's options have none.
+    are refused: the catalog's options have none. The idle timeout is checked
+    against the chosen image's bounds (:func:`resolve_idle_timeout`).
     """
     if user_options is None:
         user_options = {}
     if not isinstance(user_options, dict):
         raise refuse(REASON_INVALID, "options-not-object")
+    selection = _resolve_gpus(user_options, catalog)
+    idle_timeout = resolve_idle_timeout(user_options.get(OPTION_IDLE_TIMEOUT), selection.image)
+    if idle_timeout is None:
+        return selection
+    return replace(selection, idle_timeout=idle_timeout)
 
+
+def _resolve_gpus(user_options: dict, catalog: Catalog) -> Selection:
+    """The image, GPU type and count of a request (no idle timeout yet)."""
     image = _resolve_image(user_options.get(OPTION_PROFILE), catalog)
     _refuse_unlisted_choices(user_options, image, catalog)
     explicit_type = user_options.get(OPTION_GPU_TYPE)

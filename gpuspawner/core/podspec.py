@@ -218,14 +218,28 @@ def pod_labels(selection: Selection) -> dict[str, str]:
     }
 
 
-def pod_annotations(selection: Selection, pool_groups: Sequence[str]) -> dict[str, str]:
-    """Annotations recording how the GPUs are counted against limits."""
+def pod_annotations(
+    selection: Selection, pool_groups: Sequence[str], charge_group: str = ""
+) -> dict[str, str]:
+    """Annotations recording how the GPUs are counted against limits and budgets.
+
+    ``charge_group`` (:func:`gpuspawner.core.usage.charge_group`) is the group the
+    server's GPU-hours are charged to; the selection's idle timeout is what the
+    culler applies to this server.
+    """
     out = {}
     if selection.is_gpu and selection.gpu_type is not None:
         out[labels.ANNOTATION_GPU_RESOURCE] = selection.gpu_type.resource
         out[labels.ANNOTATION_GPU_WEIGHT] = f"{selection.gpu_type.weight:g}"
+        if charge_group:
+            out[labels.ANNOTATION_CHARGE_GROUP] = charge_group
     if pool_groups:
         out[labels.ANNOTATION_POOL_GROUPS] = ",".join(pool_groups)
+    if selection.idle_timeout is not None:
+        # a plain decimal (never "1e+06"), as ServerPod reads it
+        out[labels.ANNOTATION_IDLE_TIMEOUT] = f"{selection.idle_timeout:.3f}".rstrip("0").rstrip(
+            "."
+        )
     return out
 
 

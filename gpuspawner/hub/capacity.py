@@ -237,12 +237,17 @@ class Capacity:
         placement: Placement,
         queue: QueueSettings,
         who: str,
+        budget: Callable[[list[limits.Holding]], Awaitable[None]] | None = None,
     ) -> None:
         """Admit a request or raise :class:`Refusal`; an admitted GPU request is reserved.
 
         ``holdings(every_user)`` reads the GPUs held now (every user's when a
-        group pool applies). The reservation is the caller's to release when
-        the spawn ends; it is released here when admission fails while waiting.
+        group pool applies). ``budget(held)``, after the limits and before the
+        free GPUs and the queue, raises :class:`Refusal` when the user's GPU-hours
+        budget cannot cover the request; it runs under the user's lock, so two
+        requests of one user count each other (the first one's reservation).
+        The reservation is the caller's to release when the spawn ends; it is
+        released here when admission fails while waiting.
         """
         if not selection.is_gpu:
             return
@@ -276,6 +281,8 @@ class Capacity:
                 self.log.error("Could not list GPU pods to check %s's limit: %s", user, e)
                 raise refuse(REASON_USAGE_UNKNOWN, "cluster-silent") from None
             check_limits(held)
+            if budget is not None:
+                await budget(held)
             # What the user may still take of the type: their demand, if refused, is capped at it.
             allowance = (
                 limits.remaining(catalog, user, groups, server, held).get(selection.gpu_type.key)

@@ -56,6 +56,7 @@ STEPS = {
     "real_nodes.py": ["control-plane", "nodes", "idle", "pods"],
     "sandbox_spawn.py": ["cluster", "hubs", "warm-up", "rounds", "burst-sent", "burst"],
     "jupyter_start_cpu.py": ["engine", "hub", "runs"],
+    "admin_usage.py": ["build", "measured"],
 }
 
 #: Exit status of a run failed on purpose, by --fail-with.
@@ -251,7 +252,10 @@ def test_spawn_overhead(bench):
             "| spawn prep, GPUSpawner (options, limits, pod manifest) |",
             "| spawn prep, KubeSpawner (equivalent profile, pod manifest) |",
             "| spawn prep, GPUSpawner, user in a group pool (reads all 200 pods) |",
+            "| spawn prep, GPUSpawner, user with a GPU-hours budget (1,000 intervals in SQLite) |",
+            "| budget: the usage store's read alone (one user, this week) |",
             "Added per spawn (median GPUSpawner - median KubeSpawner):",
+            "Added by the budget per spawn (median with a budget - median without):",
         ],
     )
     assert_nothing_left(run)
@@ -331,6 +335,16 @@ def test_sandbox_spawn(bench, pytestconfig):
     assert re.search(r"refused by limit: 2,", run.stdout), run.explain()
     assert "most GPUs held by one user: 1" in run.stdout, run.explain()
     assert_nothing_left(run, before, roots)
+
+
+def test_admin_usage(bench):
+    """The GPU page's usage section over usage_store.py's store, each view measured."""
+    run = bench("admin_usage.py")
+    assert_smoke_run(run, "admin_usage.py", ["| the last 12 whole months, by user |"])
+    rows = table_rows(run.stdout)
+    assert rows["this week, by user (the default view)"][0] == "20", run.explain()
+    assert all(float(cells[-1]) > 0 for name, cells in rows.items() if name != "case")
+    assert_nothing_left(run)
 
 
 def test_jupyter_start_cpu(bench, matrix_jupyter_image):

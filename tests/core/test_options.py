@@ -2,11 +2,16 @@ import pytest
 
 from gpuspawner.core.options import (
     ignored_options,
+    minutes_text,
     parse_count,
+    parse_idle_timeout,
+    resolve_idle_timeout,
     resolve_profile,
     resolve_selection,
 )
 from gpuspawner.core.refusals import Refusal, shown
+
+from ..conftest import FIXTURES
 
 
 @pytest.mark.parametrize(
@@ -398,3 +403,128 @@ def test_plain_profiles_refuse_with_a_sentence(request_, message):
     assert info.value.status == 400
     assert info.value.message.startswith(message)
     assert info.value.message.isprintable()
+
+
+# ---------------------------------------------------------------------------
+# the user's idle timeout (issue 32)
+# ---------------------------------------------------------------------------
+
+
+def _idle_catalog():
+    import yaml
+
+    from gpuspawner.core.catalog import parse_catalog
+
+    raw = yaml.safe_load((FIXTURES / "catalogs" / "pools.yaml").read_text())
+    raw["images"]["pytorch"]["idle_timeout"] = {"min": "30m", "max": "8h", "default": "1h"}
+    return parse_catalog(raw)
+
+
+@pytest.mark.parametrize(
+    "value, seconds",
+    [
+        (90, 5400.0),
+        ("90", 5400.0),
+        (1.5, 90.0),
+        ("1.5", 90.0),
+        ("1h30m", 5400.0),
+        ("45m", 2700.0),
+        ("2h", 7200.0),
+        ("3600s", 3600.0),
+    ],
+)
+def test_an_idle_timeout_is_minutes_or_a_duration(value, seconds):
+    assert parse_idle_timeout(value) == seconds
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        True,
+        0,
+        "0",
+        -5,
+        "-5",
+        float("nan"),
+        float("inf"),
+        "1e9",
+        "ninety",
+        "1h 30m",
+        "90 ",
+        [],
+        {"m": 1},
+        "",
+        "9" * 40,
+        "\uff19\uff10",
+    ],
+)
+def test_an_idle_timeout_that_is_not_one_is_not_read(value):
+    assert parse_idle_timeout(value) is None
+
+
+def test_an_image_with_bounds_takes_the_users_idle_timeout_or_its_default():
+    catalog = _idle_catalog()
+    chosen = resolve_selection({"profile": "pytorch", "idle_timeout": 90}, catalog)
+    assert chosen.idle_timeout == 5400.0
+    assert (
+        resolve_selection({"profile": "pytorch", "idle_timeout": "2h"}, catalog).idle_timeout
+        == 7200
+    )
+    # not sent, or the form's empty field: the image's default
+    assert resolve_selection({"profile": "pytorch"}, catalog).idle_timeout == 3600
+    assert (
+        resolve_selection({"profile": "pytorch", "idle_timeout": ""}, catalog).idle_timeout == 3600
+    )
+    # the bounds themselves are allowed, as the form shows them (minutes)
+    assert (
+        resolve_selection({"profile": "pytorch", "idle_timeout": "30"}, catalog).idle_timeout
+        == 1800
+    )
+    assert (
+        resolve_selection({"profile": "pytorch", "idle_timeout": "480"}, catalog).idle_timeout
+        == 28800
+    )
+    # an image without bounds has none
+    assert resolve_selection({"profile": "tensorflow"}, catalog).idle_timeout is None
+    assert "idle_timeout" not in ignored_options({"idle_timeout": 90})
+
+
+@pytest.mark.parametrize("value", [29, "8h1m", 481, "1d"])
+def test_an_idle_timeout_outside_the_bounds_is_refused_with_them(value):
+    with pytest.raises(Refusal) as info:
+        resolve_selection({"profile": "pytorch", "idle_timeout": value}, _idle_catalog())
+    assert info.value.status == 400
+    assert "30" in info.value.message and "480" in info.value.message
+    assert "PyTorch" in info.value.message
+
+
+def test_an_unreadable_idle_timeout_is_refused_quoted():
+    with pytest.raises(Refusal) as info:
+        resolve_selection({"profile": "pytorch", "idle_timeout": "soon\n<b>"}, _idle_catalog())
+    assert info.value.status == 400
+    assert "\n" not in info.value.message and "<b>" in info.value.message  # quoted, not HTML
+    assert shown("soon\n<b>") in info.value.message
+
+
+def test_an_image_without_bounds_refuses_an_idle_timeout():
+    with pytest.raises(Refusal) as info:
+        resolve_selection({"profile": "tensorflow", "idle_timeout": 90}, _idle_catalog())
+    assert info.value.status == 400
+    assert "TensorFlow" in info.value.message
+
+
+def test_idle_bounds_are_shown_as_the_forms_minutes():
+    assert minutes_text(5400) == "90"
+    assert minutes_text(90) == "1.5"
+    assert minutes_text(100) == "1.667"
+    # a bound the form shows rounded is accepted back, and clamped into the bounds
+    import dataclasses
+
+    from gpuspawner.core.catalog import IdleTimeoutBounds
+
+    # 110 s shows as "1.833" (109.98 s), 130 s as "2.167" (130.02 s)
+    image = dataclasses.replace(
+        _idle_catalog().images["pytorch"], idle_timeout=IdleTimeoutBounds(110, 130, 120)
+    )
+    assert resolve_idle_timeout(minutes_text(110), image) == 110
+    assert resolve_idle_timeout(minutes_text(130), image) == 130

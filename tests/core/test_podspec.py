@@ -198,6 +198,28 @@ def test_labels_and_annotations():
     assert pod_annotations(select(gpus=0), []) == {}
 
 
+def test_pod_annotations_carry_the_charge_group_and_the_idle_timeout():
+    import dataclasses
+
+    chosen = dataclasses.replace(select("a100", 1), idle_timeout=31_536_000.0)
+    annotations = pod_annotations(chosen, [], "ml-team")
+    assert annotations[labels.ANNOTATION_CHARGE_GROUP] == "ml-team"
+    # a plain decimal of seconds, never "3.1536e+07"
+    assert annotations[labels.ANNOTATION_IDLE_TIMEOUT] == "31536000"
+    assert (
+        pod_annotations(dataclasses.replace(chosen, idle_timeout=90.5), [])[
+            labels.ANNOTATION_IDLE_TIMEOUT
+        ]
+        == "90.5"
+    )
+    # no group to charge, no idle timeout chosen: neither annotation
+    assert not {labels.ANNOTATION_CHARGE_GROUP, labels.ANNOTATION_IDLE_TIMEOUT} & set(
+        pod_annotations(select("a100", 1), [], "")
+    )
+    # a CPU server's hours are not counted: no charge group
+    assert labels.ANNOTATION_CHARGE_GROUP not in pod_annotations(select(gpus=0), [], "ml-team")
+
+
 def test_gpu_resource_names():
     assert gpu_resource_names(CATALOG) == {"nvidia.com/gpu", "nvidia.com/mig-1g.10gb"}
 

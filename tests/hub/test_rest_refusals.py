@@ -66,6 +66,11 @@ def ensure_user(hub, name):
             {"profile": "tensorflow", "gpu_type": "h100", "gpus": "1"},
             "TensorFlow cannot run on NVIDIA H100 GPUs: choose NVIDIA A100.",
         ),
+        (
+            # an image without idle_timeout bounds: nobody lengthens the admin's idle rule
+            {"profile": "pytorch", "gpu_type": "a100", "gpus": "1", "idle_timeout": "8h"},
+            "PyTorch has no idle timeout to choose: leave it out, and the hub's idle rule applies.",
+        ),
     ],
 )
 def test_invalid_request_is_a_400_with_the_sentence(gpu_hub, body, message):
