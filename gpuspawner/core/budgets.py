@@ -202,15 +202,20 @@ class BudgetStatus:
             return None
         return remaining / rate
 
-    def choices_text(self, options: list[tuple[str, float]]) -> str:
+    def choices_text(self, options: list[tuple[str, float]], now: float | None = None) -> str:
         """ "The rest allows 1 × A100 for 25 h 30 min, 2 × A100 for 12 h 45 min." ("" if unlimited).
 
-        ``options``: (label, units) of each choice the form offers.
+        ``options``: (label, units) of each choice the form offers. With ``now``, a choice the
+        rest would run past the period's end reads "until the reset" (the budget renews first).
         """
         parts = []
         for label, units in options:
             hours = self.hours_for(units)
-            if hours is not None:
+            if hours is None:
+                continue
+            if now is not None and now + hours * 3600 >= self.period.end:
+                parts.append(f"{label} until the reset")
+            else:
                 parts.append(f"{label} for {short_duration(hours * 3600)}")
         if not parts:
             return ""

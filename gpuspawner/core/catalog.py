@@ -68,9 +68,10 @@ _AFFINITY_OPERATORS = {"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"}
 
 # Durations: a number of seconds, or days/hours/minutes/seconds in that order ("1h30m").
 _DURATION_RE = re.compile(
-    r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$"
+    r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$",
+    re.ASCII,  # full-width or Arabic-Indic digits are not a duration: \d alone reads any script's
 )
-_SECONDS_RE = re.compile(r"^\d+(?:\.\d+)?$")
+_SECONDS_RE = re.compile(r"^\d+(?:\.\d+)?$", re.ASCII)
 _DURATION_UNITS = (86400, 3600, 60, 1)
 #: The longest duration the catalog accepts (ten years): longer is a typo, and would
 #: overflow the dates computed from it.

@@ -233,6 +233,11 @@ def test_the_forms_line_and_choices():
     assert status(40, 14.5, held=1).choices_text([("1 × A100", 1)]) == (
         "The rest allows 1 × A100 for 12 h 45 min."
     )
+    # four hours before the reset, the budget renews before 25 h run out
+    late = utc(2026, 12, 6, 20)
+    assert s.choices_text([("1 × A100", 1), ("8 × A100", 8)], now=late) == (
+        "The rest allows 1 × A100 until the reset, 8 × A100 for 3 h 11 min."
+    )
     # a MIG slice (1/7 of a GPU) runs seven times as long
     assert status(40, 39, held=0).hours_for(1 / 7) == pytest.approx(7)
 

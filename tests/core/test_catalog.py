@@ -562,6 +562,8 @@ def test_durations_as_text(text, seconds):
         "1.h",
         "5 minutes",
         "3651d",
+        "\uff19\uff10m",  # full-width digits: not ASCII, not a duration
+        "\u0661h",  # an Arabic-Indic one
     ],
 )
 def test_durations_that_are_not(text):
