@@ -31,7 +31,13 @@ c.GPUCuller.gpu_busy_threshold = 5.0  # percent
 c.GPUCuller.pressure_timeout = 15 * 60
 c.GPUCuller.pressure_timeouts = {"h100": 10 * 60}
 
+# "Keep it": the choices a warning offers (each up to the image's max_keep in the
+# catalog, else default_max_keep). max_runtime and budgets come from the catalog.
+# c.GPUCuller.keep_choices = [60 * 60, 4 * 60 * 60]
+# c.GPUCuller.default_max_keep = 4 * 60 * 60
+# c.GPUCuller.keep_overrides_pressure = True   # a kept server is not freed for waiting users
+
 # c.GPUCuller.exempt_users = ["alice"]
-# c.GPUCuller.exempt_groups = ["long-jobs"]   # add read:users:groups to the role
+# c.GPUCuller.exempt_groups = ["long-jobs"]
 # c.GPUCuller.cull_admin_users = False
 # c.GPUCuller.dry_run = True                   # report only

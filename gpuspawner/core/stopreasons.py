@@ -46,6 +46,11 @@ REASON_STUCK_PENDING = "stuck-pending"
 REASON_ADMIN = "admin"
 #: The node it ran on went away (deleted, or not Ready) and the pod with it.
 REASON_NODE_LOST = "node-lost"
+#: The culler stopped it when its user's GPU-hours budget ran out; ``detail`` names the
+#: period ("this week").
+REASON_BUDGET = "budget"
+#: The culler stopped it at its image's or GPU type's ``max_runtime`` (``seconds``).
+REASON_MAX_RUNTIME = "max-runtime"
 
 REASONS: tuple[str, ...] = (
     REASON_IDLE,
@@ -56,7 +61,11 @@ REASONS: tuple[str, ...] = (
     REASON_STUCK_PENDING,
     REASON_ADMIN,
     REASON_NODE_LOST,
+    REASON_BUDGET,
+    REASON_MAX_RUNTIME,
 )
+#: Reasons no keep can put off: the stop comes at a fixed time, whatever the server does.
+DEADLINE_REASONS: tuple[str, ...] = (REASON_MAX_AGE, REASON_BUDGET, REASON_MAX_RUNTIME)
 
 #: Longest free text (a check's message, a node's name) kept in a notice.
 MAX_TEXT = 300
@@ -157,12 +166,13 @@ class StopNotice:
     server: str = ""
     #: What it held (``2 × NVIDIA A100``); "" for none or unknown.
     held: str = ""
-    #: The idle time (idle, gpu-idle, pressure), the age limit (max-age) or the
-    #: wait (stuck-pending), in seconds.
+    #: The idle time (idle, gpu-idle, pressure), the age limit (max-age), the
+    #: running time limit (max-runtime) or the wait (stuck-pending), in seconds.
     seconds: float | None = None
     #: The GPU check's failure kind (gpu-check).
     kind: str = ""
-    #: Free text: the GPU check's reason (gpu-check), the node's name (node-lost).
+    #: Free text: the GPU check's reason (gpu-check), the node's name (node-lost),
+    #: the budget's period (budget: "this week").
     detail: str = ""
 
     def because(self) -> str:
@@ -192,6 +202,13 @@ class StopNotice:
         if self.reason == REASON_NODE_LOST:
             node = f" ({self.detail})" if self.detail else ""
             return f"the node it ran on{node} was lost"
+        if self.reason == REASON_BUDGET:
+            period = f" for {self.detail}" if self.detail else ""
+            return f"it used up its user's GPU-hours budget{period}"
+        if self.reason == REASON_MAX_RUNTIME:
+            if span:
+                return f"it reached the maximum running time of {span}"
+            return "it reached its maximum running time"
         return "it was stopped by the hub"
 
     def sentence(self) -> str:
@@ -249,6 +266,13 @@ class CullWarning:
     seconds: float | None = None
     server: str = ""
     held: str = ""
+    #: As :attr:`StopNotice.detail` (budget: the period).
+    detail: str = ""
+    #: The keeps its user may choose now, in seconds ("Keep for 1 h"); empty: it cannot
+    #: be kept (a deadline, a maximum age, pressure, or keeps not allowed for its image).
+    keep_choices: tuple[float, ...] = ()
+    #: Why it cannot be kept, one sentence ("" when it can, or when nobody asked).
+    keep_refused: str = ""
 
     def keep_text(self) -> str:
         """How to keep it, ending the warning's sentence."""
@@ -257,10 +281,16 @@ class CullWarning:
             return f"use it, or its GPUs, before {clock}"
         if self.reason == REASON_MAX_AGE:
             return "save your work: a server this old is stopped even when in use"
+        if self.reason == REASON_MAX_RUNTIME:
+            return "save your work: it is stopped at its maximum running time even when in use"
+        if self.reason == REASON_BUDGET:
+            return "save your work: it is stopped when the budget runs out, even when in use"
         return f"use it before {clock}"
 
     def sentence(self) -> str:
-        notice = StopNotice(reason=self.reason, at=self.cull_after, seconds=self.seconds)
+        notice = StopNotice(
+            reason=self.reason, at=self.cull_after, seconds=self.seconds, detail=self.detail
+        )
         who = _server_phrase(self.server, self.held)
         return (
             f"{who} will be stopped at {utc_clock(self.cull_after)} because "
@@ -268,7 +298,12 @@ class CullWarning:
         )
 
     def to_state(self) -> dict[str, Any]:
-        return _compact(self)
+        state = _compact(self)
+        # JSON has no tuples; an empty list says nothing a missing key does not
+        state["keep_choices"] = list(self.keep_choices)
+        if not self.keep_choices:
+            del state["keep_choices"]
+        return state
 
     @classmethod
     def from_state(cls, data: Any) -> CullWarning | None:
@@ -284,10 +319,26 @@ class CullWarning:
             seconds=_seconds(data.get("seconds")),
             server=_text(data.get("server")),
             held=_text(data.get("held")),
+            detail=_text(data.get("detail")),
+            keep_choices=_choices(data.get("keep_choices")),
+            keep_refused=_text(data.get("keep_refused")),
         )
 
     def for_server(self, server: str, held: str) -> CullWarning:
         return replace(self, server=server, held=held or self.held)
+
+
+#: The most keep choices a warning offers (buttons on a page); more are dropped.
+MAX_KEEP_CHOICES = 4
+
+
+def _choices(value: Any) -> tuple[float, ...]:
+    """Keep choices read back: positive seconds up to :data:`MAX_SECONDS`, at most
+    :data:`MAX_KEEP_CHOICES`; anything else reads as none."""
+    if not isinstance(value, list):
+        return ()
+    seconds = [_seconds(v) for v in value[:MAX_KEEP_CHOICES]]
+    return tuple(s for s in seconds if s)
 
 
 def _present(because: str) -> str:
@@ -297,6 +348,8 @@ def _present(because: str) -> str:
         ("it was not used", "it has not been used"),
         ("other users were waiting", "other users are waiting"),
         ("it reached the maximum age", "it reaches the maximum age"),
+        ("it reached the maximum running time", "it reaches the maximum running time"),
+        ("it used up", "it uses up"),
     ):
         because = because.replace(past, present)
     return because

@@ -28,20 +28,61 @@ _REASONS = {
     policy.REASON_GPU_IDLE: stopreasons.REASON_GPU_IDLE,
     policy.REASON_PRESSURE: stopreasons.REASON_PRESSURE,
     policy.REASON_MAX_AGE: stopreasons.REASON_MAX_AGE,
+    policy.REASON_MAX_RUNTIME: stopreasons.REASON_MAX_RUNTIME,
+    policy.REASON_BUDGET: stopreasons.REASON_BUDGET,
 }
+
+#: Why a warned server cannot be kept, by cull reason (a keep puts off idle culls only).
+KEEP_REFUSED = {
+    policy.REASON_PRESSURE: (
+        "Other users are waiting for its GPUs, so it cannot be kept: use it, or save your work."
+    ),
+    policy.REASON_MAX_AGE: "A keep cannot put off its maximum age: save your work.",
+    policy.REASON_MAX_RUNTIME: "A keep cannot put off its maximum running time: save your work.",
+    policy.REASON_BUDGET: "A keep cannot add GPU-hours to a budget: save your work.",
+}
+#: Why a server whose image allows no keep cannot be kept.
+NO_KEEP = "Its image allows no keep: use it before then, or save your work."
 
 #: Annotation values for a patch: a string sets the annotation, None removes it.
 Annotations = dict[str, str | None]
 
 
 def _seconds(d: policy.Decision) -> float | None:
-    return d.timeout if d.reason == policy.REASON_MAX_AGE else d.idle_seconds
+    if d.reason == policy.REASON_BUDGET:
+        return None
+    if d.reason in (policy.REASON_MAX_AGE, policy.REASON_MAX_RUNTIME):
+        return d.timeout
+    return d.idle_seconds
+
+
+def _detail(d: policy.Decision) -> str:
+    deadline = d.server.deadline
+    return deadline.detail if d.reason == policy.REASON_BUDGET and deadline else ""
+
+
+def keep_offer(d: policy.Decision, p: policy.Policy) -> tuple[tuple[float, ...], str]:
+    """The keeps a warned server's user may choose, and why none when there are none.
+
+    Idle and GPU-idle warnings offer the policy's choices up to the server's max_keep;
+    pressure only when the admin lets a keep override it; deadlines and max_age never.
+    """
+    refused = KEEP_REFUSED.get(d.reason, "")
+    if d.reason == policy.REASON_PRESSURE and p.keep_overrides_pressure:
+        refused = ""
+    if refused:
+        return (), refused
+    choices = p.keep_choices_for(d.server)
+    return choices, "" if choices else NO_KEEP
 
 
 def stop_annotations(d: policy.Decision, now: float) -> Annotations:
     """The annotations to write before culling ``d``'s server (and the warning removed)."""
     notice = stopreasons.StopNotice(
-        _REASONS.get(d.reason, stopreasons.REASON_IDLE), now, seconds=_seconds(d)
+        _REASONS.get(d.reason, stopreasons.REASON_IDLE),
+        now,
+        seconds=_seconds(d),
+        detail=_detail(d),
     )
     return {
         labels.ANNOTATION_STOP_REASON: json.dumps(notice.to_state()),
@@ -49,18 +90,35 @@ def stop_annotations(d: policy.Decision, now: float) -> Annotations:
     }
 
 
-def warning_annotations(d: policy.Decision, cull_after: float) -> Annotations:
-    """The annotation of a warned server: why and when it will be culled."""
+def warning_annotations(
+    d: policy.Decision, cull_after: float, p: policy.Policy | None = None
+) -> Annotations:
+    """The annotation of a warned server: why and when it will be culled, and the keeps
+    its user may choose (none without ``p``)."""
+    choices, refused = keep_offer(d, p) if p is not None else ((), "")
     warning = stopreasons.CullWarning(
-        _REASONS.get(d.reason, stopreasons.REASON_IDLE), cull_after, seconds=_seconds(d)
+        _REASONS.get(d.reason, stopreasons.REASON_IDLE),
+        cull_after,
+        seconds=_seconds(d),
+        detail=_detail(d),
+        keep_choices=choices,
+        keep_refused=refused,
     )
     return {labels.ANNOTATION_CULL_WARNING: json.dumps(warning.to_state())}
 
 
-def stop_failed_annotations(d: policy.Decision, cull_after: float | None) -> Annotations:
+def keep_annotations(until: float, seconds: float, now: float) -> Annotations:
+    """A keep chosen by the server's user: until when, and the warning it withdraws."""
+    keep = {"until": until, "seconds": seconds, "at": now}
+    return {labels.ANNOTATION_KEEP_UNTIL: json.dumps(keep), labels.ANNOTATION_CULL_WARNING: None}
+
+
+def stop_failed_annotations(
+    d: policy.Decision, cull_after: float | None, p: policy.Policy | None = None
+) -> Annotations:
     """What ``d``'s pod carries again when the hub did not stop the server: no stop
     reason (its user did not lose it to the culler), and its warning if it had one."""
-    warning = None if cull_after is None else warning_annotations(d, cull_after)
+    warning = None if cull_after is None else warning_annotations(d, cull_after, p)
     return {
         labels.ANNOTATION_STOP_REASON: None,
         labels.ANNOTATION_CULL_WARNING: warning and warning[labels.ANNOTATION_CULL_WARNING],
@@ -118,6 +176,7 @@ def warning_writes(
     marks: Mapping[tuple[str, str], policy.WarningMark],
     on_pods: Mapping[tuple[str, str], float | None],
     warning_period: float,
+    p: policy.Policy | None = None,
 ) -> dict[tuple[str, str], WarningWrite]:
     """The patches that make the pods' warnings match this pass's decisions.
 
@@ -134,7 +193,9 @@ def warning_writes(
         if d.action == policy.WARN and key in marks:
             cull_after = marks[key].warned_at + warning_period
             if current is None or abs(current - cull_after) > SAME_TIME:
-                writes[key] = WarningWrite(d.server, warning_annotations(d, cull_after), cull_after)
+                writes[key] = WarningWrite(
+                    d.server, warning_annotations(d, cull_after, p), cull_after
+                )
         elif d.action != policy.CULL and key in on_pods:
             writes[key] = WarningWrite(d.server, {labels.ANNOTATION_CULL_WARNING: None}, None)
     return writes

@@ -3,9 +3,12 @@
 Every ``cull_every`` seconds one pass: list the hub's users with servers
 (paginated), optionally list GPUSpawner's pods (pod names, GPU labels, pending
 GPU requests), ask Prometheus two queries for the GPU activity of all pods,
+give each server its deadline (:mod:`gpuspawner.culler.deadlines`: the
+catalog's ``max_runtime``, the user's GPU-hours budget from the usage store),
 decide with :mod:`gpuspawner.culler.policy`, and stop what should be stopped
-(a bounded number at a time). ``/metrics`` serves Prometheus metrics to hub
-tokens with the ``read:metrics`` scope, as the hub's own ``/hub/metrics`` does.
+(a bounded number at a time). ``/api/keep`` records a user's "keep it".
+``/metrics`` serves Prometheus metrics to hub tokens with the ``read:metrics``
+scope, as the hub's own ``/hub/metrics`` does.
 
 Configured like the hub: ``c.GPUCuller.*`` in a config file
 (``--config``, default ``gpuspawner_culler_config.py``) or on the command line
@@ -19,6 +22,7 @@ import json
 import os
 import time
 from collections import Counter
+from dataclasses import replace
 from urllib.parse import urlparse
 
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
@@ -29,19 +33,23 @@ from ..clients.hubapi import HubClient, HubError
 from ..clients.kube import Expired, KubeClient, KubeError, NotFound, Reader
 from ..clients.prometheus import PrometheusClient, PrometheusError
 from ..clients.settings import (
+    CatalogFileSettings,
     HubServiceSettings,
     KubernetesSettings,
     PrometheusSettings,
     ServiceConfigFile,
 )
+from ..core.budgets import current_period
+from ..core.catalog import Catalog, CatalogError, CatalogFile
+from ..core.hubconfig import ACCOUNTING_DB_URL_ENV
 from ..core.serverpod import selector
 from ..core.stopreasons import CullWarning
-from . import annotations, gpustatus, policy
+from . import annotations, deadlines, gpustatus, policy
 from .demand import HubDemand, parse_hub_metrics, total_by_type
 from .hub import list_servers
 from .pods import pods_by_server, waiting_requests, warnings_on_pods, with_pods
 from .prometheus import GPUStatusReader, gpu_view
-from .warningapi import warning_answer
+from .warningapi import KeepAnswer, keep_request, warning_answer
 
 #: The hub scope a token needs to read the culler's /metrics (the hub's /hub/metrics needs it too).
 METRICS_SCOPE = "read:metrics"
@@ -131,12 +139,25 @@ class CullerMetrics:
             "When the last pass completed",
             registry=r,
         )
-        for source in ("hub", "hub-metrics", "prometheus", "kubernetes", "internal"):
+        for source in (
+            "hub",
+            "hub-metrics",
+            "prometheus",
+            "kubernetes",
+            "internal",
+            "catalog",
+            "accounting",
+        ):
             self.errors.labels(source=source)
 
 
 class GPUCuller(
-    ServiceConfigFile, HubServiceSettings, KubernetesSettings, PrometheusSettings, Application
+    ServiceConfigFile,
+    CatalogFileSettings,
+    HubServiceSettings,
+    KubernetesSettings,
+    PrometheusSettings,
+    Application,
 ):
     name = "gpuspawner-culler"
     # `gpuspawner-culler --version` (traitlets' Application prints it)
@@ -209,6 +230,34 @@ class GPUCuller(
     warning_period = Integer(
         0,
         help="Seconds between the warning and the cull: an eligible server is first warned (logged, /warnings, warned_servers metric) and culled only on a later pass, this long after, if it is still idle on fresh data; 0: cull at once.",
+    ).tag(config=True)
+
+    # --- deadlines and keeps (the catalog: `catalog_file`) ----------------------
+    accounting_db_url = Unicode(
+        help="The usage store's database URL (GPUSpawner's accounting_db_url, or the hub's db_url), read to stop a user's GPU servers when the user's GPU-hours budget (the catalog's limits.gpu_hours) runs out. Default: $GPUSPAWNER_ACCOUNTING_DB_URL. Empty: the culler does not enforce budgets (the hub still refuses requests the budget cannot cover)."
+    ).tag(config=True)
+
+    @default("accounting_db_url")
+    def _default_accounting_db_url(self):
+        return os.environ.get(ACCOUNTING_DB_URL_ENV, "")
+
+    default_max_keep = Float(
+        14400,
+        help="The longest keep (seconds) a user may choose for a server whose catalog image sets no max_keep; 0: no keep.",
+    ).tag(config=True)
+    keep_choices = List(
+        Float(),
+        [3600, 14400],
+        help="The keeps (seconds) a cull warning offers ('Keep for 1 h', 'Keep for 4 h'); those above a server's max_keep are left out.",
+    ).tag(config=True)
+    keep_overrides_pressure = Bool(
+        False,
+        help="A kept server is not stopped for waiting requests either (pressure mode); False: pressure takes kept servers' GPUs, and a keep is refused while requests wait for them.",
+    ).tag(config=True)
+    keep_services = List(
+        Unicode(),
+        ["gpuspawner"],
+        help="Services that may ask /api/keep on behalf of a user they name (the user service behind the home page's buttons).",
     ).tag(config=True)
 
     # --- GPU activity (Prometheus: `prometheus_url`, metric and label names) ---
@@ -294,6 +343,9 @@ class GPUCuller(
         self.last_pressure: list[policy.PressureOutcome] = []
         self._hub_demand_warned = False
         self._groups_warned = False
+        self.catalog_source: CatalogFile | None = None
+        #: The usage store (gpuspawner.accounting.store.UsageStore); None: no budgets enforced
+        self.store = None
 
     @catch_config_error
     def initialize(self, argv=None):
@@ -301,6 +353,7 @@ class GPUCuller(
         self.load_service_config()
         self.policy = self.build_policy()
         self._setup_clients()
+        self._setup_deadlines()
 
     # --- set-up ---------------------------------------------------------------
     def build_policy(self) -> policy.Policy:
@@ -323,6 +376,8 @@ class GPUCuller(
             if self.pressure_timeout > 0
             else None,
             warning_period=float(self.warning_period),
+            keep_choices=tuple(float(c) for c in self.keep_choices),
+            keep_overrides_pressure=self.keep_overrides_pressure,
         )
 
     def exit_with(self, message: str):
@@ -373,6 +428,59 @@ class GPUCuller(
             self.log.info(
                 "Kubernetes not configured: no pressure mode; pods known from server state."
             )
+
+    def _setup_deadlines(self) -> None:
+        """The catalog (max_runtime, max_keep, budgets) and the usage store (budgets' use)."""
+        if self.catalog_file:
+            self.catalog_source = CatalogFile(self.catalog_file)
+        else:
+            self.log.info("No catalog_file: no max_runtime, budgets or per-image max_keep.")
+        if not self.accounting_db_url:
+            self.log.info(
+                "No accounting_db_url: the culler does not stop servers at their users' "
+                "GPU-hours budgets."
+            )
+            return
+        from ..accounting.store import StoreError, UsageStore
+
+        try:
+            self.store = UsageStore(self.accounting_db_url)
+        except StoreError as e:
+            self.exit_with(f"GPUCuller.accounting_db_url: {e}")
+
+    def catalog(self) -> Catalog | None:
+        """The catalog in effect; None (logged, counted) when there is none or it is unreadable."""
+        if self.catalog_source is None:
+            return None
+        try:
+            catalog, _ = self.catalog_source.get()
+        except CatalogError as e:
+            self.metrics.errors.labels(source="catalog").inc()
+            self.log.warning("The catalog could not be read (%s); no deadlines this pass.", e)
+            return None
+        return catalog
+
+    async def _with_deadlines(self, servers: list[policy.Server], now: float) -> list:
+        """The servers with their deadlines and max_keep; without budgets if the store fails."""
+        catalog = self.catalog()
+        budgets: dict = {}
+        rules = catalog.limits.gpu_hours if catalog is not None else None
+        users = deadlines.budget_users(rules, servers) if rules and self.store else []
+        if users:
+            period = current_period(rules, now)
+            try:
+                used = await asyncio.to_thread(
+                    self.store.used_unit_seconds, users, period.start, now, now
+                )
+            except Exception as e:  # any database error: the pass goes on without budgets
+                self.metrics.errors.labels(source="accounting").inc()
+                self.log.warning(
+                    "The usage store could not be read (%s); no budget deadlines this pass.",
+                    str(e).splitlines()[0] if str(e) else type(e).__name__,
+                )
+            else:
+                budgets = deadlines.budget_deadlines(rules, servers, used, catalog, now)
+        return deadlines.with_deadlines(servers, catalog, budgets, float(self.default_max_keep))
 
     # --- one pass --------------------------------------------------------------
     async def _gpu_view(self, now: float) -> policy.GPUView:
@@ -427,6 +535,7 @@ class GPUCuller(
                 "exempt_groups is set but the hub does not show users' groups: give the "
                 "service the read:users:groups scope; until then no server is culled."
             )
+        servers = await self._with_deadlines(servers, now)
         gpu = await self._gpu_view(now)
         # Warnings on the pods of servers this culler has not decided on yet (all of
         # them after a restart) are taken up; its own, in memory, win.
@@ -532,7 +641,9 @@ class GPUCuller(
             cull_after = mark.warned_at + self.policy.warning_period
         if not noted:
             return
-        if await self._annotate(d.server, annotations.stop_failed_annotations(d, cull_after)):
+        if await self._annotate(
+            d.server, annotations.stop_failed_annotations(d, cull_after, self.policy)
+        ):
             if cull_after is None:
                 self.annotated.pop(key, None)
             else:
@@ -574,7 +685,7 @@ class GPUCuller(
         if self.dry_run or self.pods is None:
             return
         writes = annotations.warning_writes(
-            decisions, self.warned, self.annotated, self.policy.warning_period
+            decisions, self.warned, self.annotated, self.policy.warning_period, self.policy
         )
         done = await asyncio.gather(
             *(self._annotate(w.server, w.annotations) for w in writes.values())
@@ -649,6 +760,56 @@ class GPUCuller(
     def standing_warnings(self) -> dict[tuple[str, str], policy.WarningMark]:
         """The warnings users are told about: none in a dry run, which will stop nothing."""
         return {} if self.dry_run else self.warned
+
+    def keep_offers(self) -> dict[tuple[str, str], tuple[tuple[float, ...], str]]:
+        """Each warned server's keep choices and why none, as its pod's warning says."""
+        warned = self.standing_warnings()
+        return {
+            d.server.key: annotations.keep_offer(d, self.policy)
+            for d in self.last_decisions
+            if d.server.key in warned
+        }
+
+    async def keep(self, model: dict, body) -> KeepAnswer:
+        """``POST /api/keep``: check the request, record the keep on the pod, withdraw the
+        standing idle warning."""
+        now = time.time()
+        answer = keep_request(
+            model,
+            body,
+            {d.server.key: d.server for d in self.last_decisions},
+            self.standing_warnings(),
+            self.policy,
+            self.keep_services,
+            now,
+            freed={key for outcome in self.last_pressure for key in outcome.freed},
+        )
+        if answer.status != 200:
+            return answer
+        server = answer.server
+        if self.dry_run:
+            return KeepAnswer(409, "The culler runs dry and stops nothing: no keep is needed.")
+        if self.pods is None:
+            return KeepAnswer(503, "The culler cannot record a keep: it does not read Kubernetes.")
+        changes = annotations.keep_annotations(answer.until, answer.seconds, now)
+        if not await self._annotate(server, changes):
+            return KeepAnswer(503, "The keep could not be recorded; try again in a minute.")
+        self.warned.pop(server.key, None)
+        self.annotated.pop(server.key, None)
+        kept = replace(server, keep_until=answer.until)
+        self.last_decisions = [
+            replace(d, server=kept) if d.server.key == server.key else d
+            for d in self.last_decisions
+        ]
+        self.log.info(
+            "%r kept by its user for %ds, until %s (asked by %s %r)",
+            server.display,
+            answer.seconds,
+            answer.until,
+            model.get("kind", "user"),
+            model.get("name"),
+        )
+        return answer
 
     def warnings_json(self) -> list[dict]:
         by_key = {d.server.key: d for d in self.last_decisions}
@@ -772,6 +933,7 @@ class GPUCuller(
                             culler.standing_warnings(),
                             culler.policy.warning_period,
                             culler.cull_every,
+                            culler.keep_offers(),
                         )
                     )
                 )
@@ -785,6 +947,36 @@ class GPUCuller(
                 self.set_header("Content-Type", "application/json")
                 self.set_header("Cache-Control", "no-store")
                 self.write(json.dumps(answer))
+
+        class KeepHandler(TokenHandler):
+            """A user's "keep it": a server's token for itself, a user's for the user's
+            servers, a service of keep_services for the user it names. Token auth, no
+            cookie: no cross-site request can carry one, so no xsrf check is needed."""
+
+            def check_xsrf_cookie(self):
+                return None
+
+            async def post(self):
+                model = await self.caller()
+                if model.get("kind", "user") != "service":
+                    model = await self.user_caller()
+                try:
+                    body = json.loads(self.request.body or b"null")
+                except ValueError:
+                    body = None
+                answer = await culler.keep(model, body)
+                self.set_status(answer.status)
+                self.set_header("Content-Type", "application/json")
+                self.set_header("Cache-Control", "no-store")
+                self.finish(
+                    json.dumps(
+                        {
+                            "status": answer.status,
+                            "message": answer.message,
+                            "keep_until": answer.until,
+                        }
+                    )
+                )
 
         class WarningsHandler(TokenHandler):
             """Every warned server: only for tokens that may read every server anyway."""
@@ -803,6 +995,7 @@ class GPUCuller(
             (r"/warnings", WarningsHandler),
             (r"/api/warning", WarningHandler),
             (r"/api/gpu-status", GPUStatusHandler),
+            (r"/api/keep", KeepHandler),
         ]
         if prefix:
             routes += [(prefix + path, handler) for path, handler in list(routes)]
@@ -816,7 +1009,9 @@ class GPUCuller(
         port = url.port or (443 if url.scheme == "https" else 80)
         self._web_app().listen(port, address=host)
         self.log.info(
-            "Serving /metrics, /warnings, /api/warning and /api/gpu-status on %s:%d", host, port
+            "Serving /metrics, /warnings, /api/warning, /api/gpu-status and /api/keep on %s:%d",
+            host,
+            port,
         )
 
     async def run(self) -> None:

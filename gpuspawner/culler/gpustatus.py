@@ -7,7 +7,8 @@ culler's last pass, the per-pod figures Prometheus gave (read at most once per
 the policy and the standing warnings, and returns the JSON answer. Which servers
 a token may hear about is :func:`~gpuspawner.culler.warningapi.token_servers`'s
 rule, as for ``/api/warning``; when the culler would stop a server is
-:func:`~gpuspawner.culler.policy.stop_at`'s, the same rules a pass applies.
+:func:`~gpuspawner.culler.policy.stop_at`'s, the same rules a pass applies
+(deadlines and a user's keep included).
 """
 
 from __future__ import annotations
@@ -261,6 +262,10 @@ def server_entry(
         stop_at=None if stop is None else stop[0],
         stop_at_iso=None if stop is None else _iso(stop[0]),
         stop_rule=None if stop is None else stop[1],
+        # a keep its user chose and that still runs: idle rules wait for its end
+        keep_until=server.keep_until
+        if server.keep_until is not None and server.keep_until > figures.at
+        else None,
         history={
             "step": HISTORY_STEP,
             "points": []

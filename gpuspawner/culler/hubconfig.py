@@ -13,7 +13,9 @@ scopes it needs (:data:`CULLER_SCOPES`; a role of the same name already in
 ``exempt_groups``), and JupyterLab's cull warning: every user may reach the
 culler (:data:`USER_SCOPES`, in the hub's ``user`` role), server tokens carry
 that access too (:data:`SERVER_TOKEN_SCOPES`), and notebooks are told where
-the culler is (``GPUSPAWNER_CULLER_URL``).
+the culler is (``GPUSPAWNER_CULLER_URL``). The service gets the hub's catalog
+file (``max_runtime``, ``max_keep``, budgets) and usage database
+(:func:`~gpuspawner.core.hubconfig.accounting_db_url`: what budgets have used).
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ from traitlets.config import Config, LazyConfigValue
 
 from ..core.endpoints import access_scope
 from ..core.hubconfig import (
+    ACCOUNTING_DB_URL_ENV,
+    accounting_db_url,
     add_missing,
     add_role,
     grant_user_scopes,
     named_entry,
     setdefault_item,
     spawner_section,
+    spawner_setting,
 )
 
 #: The service's name in the hub configuration (URL prefix /services/gpuspawner-culler/).
@@ -45,6 +50,7 @@ URL = "http://127.0.0.1:10101"
 #:   delete:servers                stop a server
 #:   read:metrics                  the GPU demand the hub holds back (queued and lately
 #:                                 refused requests) and free GPUs per node
+#:   read:users:groups             whose group budget (limits.gpu_hours.groups) applies
 #: Pod names, GPU labels and waiting GPU requests are read from Kubernetes with the
 #: hub's service account.
 CULLER_SCOPES = (
@@ -53,6 +59,7 @@ CULLER_SCOPES = (
     "read:servers",
     "delete:servers",
     "read:metrics",
+    "read:users:groups",
 )
 ROLE_DESCRIPTION = "Stop idle servers (gpuspawner-culler)"
 #: What every user holds: they may ask the culler about their own servers (it answers
@@ -116,7 +123,8 @@ def add_culler(
 
     ``url``: where it listens, and where the proxy routes /services/gpuspawner-culler/.
     ``command_args``: the culler's own (``--config=…``, ``--prometheus-url=…``).
-    ``environment``: the service's variables (the hub passes services few of its own).
+    ``environment``: the service's variables (the hub passes services few of its own);
+    the hub's catalog file and usage database (as set so far) join them.
     ``ip``: the address to listen on when it differs from ``url``'s host (``0.0.0.0``
     when the proxy runs in another pod). ``warning_url``: the culler's base URL as
     notebooks reach it, given to them as ``$GPUSPAWNER_CULLER_URL``; None: not set.
@@ -125,7 +133,16 @@ def add_culler(
     entry = named_entry(c.JupyterHub, "services", SERVICE_NAME)
     entry.setdefault("url", url)
     entry.setdefault("command", culler_command(entry["url"], command_args, ip, python))
-    entry["environment"] = {**(environment or {}), **entry.get("environment", {})}
+    env = dict(environment or {})
+    catalog_file = spawner_setting(c, "catalog_file", "")
+    if catalog_file:
+        # max_runtime, max_keep and budgets: the catalog the hub uses
+        env["GPUSPAWNER_CATALOG"] = str(catalog_file)
+    db_url = accounting_db_url(c)
+    if db_url:
+        # what each user's budget has used: the database the hub records in
+        env[ACCOUNTING_DB_URL_ENV] = db_url
+    entry["environment"] = {**env, **entry.get("environment", {})}
     add_role(
         c,
         SERVICE_NAME,

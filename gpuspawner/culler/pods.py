@@ -7,6 +7,7 @@ read with :class:`~gpuspawner.core.serverpod.ServerPod`:
   so GPU metrics (labelled by pod) can be matched to servers;
 * which node each server's pod runs on, so pressure mode frees GPUs where a
   waiting request can use them;
+* the idle timeout its user chose on the form, and until when its user keeps it;
 * the culler's own warnings on the pods (``gpuspawner.io/cull-warning``), so
   that a restarted culler knows which servers were warned and when;
 * the pods the scheduler could not place for lack of GPUs (``PodScheduled``
@@ -57,7 +58,8 @@ def waiting_requests(pods: Iterable[Mapping]) -> list[Request]:
 
 
 def with_pods(servers: Iterable, pods: Mapping[tuple[str, str], ServerPod]) -> list:
-    """Servers with pod name, namespace, profile, GPU type and count taken from their pods.
+    """Servers with pod name, namespace, profile, GPU type and count, the user's idle
+    timeout and keep taken from their pods.
 
     The pod's labels are what was actually spawned (``user_options`` may be
     empty when the catalog's defaults were used), so they win.
@@ -77,6 +79,8 @@ def with_pods(servers: Iterable, pods: Mapping[tuple[str, str], ServerPod]) -> l
                 gpu_type=pod.gpu_type,
                 gpus=pod.gpus,
                 node=pod.node or None,
+                idle_timeout=pod.idle_timeout,
+                keep_until=pod.keep_until,
             )
         )
     return result

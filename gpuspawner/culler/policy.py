@@ -25,6 +25,17 @@ seconds; the caller passes ``now``. The rules, in order:
    nothing either, and is reported as unserved.
 8. With a warning period, a server is first warned and culled only on a later
    pass, at least ``warning_period`` after the warning, if it is still eligible.
+
+Deadlines and keeps (a server's :class:`Deadline` and ``keep_until``):
+
+* A server whose deadline (its ``max_runtime``, or its user's GPU-hours budget
+  running out) has come is culled whatever its activity; ``warning_period``
+  before it, it is warned (the warning's time is the deadline). A keep cannot
+  put a deadline off, nor ``max_age``.
+* A kept server (``keep_until`` ahead) is not culled for idleness (idle or GPU
+  idle) until then; pressure mode still takes it unless ``keep_overrides_pressure``.
+* The user's own idle timeout (chosen on the form) replaces the timeout of the
+  rule that matches; the rule's GPU timeout stays.
 """
 
 from __future__ import annotations
@@ -43,6 +54,10 @@ REASON_IDLE = "idle"
 REASON_MAX_AGE = "max-age"
 REASON_PRESSURE = "pressure"
 REASON_GPU_IDLE = "gpu-idle"
+REASON_MAX_RUNTIME = "max-runtime"
+REASON_BUDGET = "budget"
+#: Cull reasons with a fixed time, warned ahead of it: no keep puts them off.
+DEADLINE_REASONS = (REASON_MAX_RUNTIME, REASON_BUDGET)
 
 # Reasons a server is kept or skipped
 REASON_PENDING = "pending"
@@ -56,12 +71,27 @@ REASON_NO_TIMEOUT = "no-timeout"
 REASON_GPU_MISSING = "gpu-metrics-missing"
 REASON_GPU_UNAVAILABLE = "prometheus-unavailable"
 REASON_WARNED = "warned"
+REASON_KEPT = "kept"
 
 # GPU signal states, as reported in decisions and metrics
 GPU_NOT_USED = "not-used"  # a CPU-only server, or Prometheus not configured
 GPU_FRESH = "fresh"
 GPU_MISSING = "missing"
 GPU_UNAVAILABLE = "unavailable"
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A time a server is stopped at whatever it does: its ``max_runtime``, or its user's budget.
+
+    ``seconds``: the running time limit (max-runtime); ``detail``: the budget's period
+    ("this week"), for the stop notice.
+    """
+
+    at: float
+    reason: str
+    seconds: float | None = None
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -84,6 +114,14 @@ class Server:
     namespace: str | None = None
     #: The node its pod runs on (None: unknown; such a server is never freed for a request)
     node: str | None = None
+    #: The idle timeout its user chose (seconds; None: the rules')
+    idle_timeout: float | None = None
+    #: Kept by its user until then (UTC epoch; None: not kept)
+    keep_until: float | None = None
+    #: The earliest time it is stopped whatever it does (None: none)
+    deadline: Deadline | None = None
+    #: The longest keep its user may choose, in seconds (0: none)
+    max_keep: float = 0.0
 
     @property
     def key(self) -> tuple[str, str]:
@@ -227,13 +265,29 @@ class Policy:
     pressure_timeouts: Mapping[str, float] = field(default_factory=dict)
     default_pressure_timeout: float | None = None
     warning_period: float = 0.0
+    #: The keeps a user may choose, in seconds (each at most the server's max_keep).
+    keep_choices: tuple[float, ...] = (3600.0, 14400.0)
+    #: A kept server is not freed for waiting requests either.
+    keep_overrides_pressure: bool = False
 
     def timeout_for(self, server: Server) -> tuple[float | None, float | None, str]:
-        """The idle and GPU-idle timeouts that apply to a server, and which rule gave them."""
-        for rule in self.rules:
-            if rule.matches(server):
-                return rule.timeout, rule.gpu_timeout, rule.describe()
-        return self.default_timeout, self.default_gpu_timeout, "default"
+        """The idle and GPU-idle timeouts that apply to a server, and which rule gave them.
+
+        The user's own idle timeout replaces the matching rule's (a rule that gives only a
+        GPU timeout keeps it).
+        """
+        timeout, gpu_timeout, rule = self.default_timeout, self.default_gpu_timeout, "default"
+        for r in self.rules:
+            if r.matches(server):
+                timeout, gpu_timeout, rule = r.timeout, r.gpu_timeout, r.describe()
+                break
+        if server.idle_timeout is not None:
+            return server.idle_timeout, gpu_timeout, "the idle timeout its user chose"
+        return timeout, gpu_timeout, rule
+
+    def keep_choices_for(self, server: Server) -> tuple[float, ...]:
+        """The keeps its user may choose: the culler's choices up to the server's max_keep."""
+        return tuple(c for c in self.keep_choices if 0 < c <= server.max_keep)
 
     def pressure_timeout_for(self, gpu_type: str) -> float | None:
         return self.pressure_timeouts.get(gpu_type, self.default_pressure_timeout)
@@ -311,15 +365,77 @@ def decide_one(server: Server, now: float, policy: Policy, gpu: GPUView) -> Deci
     if skip is not None:
         return Decision(server, SKIP, skip, detail=f"skipped ({skip})")
     age = None if server.started is None else now - server.started
-    if age is not None and age < policy.min_running:
+    since, gpu_state = idle_since(server, gpu)
+    idle = None if since is None else max(0.0, now - since)
+    deadline = server.deadline
+    # a deadline is hard: before min_running, missing GPU data and any keep
+    if deadline is not None and now >= deadline.at:
         return Decision(
+            server,
+            CULL,
+            deadline.reason,
+            idle_seconds=idle,
+            timeout=deadline.seconds,
+            gpu_state=gpu_state,
+            detail=_deadline_text(deadline, "reached"),
+        )
+    if age is not None and age < policy.min_running:
+        decision = Decision(
             server,
             KEEP,
             REASON_TOO_YOUNG,
             detail=f"running {_duration(age)}, under the minimum {_duration(policy.min_running)}",
         )
-    since, gpu_state = idle_since(server, gpu)
-    idle = None if since is None else max(0.0, now - since)
+    else:
+        decision = _decide_idle(server, now, policy, gpu, age, since, gpu_state, idle)
+    warn_deadline = deadline is not None and now >= deadline.at - policy.warning_period
+    # max_age is as hard as a deadline and comes first: its own warning stands
+    if warn_deadline and not (decision.action == CULL and decision.reason == REASON_MAX_AGE):
+        return Decision(
+            server,
+            WARN,
+            deadline.reason,
+            idle_seconds=idle,
+            timeout=deadline.seconds,
+            gpu_state=gpu_state,
+            detail=_deadline_text(deadline, f"in {_duration(deadline.at - now)}"),
+        )
+    return decision
+
+
+def _deadline_text(deadline: Deadline, when: str) -> str:
+    what = (
+        f"maximum running time {_duration(deadline.seconds)}"
+        if deadline.reason == REASON_MAX_RUNTIME
+        else f"its user's GPU-hours budget {deadline.detail or ''}".rstrip()
+    )
+    return f"{what} {when}"
+
+
+def _kept(decision: Decision, now: float) -> Decision:
+    """An idle or GPU-idle cull of a kept server becomes a keep until its keep ends."""
+    until = decision.server.keep_until
+    if decision.action != CULL or until is None or until <= now:
+        return decision
+    return replace(
+        decision,
+        action=KEEP,
+        reason=REASON_KEPT,
+        detail=f"{decision.detail}; kept by its user for {_duration(until - now)} more",
+    )
+
+
+def _decide_idle(
+    server: Server,
+    now: float,
+    policy: Policy,
+    gpu: GPUView,
+    age: float | None,
+    since: float | None,
+    gpu_state: str,
+    idle: float | None,
+) -> Decision:
+    """The decision by max_age and the idle rules (a keep applied)."""
     if policy.max_age is not None and age is not None and age >= policy.max_age:
         return Decision(
             server,
@@ -348,17 +464,20 @@ def decide_one(server: Server, now: float, policy: Policy, gpu: GPUView) -> Deci
             gpu_since = max(gpu_since, server.started)
         gpu_idle = max(0.0, now - gpu_since)
         if gpu_idle >= gpu_timeout:
-            return Decision(
-                server,
-                CULL,
-                REASON_GPU_IDLE,
-                idle_seconds=idle,
-                timeout=gpu_timeout,
-                gpu_state=gpu_state,
-                detail=(
-                    f"GPUs idle {_duration(gpu_idle)}, over the {_duration(gpu_timeout)} "
-                    f"GPU timeout ({rule}), though Jupyter was active {_duration(idle)} ago"
+            return _kept(
+                Decision(
+                    server,
+                    CULL,
+                    REASON_GPU_IDLE,
+                    idle_seconds=idle,
+                    timeout=gpu_timeout,
+                    gpu_state=gpu_state,
+                    detail=(
+                        f"GPUs idle {_duration(gpu_idle)}, over the {_duration(gpu_timeout)} "
+                        f"GPU timeout ({rule}), though Jupyter was active {_duration(idle)} ago"
+                    ),
                 ),
+                now,
             )
     if timeout is None:
         return Decision(
@@ -370,14 +489,17 @@ def decide_one(server: Server, now: float, policy: Policy, gpu: GPUView) -> Deci
             detail="no idle timeout applies",
         )
     if idle >= timeout:
-        return Decision(
-            server,
-            CULL,
-            REASON_IDLE,
-            idle_seconds=idle,
-            timeout=timeout,
-            gpu_state=gpu_state,
-            detail=f"idle {_duration(idle)}, over the {_duration(timeout)} timeout ({rule})",
+        return _kept(
+            Decision(
+                server,
+                CULL,
+                REASON_IDLE,
+                idle_seconds=idle,
+                timeout=timeout,
+                gpu_state=gpu_state,
+                detail=f"idle {_duration(idle)}, over the {_duration(timeout)} timeout ({rule})",
+            ),
+            now,
         )
     return Decision(
         server,
@@ -426,12 +548,25 @@ def stop_forecast(server: Server, policy: Policy, gpu: GPUView) -> StopForecast 
     The same rules as :func:`decide_one`, from the same helpers: ``max_age`` counts from the
     start, a GPU-idle timeout from the GPUs' last busy time (at the earliest the start), the
     idle timeout from :func:`idle_since` (the later of Jupyter's and the GPUs' activity); none
-    comes before ``min_running``. Pressure is left out: it depends on who else waits.
+    comes before ``min_running``, and no idle rule before a keep ends. A deadline
+    (``max_runtime``, the budget) is its own time. Pressure is left out: it depends on who
+    else waits.
     """
     if _skip_reason(server, policy) is not None:
         return None
     earliest = server.started + policy.min_running if server.started is not None else None
     candidates: list[StopForecast] = []
+    deadlines: list[StopForecast] = []
+    if server.deadline is not None:
+        d = server.deadline
+        rule = (
+            f"maximum running time of {_words(d.seconds)}"
+            if d.reason == REASON_MAX_RUNTIME and d.seconds is not None
+            else f"GPU-hours budget {d.detail}".rstrip()
+            if d.reason == REASON_BUDGET
+            else d.reason
+        )
+        deadlines.append(StopForecast(d.at, d.reason, rule))
     if policy.max_age is not None and server.started is not None:
         candidates.append(
             StopForecast(
@@ -450,20 +585,25 @@ def stop_forecast(server: Server, policy: Policy, gpu: GPUView) -> StopForecast 
                 gpu_since = max(gpu_since, server.started)
             candidates.append(
                 StopForecast(
-                    gpu_since + gpu_timeout,
+                    max(gpu_since + gpu_timeout, server.keep_until or 0),
                     REASON_GPU_IDLE,
                     f"GPU idle timeout of {_words(gpu_timeout)}",
                 )
             )
         if timeout is not None:
             candidates.append(
-                StopForecast(since + timeout, REASON_IDLE, f"idle timeout of {_words(timeout)}")
+                StopForecast(
+                    max(since + timeout, server.keep_until or 0),
+                    REASON_IDLE,
+                    f"idle timeout of {_words(timeout)}",
+                )
             )
-    if not candidates:
-        return None
     if earliest is not None:
         candidates = [replace(f, due=max(f.due, earliest)) for f in candidates]
-    # on a tie, the first in decide_one's order (max_age, GPU idle, idle) names the rule
+    # a deadline comes first on a tie, then decide_one's order (max_age, GPU idle, idle)
+    candidates = deadlines + candidates
+    if not candidates:
+        return None
     return min(candidates, key=lambda f: f.due)
 
 
@@ -489,12 +629,13 @@ def stop_at(
     """When the culler would stop ``server`` if it stays as it is: the pass at or after
     :func:`stop_forecast`'s time, and with a warning period, the first pass at or after the
     period's end counted from that pass's warning (``due`` rounded so); None when no rule would.
+    A deadline is warned ahead of its time: the pass at or after it.
     """
     forecast = stop_forecast(server, policy, gpu)
     if forecast is None:
         return None
     at = next_pass(forecast.due, last_pass, cull_every)
-    if policy.warning_period > 0:
+    if policy.warning_period > 0 and forecast.reason not in DEADLINE_REASONS:
         at = next_pass(at + policy.warning_period, at, cull_every)
     return replace(forecast, due=at)
 
@@ -550,15 +691,26 @@ def _request_order(request: Request) -> tuple[int, int]:
 
 
 def _pressure_candidates(
-    decisions: list[Decision], gpu_type: str, timeout: float, taken: set[int]
+    decisions: list[Decision],
+    gpu_type: str,
+    timeout: float,
+    taken: set[int],
+    policy: Policy,
+    now: float | None,
 ) -> dict[str, list[int]]:
-    """Node -> indexes of the servers pressure may stop there, longest-idle first."""
+    """Node -> indexes of the servers pressure may stop there, longest-idle first.
+
+    A kept server is one unless ``keep_overrides_pressure``.
+    """
     by_node: dict[str, list[int]] = {}
     for i, d in enumerate(decisions):
+        until = d.server.keep_until
+        kept = until is not None and now is not None and until > now
         if (
             i not in taken
             and d.action == KEEP
-            and d.reason in (REASON_ACTIVE, REASON_NO_TIMEOUT)
+            and d.reason in (REASON_ACTIVE, REASON_NO_TIMEOUT, REASON_KEPT)
+            and not (kept and policy.keep_overrides_pressure)
             and d.server.gpus > 0
             and d.server.gpu_type == gpu_type
             and d.server.node
@@ -575,6 +727,7 @@ def apply_pressure(
     decisions: list[Decision],
     policy: Policy,
     pressure: Pressure,
+    now: float | None = None,
 ) -> tuple[list[Decision], list[PressureOutcome]]:
     """Free GPUs so that each waiting request fits on one node; return the decisions and
     what was done for each request.
@@ -586,7 +739,8 @@ def apply_pressure(
     has enough; the node needing the fewest GPUs freed (then the fewest
     servers, then the longest idle) wins. If no node gets there, nothing is
     freed for the request: stopping servers that cannot make it fit would
-    help nobody.
+    help nobody. A server its user keeps (``keep_until`` after ``now``) is freed too,
+    unless the policy's ``keep_overrides_pressure``.
     """
     result = list(decisions)
     free: dict[str, dict[str, int]] = {t: dict(nodes) for t, nodes in pressure.free.items()}
@@ -613,7 +767,9 @@ def apply_pressure(
             )
             continue
         best: tuple[tuple, str, list[int], int] | None = None
-        for node, indexes in _pressure_candidates(result, request.gpu_type, timeout, taken).items():
+        for node, indexes in _pressure_candidates(
+            result, request.gpu_type, timeout, taken, policy, now
+        ).items():
             have, chosen = nodes.get(node, 0), []
             for i in indexes:
                 if have >= request.gpus:
@@ -680,12 +836,20 @@ def apply_warnings(
     Returns the decisions and the warnings to keep for the next pass: a
     server that is no longer eligible loses its warning, so it must be found
     idle again, on fresh data, before it is culled.
+
+    A deadline is warned by :func:`decide_one` ahead of its time, which its mark
+    carries (warned ``warning_period`` before it), and culled at it.
     """
     if warning_period <= 0:
         return list(decisions), {}
     result = []
     still: dict[tuple[str, str], WarningMark] = {}
     for d in decisions:
+        if d.reason in DEADLINE_REASONS and d.server.deadline is not None:
+            if d.action == WARN:
+                still[d.server.key] = WarningMark(d.server.deadline.at - warning_period, d.reason)
+            result.append(d)
+            continue
         if d.action != CULL:
             result.append(d)
             continue
@@ -728,7 +892,7 @@ def decide_pass(
     decisions = [decide_one(s, now, policy, gpu) for s in servers]
     outcomes: list[PressureOutcome] = []
     if pressure is not None and pressure.requests:
-        decisions, outcomes = apply_pressure(decisions, policy, pressure)
+        decisions, outcomes = apply_pressure(decisions, policy, pressure, now)
     decisions, still = apply_warnings(decisions, warned or {}, now, policy.warning_period)
     return PassResult(decisions, still, outcomes)
 

@@ -58,6 +58,14 @@ def test_the_issue_example():
             S.StopNotice(S.REASON_NODE_LOST, AT, detail="gpu-a-1"),
             "the node it ran on (gpu-a-1) was lost",
         ),
+        (
+            S.StopNotice(S.REASON_BUDGET, AT, detail="this week"),
+            "it used up its user's GPU-hours budget for this week",
+        ),
+        (
+            S.StopNotice(S.REASON_MAX_RUNTIME, AT, seconds=8 * 3600),
+            "it reached the maximum running time of 8 hours",
+        ),
     ],
 )
 def test_every_reason_has_its_sentence(notice, because):
@@ -172,3 +180,35 @@ def test_cull_warning_sentences():
 def test_cull_warning_round_trip():
     warning = S.CullWarning(S.REASON_PRESSURE, AT, seconds=60)
     assert S.CullWarning.from_state(json.dumps(warning.to_state())) == warning
+
+
+def test_deadline_warnings_say_no_keep_helps():
+    budget = S.CullWarning(S.REASON_BUDGET, AT, detail="this week", server="train")
+    assert budget.sentence() == (
+        "Your server 'train' will be stopped at 14:02 UTC because it uses up its user's "
+        "GPU-hours budget for this week. To keep it, save your work: it is stopped when the "
+        "budget runs out, even when in use."
+    )
+    runtime = S.CullWarning(S.REASON_MAX_RUNTIME, AT, seconds=8 * 3600)
+    assert runtime.sentence() == (
+        "Your server will be stopped at 14:02 UTC because it reaches the maximum running time "
+        "of 8 hours. To keep it, save your work: it is stopped at its maximum running time "
+        "even when in use."
+    )
+    assert set(S.DEADLINE_REASONS) == {S.REASON_MAX_AGE, S.REASON_BUDGET, S.REASON_MAX_RUNTIME}
+
+
+def test_keep_choices_round_trip_and_junk():
+    warning = S.CullWarning(S.REASON_IDLE, AT, seconds=60, keep_choices=(3600.0, 14400.0))
+    state = json.loads(json.dumps(warning.to_state()))
+    assert state["keep_choices"] == [3600.0, 14400.0]
+    assert S.CullWarning.from_state(state) == warning
+    refused = S.CullWarning(S.REASON_PRESSURE, AT, keep_refused="Other users are waiting.")
+    assert "keep_choices" not in refused.to_state()
+    assert S.CullWarning.from_state(refused.to_state()) == refused
+    # an annotation anyone who may edit the pod could write: junk reads as no choices
+    for junk in ("3600", [True, -1, "x", float("nan"), 1e30], {"a": 1}, [0]):
+        state = {"reason": "idle", "cull_after": AT, "keep_choices": junk}
+        assert S.CullWarning.from_state(state).keep_choices == (), junk
+    many = {"reason": "idle", "cull_after": AT, "keep_choices": [60] * 10}
+    assert len(S.CullWarning.from_state(many).keep_choices) == S.MAX_KEEP_CHOICES

@@ -3,6 +3,7 @@ import secrets
 import pytest
 
 from ..hub.hubprocess import free_port
+from ..kubeapi import StandInApi
 from .dcgm import DCGMExporter
 from .hubtools import start_culler_hub, stop_all
 from .promserver import start_prometheus
@@ -44,3 +45,14 @@ def hub(culler_hub):
     """The module's hub, with no server left running after the test."""
     yield culler_hub
     stop_all(culler_hub)
+
+
+@pytest.fixture
+async def kubeapi(tmp_path, monkeypatch):
+    """A stand-in Kubernetes API server the culler finds through $KUBECONFIG, as a user's would."""
+    server = await StandInApi().start()
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path)))
+    yield server
+    await server.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -118,3 +119,48 @@ def test_warnings_are_read_from_the_pods_annotations(raw, expected):
     gone["metadata"].setdefault("annotations", {})[labels.ANNOTATION_CULL_WARNING] = raw
     # one entry: the running server's pod; a pod being deleted is no server's any more
     assert warnings_on_pods(pods) == {("run", ""): expected}
+
+
+def test_keep_offers_follow_the_reason_and_the_servers_max_keep():
+    policy = P.Policy(keep_choices=(3600.0, 14400.0))
+    server = P.Server(user="u", pod="jupyter-u", max_keep=3600)
+    idle = P.Decision(server, P.WARN, P.REASON_IDLE, idle_seconds=9)
+    assert N.keep_offer(idle, policy) == ((3600.0,), "")
+    written = N.warning_annotations(idle, NOW + PERIOD, policy)[labels.ANNOTATION_CULL_WARNING]
+    warning = stopreasons.CullWarning.from_state(written)
+    assert (warning.keep_choices, warning.keep_refused) == ((3600.0,), "")
+    pressure = P.Decision(server, P.WARN, P.REASON_PRESSURE, idle_seconds=9)
+    choices, refused = N.keep_offer(pressure, policy)
+    assert choices == () and refused.startswith("Other users are waiting")
+    assert N.keep_offer(pressure, replace(policy, keep_overrides_pressure=True))[0] == (3600.0,)
+    for reason in (P.REASON_MAX_AGE, P.REASON_MAX_RUNTIME, P.REASON_BUDGET):
+        choices, refused = N.keep_offer(P.Decision(server, P.WARN, reason), policy)
+        assert choices == () and "save your work" in refused, reason
+    none = P.Decision(P.Server(user="u", max_keep=0), P.WARN, P.REASON_IDLE)
+    assert N.keep_offer(none, policy) == ((), N.NO_KEEP)
+
+
+def test_deadline_stops_and_warnings_say_which_and_a_keep_withdraws_the_warning():
+    budget = P.Server(
+        user="u", pod="jupyter-u", deadline=P.Deadline(NOW, P.REASON_BUDGET, detail="this week")
+    )
+    d = P.Decision(budget, P.CULL, P.REASON_BUDGET, idle_seconds=5)
+    notice = stopreasons.StopNotice.from_state(
+        N.stop_annotations(d, NOW)[labels.ANNOTATION_STOP_REASON]
+    )
+    assert (notice.reason, notice.detail, notice.seconds) == ("budget", "this week", None)
+    runtime = P.Decision(
+        P.Server(user="u"), P.CULL, P.REASON_MAX_RUNTIME, idle_seconds=5, timeout=8 * 3600
+    )
+    notice = stopreasons.StopNotice.from_state(
+        N.stop_annotations(runtime, NOW)[labels.ANNOTATION_STOP_REASON]
+    )
+    assert (notice.reason, notice.seconds) == ("max-runtime", 8 * 3600)
+    assert "maximum running time of 8 hours" in notice.sentence()
+    keep = N.keep_annotations(NOW + 3600, 3600, NOW)
+    assert json.loads(keep[labels.ANNOTATION_KEEP_UNTIL]) == {
+        "until": NOW + 3600,
+        "seconds": 3600,
+        "at": NOW,
+    }
+    assert keep[labels.ANNOTATION_CULL_WARNING] is None

@@ -25,7 +25,6 @@ from gpuspawner.culler import policy as P
 
 from ..conftest import FIXTURES
 from ..hub.hubprocess import free_port
-from ..kubeapi import StandInApi
 from ..scriptedhttp import scripted_server
 from .faultproxy import FaultProxy
 from .hubtools import (
@@ -220,17 +219,6 @@ async def test_gpu_signal_busy_idle_and_missing(hub, culler_token, exporter, pro
     wait_stopped(hub, "idlecpu")
     assert server_state(hub, "trainer") == "running"
     assert server_state(hub, "nometrics") == "running"
-
-
-@pytest.fixture
-async def kubeapi(tmp_path, monkeypatch):
-    """A stand-in Kubernetes API server the culler finds through $KUBECONFIG, as a user's would."""
-    server = await StandInApi().start()
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.delenv("POD_NAMESPACE", raising=False)
-    monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path)))
-    yield server
-    await server.stop()
 
 
 async def test_pressure_culls_longest_idle_of_the_waiting_type(

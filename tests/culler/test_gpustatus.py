@@ -6,7 +6,14 @@ import pytest
 
 from gpuspawner.clients.prometheus import GPUQueries
 from gpuspawner.culler import gpustatus as G
-from gpuspawner.culler.policy import Policy, Server, WarningMark, parse_rule
+from gpuspawner.culler.policy import (
+    REASON_MAX_RUNTIME,
+    Deadline,
+    Policy,
+    Server,
+    WarningMark,
+    parse_rule,
+)
 
 NOW = 1_800_000_000.0
 NS = "jupyterhub"
@@ -223,3 +230,19 @@ def test_each_token_hears_about_its_own_gpu_servers_only():
 
 def test_poll_seconds_are_bounded():
     assert [G.poll_seconds(s) for s in (1, 15, 600)] == [5, 15, 60]
+
+
+def test_the_stop_of_a_kept_server_or_one_with_a_deadline():
+    figs = figures(two_gpus(util=(0.0, 0.0)), {(NS, "jupyter-ada"): NOW - 2 * 3600})
+    kept = server(idle=2 * 3600, keep_until=NOW + 3 * 3600)
+    [entry] = answer([kept], figs)["servers"]
+    # idle for its timeout already, but kept: the rule waits for the keep's end
+    assert entry["keep_until"] == NOW + 3 * 3600
+    assert entry["stop_at"] == RULES.last_pass + 37 * 300  # first pass at or after the keep
+    deadline = server(deadline=Deadline(NOW + 600, REASON_MAX_RUNTIME, seconds=8 * 3600))
+    [entry] = answer([deadline], figs)["servers"]
+    assert entry["keep_until"] is None
+    assert (entry["stop_at"], entry["stop_rule"]) == (
+        RULES.last_pass + 3 * 300,
+        "maximum running time of 8 h",
+    )

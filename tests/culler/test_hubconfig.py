@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from traitlets.config import Config
@@ -17,6 +18,7 @@ CULLER_SCOPES = [
     "read:servers",
     "delete:servers",
     "read:metrics",
+    "read:users:groups",  # whose group budget applies
 ]
 ACCESS = "access:services!service=gpuspawner-culler"
 CULLER_ROLE = {
@@ -47,7 +49,11 @@ def test_the_service_its_role_and_every_users_access():
             "gpuspawner.culler",
             "--config=/etc/gpuspawner/culler_config.py",
         ],
-        "environment": {"POD_NAMESPACE": "jh"},
+        "environment": {
+            "POD_NAMESPACE": "jh",
+            # the hub's own database, relative to its working directory: what budgets used
+            "GPUSPAWNER_ACCOUNTING_DB_URL": f"sqlite:///{os.getcwd()}/jupyterhub.sqlite",
+        },
     }
     assert final(c.JupyterHub.load_roles) == [
         CULLER_ROLE,
@@ -124,13 +130,18 @@ def test_existing_entries_roles_and_server_scopes_are_completed_not_replaced():
     culler = services[1]
     assert culler["api_token"] == "secret"
     assert culler["url"] == "http://127.0.0.1:10101"
-    assert culler["environment"] == {"X": "own", "Y": "hub"}
+    assert culler["environment"] == {
+        "X": "own",
+        "Y": "hub",
+        "GPUSPAWNER_ACCOUNTING_DB_URL": f"sqlite:///{os.getcwd()}/jupyterhub.sqlite",
+    }
     assert c.JupyterHub.load_roles == [
         {"name": "tester", "scopes": ["admin:users"], "services": ["tester"]},
         {"name": "user", "scopes": ["self", "read:users:groups!user", ACCESS]},
         {
             "name": "gpuspawner-culler",
-            "scopes": ["read:users:groups", *CULLER_SCOPES],
+            # the admin's scope first, ours without doubling it
+            "scopes": ["read:users:groups", *CULLER_SCOPES[:-1]],
             "description": "Stop idle servers (gpuspawner-culler)",
             "services": ["gpuspawner-culler"],
         },
@@ -177,3 +188,20 @@ def test_appended_server_token_scopes_keep_the_server_roles_and_get_the_culler()
         "read:users:groups!user",
         *SERVER_TOKEN_SCOPES,
     ]
+
+
+def test_the_hubs_catalog_and_usage_database_reach_the_culler(monkeypatch):
+    """max_runtime, max_keep and budgets from the hub's catalog; what budgets used from
+    the database the hub records in (a relative SQLite path made absolute)."""
+    monkeypatch.delenv("GPUSPAWNER_ACCOUNTING_DB_URL", raising=False)
+    c = Config()
+    c.GPUSpawner.catalog_file = "/etc/gpuspawner/catalog.yaml"
+    c.JupyterHub.db_url = "postgresql://hub@db/jupyterhub"
+    entry = add_culler(c)
+    assert entry["environment"] == {
+        "GPUSPAWNER_CATALOG": "/etc/gpuspawner/catalog.yaml",
+        "GPUSPAWNER_ACCOUNTING_DB_URL": "postgresql://hub@db/jupyterhub",
+    }
+    c = Config()
+    c.GPUSpawner.accounting_enabled = False
+    assert add_culler(c)["environment"] == {}

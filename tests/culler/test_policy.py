@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -441,3 +443,174 @@ def test_the_forecast_is_when_decide_one_first_culls(
         assert decision.reason == forecast.reason, (forecast, decision)
     if forecast.due - 1 > NOW:
         assert P.decide_one(s, forecast.due - 1, rules, gpu).action != P.CULL
+
+
+# --- deadlines (max_runtime, budgets), keeps, the user's idle timeout -----------------
+
+
+def runtime(at: float, seconds: float = 8 * H) -> P.Deadline:
+    return P.Deadline(at=at, reason=P.REASON_MAX_RUNTIME, seconds=seconds)
+
+
+def budget(at: float) -> P.Deadline:
+    return P.Deadline(at=at, reason=P.REASON_BUDGET, detail="this week")
+
+
+@pytest.mark.parametrize("deadline", [runtime(NOW - 1), budget(NOW)])
+def test_a_deadline_reached_culls_a_busy_young_or_kept_server(deadline):
+    policy = Policy(default_timeout=H, min_running=H, warning_period=600)
+    for s in (
+        server(idle=0, deadline=deadline),  # busy
+        server(idle=0, age=60, deadline=deadline),  # younger than min_running
+        server(idle=2 * H, keep_until=NOW + H, deadline=deadline),  # kept
+        server(gpus=1, gpu_type="a100", deadline=deadline),  # GPU data missing
+    ):
+        d = one(s, policy, gpu=gpu_view())
+        assert (d.action, d.reason) == (P.CULL, deadline.reason), d
+        assert d.timeout == deadline.seconds
+
+
+def test_a_deadline_is_warned_its_warning_period_ahead_and_culled_at_it():
+    policy = Policy(default_timeout=None, warning_period=600)
+    s = server(idle=0, max_keep=4 * H, deadline=runtime(NOW + 900))
+    d, warned = decide([s], NOW, policy)
+    assert d[0].action == P.KEEP and warned == {}  # 15 min ahead: not yet
+    d, warned = decide([s], NOW + 301, policy, warned=warned)
+    assert (d[0].action, d[0].reason) == (P.WARN, P.REASON_MAX_RUNTIME)
+    # the mark says when: the warning's cull time is the deadline, not a period from now
+    assert warned[s.key] == P.WarningMark(NOW + 300, P.REASON_MAX_RUNTIME)
+    assert "maximum running time 8h00m in 9m59s" in d[0].detail
+    d, warned = decide([s], NOW + 900, policy, warned=warned)
+    assert (d[0].action, d[0].reason) == (P.CULL, P.REASON_MAX_RUNTIME) and warned == {}
+    # no warning period: culled at the deadline, never warned
+    d, _ = decide([s], NOW + 899, Policy(default_timeout=None))
+    assert d[0].action == P.KEEP
+    # a culler that starts after the deadline stops it at once: a deadline is not put off
+    d, _ = decide([s], NOW + 2000, policy)
+    assert d[0].action == P.CULL
+
+
+def test_a_deadline_warning_outranks_an_idle_one_but_not_max_age():
+    policy = Policy(default_timeout=H, warning_period=600, max_age=10 * H)
+    idle = server(idle=2 * H, age=5 * H, deadline=budget(NOW + 300))
+    d = one(idle, policy)
+    assert (d.action, d.reason) == (P.WARN, P.REASON_BUDGET)
+    old = server(idle=0, age=11 * H, deadline=budget(NOW + 300))
+    assert one(old, policy).reason == P.REASON_MAX_AGE
+
+
+def test_a_kept_server_is_not_culled_for_idleness_until_its_keep_ends():
+    policy = Policy(
+        rules=(parse_rule({"min_gpus": 1, "timeout": H, "gpu_timeout": 0.5 * H}),),
+        warning_period=600,
+    )
+    kept = server(gpus=1, gpu_type="a100", idle=2 * H, keep_until=NOW + H)
+    tab = replace(kept, last_activity=NOW - 60)  # GPU-idle only: Jupyter was active
+    for s in (kept, tab):
+        d, warned = decide([s], NOW, policy, gpu=gpu_view(("u", None)))
+        assert (d[0].action, d[0].reason) == (P.KEEP, P.REASON_KEPT) and warned == {}
+        assert "kept by its user for 1h00m more" in d[0].detail
+    # a standing idle warning is withdrawn by the keep
+    d, warned = decide(
+        [kept],
+        NOW,
+        policy,
+        gpu=gpu_view(("u", None)),
+        warned={kept.key: P.WarningMark(NOW - 601, "idle")},
+    )
+    assert d[0].action == P.KEEP and warned == {}
+    # once the keep ends it is idle again, and warned first
+    later, _ = decide([kept], NOW + H, policy, gpu=gpu_view(("u", None)))
+    assert (later[0].action, later[0].reason) == (P.WARN, P.REASON_GPU_IDLE)
+    # a keep does not help against max_age
+    aged = Policy(default_timeout=H, max_age=5 * H)
+    assert one(server(idle=2 * H, keep_until=NOW + H), aged).reason == P.REASON_MAX_AGE
+
+
+def test_pressure_takes_a_kept_server_unless_keeps_override_pressure():
+    fleet = [
+        server("kept", gpus=1, gpu_type="a100", idle=3 * H, node="n0", keep_until=NOW + H),
+        server("other", gpus=1, gpu_type="a100", idle=1 * H, node="n0"),
+    ]
+    gpus = gpu_view(("kept", None), ("other", None))
+    free = {"a100": {"n0": 0}}
+
+    def culled(policy):
+        result = P.decide_pass(fleet, NOW, policy, gpu=gpus, pressure=wait((1, "a100"), free=free))
+        return [d.server.user for d in result.decisions if d.action == P.CULL]
+
+    assert culled(PRESSURE) == ["kept"]  # the longest idle, kept or not
+    assert culled(replace(PRESSURE, keep_overrides_pressure=True)) == ["other"]
+
+
+def test_the_users_idle_timeout_replaces_the_rules():
+    policy = Policy(
+        rules=(parse_rule({"min_gpus": 1, "timeout": 2 * H, "gpu_timeout": 3 * H}),),
+        default_timeout=H,
+    )
+    chosen = server(gpus=1, gpu_type="a100", idle=5 * H, idle_timeout=6 * H)
+    # idle 2.5 h by both signals: over the rule's 2 h, under the user's 6 h
+    d = one(chosen, policy, gpu=gpu_view(("u", 2.5 * H)))
+    assert (d.action, d.timeout) == (P.KEEP, 6 * H)
+    assert "the idle timeout its user chose" in d.detail
+    d = one(replace(chosen, idle_timeout=0.5 * H), policy, gpu=gpu_view(("u", 0.9 * H)))
+    assert (d.action, d.reason, d.timeout) == (P.CULL, P.REASON_IDLE, 0.5 * H)
+    # the rule's GPU timeout stays
+    assert policy.timeout_for(chosen) == (6 * H, 3 * H, "the idle timeout its user chose")
+    # no rule matches: it replaces the default
+    assert Policy(default_timeout=None).timeout_for(server(idle_timeout=60))[0] == 60
+
+
+def test_keep_choices_are_bounded_by_the_servers_max_keep():
+    policy = Policy(keep_choices=(3600.0, 14400.0))
+    assert policy.keep_choices_for(server(max_keep=4 * H)) == (3600.0, 14400.0)
+    assert policy.keep_choices_for(server(max_keep=2 * H)) == (3600.0,)
+    assert policy.keep_choices_for(server(max_keep=0)) == ()
+
+
+def test_stop_forecast_with_deadlines_and_keeps():
+    policy = Policy(default_timeout=H, warning_period=600)
+    s = server(idle=0.5 * H, deadline=runtime(NOW + 600, seconds=2 * H))
+    forecast = P.stop_forecast(s, policy, GPUView())
+    assert (forecast.due, forecast.reason) == (NOW + 600, P.REASON_MAX_RUNTIME)
+    assert forecast.rule == "maximum running time of 2 h"
+    # warned ahead: stopped at the first pass at or after the deadline, no period added
+    assert P.stop_at(s, policy, GPUView(), NOW, 300).due == NOW + 600
+    b = P.stop_forecast(server(idle=0, deadline=budget(NOW + 60)), policy, GPUView())
+    assert (b.due, b.rule) == (NOW + 60, "GPU-hours budget this week")
+    kept = server(idle=0.5 * H, keep_until=NOW + 3 * H)
+    assert P.stop_forecast(kept, policy, GPUView()).due == NOW + 3 * H
+    assert P.stop_at(kept, policy, GPUView(), NOW, 300).due == NOW + 3 * H + 600
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    idle=st.floats(0, 10 * H),
+    timeout=st.floats(1, 5 * H),
+    user_timeout=st.none() | st.floats(1, 5 * H),
+    keep=st.none() | st.floats(-H, 5 * H),
+    deadline=st.none() | st.floats(-H, 10 * H),
+    reason=st.sampled_from([P.REASON_MAX_RUNTIME, P.REASON_BUDGET]),
+)
+def test_the_forecast_with_deadlines_and_keeps_is_when_decide_one_first_culls(
+    idle, timeout, user_timeout, keep, deadline, reason
+):
+    s = server(
+        "p",
+        idle=idle,
+        age=20 * H,
+        idle_timeout=user_timeout,
+        keep_until=None if keep is None else NOW + keep,
+        deadline=None if deadline is None else P.Deadline(NOW + deadline, reason, 8 * H),
+    )
+    rules = Policy(default_timeout=timeout)
+    forecast = P.stop_forecast(s, rules, GPUView())
+    at = max(forecast.due, NOW) + 1e-3
+    decision = P.decide_one(s, at, rules, GPUView())
+    assert decision.action == P.CULL, (forecast, decision)
+    # a deadline due within the millisecond too comes first in decide_one
+    tie = s.deadline is not None and s.deadline.at <= at
+    if forecast.due > NOW and not tie:
+        assert decision.reason == forecast.reason, (forecast, decision)
+    if forecast.due - 1 > NOW:
+        assert P.decide_one(s, forecast.due - 1, rules, GPUView()).action != P.CULL

@@ -2,8 +2,9 @@
 
 import pytest
 
+from gpuspawner.culler import policy as P
 from gpuspawner.culler.policy import WarningMark
-from gpuspawner.culler.warningapi import token_servers, warning_answer
+from gpuspawner.culler.warningapi import KEEP_BODY, keep_request, token_servers, warning_answer
 
 from ..security.payloads import PAYLOADS
 
@@ -82,3 +83,85 @@ def test_the_notification_text_holds_nothing_a_user_chose(name, value):
         assert value not in text
     # the plain-text message quotes it, with every unprintable character escaped
     assert w["message"].isprintable()
+
+
+# --- /api/keep --------------------------------------------------------------------------
+
+NOW = 1_800_000_000.0
+SERVERS = {
+    ("ada", ""): P.Server("ada", "", max_keep=14400),
+    ("ada", "train"): P.Server("ada", "train", max_keep=3600),
+    ("ada", "fixed"): P.Server("ada", "fixed", max_keep=0),
+    ("bob", ""): P.Server("bob", "", max_keep=14400),
+}
+POLICY = P.Policy(keep_choices=(3600.0, 14400.0))
+
+
+def keep(model, body, warned=None, policy=POLICY, freed=()):
+    return keep_request(model, body, SERVERS, warned or {}, policy, ["gpuspawner"], NOW, freed)
+
+
+def test_a_keep_is_granted_for_one_of_the_offered_choices():
+    answer = keep(user("ada", "access:servers!user=ada"), {"server": "", "seconds": 14400})
+    assert (answer.status, answer.until, answer.seconds) == (200, NOW + 14400, 14400)
+    assert answer.server == SERVERS[("ada", "")]
+    assert answer.message.startswith("Kept until ") and answer.message.count(".") == 1
+    # the image's max_keep leaves 1 h only
+    train = keep(user("ada", "access:servers!user=ada"), {"server": "train", "seconds": 14400})
+    assert (train.status, train.message) == (400, "Choose a keep of 60 minutes.")
+    fixed = keep(user("ada", "access:servers!user=ada"), {"server": "fixed", "seconds": 3600})
+    assert fixed.status == 409 and "allows no keep" in fixed.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [None, [], "x", {"server": 1, "seconds": 3600}, {"seconds": "3600"}, {"seconds": True}, {}],
+)
+def test_a_malformed_request_is_told_what_to_send(body):
+    answer = keep(user("ada", "access:servers!user=ada"), body)
+    assert (answer.status, answer.message) == (400, KEEP_BODY)
+    assert answer.until is None
+
+
+def test_who_may_keep_what():
+    body = {"server": "", "seconds": 3600}
+    # a server's token: its own server only
+    own = user("ada", "access:servers!server=ada/train")
+    assert keep(own, {"server": "train", "seconds": 3600}).status == 200
+    assert keep(own, body).status == 403
+    # a user's token: never another user's, even when it names one
+    assert keep(user("ada", "access:servers!user=ada"), {**body, "user": "bob"}).status == 403
+    assert keep(user("bob", "access:servers!user=bob"), {**body, "user": "bob"}).status == 200
+    # a keep service asks for the user it names; other services may not
+    service = {"kind": "service", "name": "gpuspawner", "scopes": []}
+    assert keep(service, {**body, "user": "bob"}).server == SERVERS[("bob", "")]
+    assert keep(service, body).status == 400  # names no user
+    other = {"kind": "service", "name": "tester", "scopes": ["admin:users"]}
+    answer = keep(other, {**body, "user": "bob"})
+    assert answer.status == 403 and "keep_services" in answer.message
+    # a server the culler does not know
+    assert keep(service, {**body, "user": "carl"}).status == 404
+
+
+def test_no_keep_against_a_deadline_or_while_pressure_wants_its_gpus():
+    mine = user("ada", "access:servers!user=ada")
+    body = {"server": "", "seconds": 3600}
+    for reason in (P.REASON_MAX_AGE, P.REASON_MAX_RUNTIME, P.REASON_BUDGET):
+        answer = keep(mine, body, warned={("ada", ""): WarningMark(NOW, reason)})
+        assert answer.status == 409 and "save your work" in answer.message, reason
+    pressed = {("ada", ""): WarningMark(NOW, P.REASON_PRESSURE)}
+    answer = keep(mine, body, warned=pressed)
+    assert answer.status == 409 and "Other users are waiting" in answer.message
+    assert keep(mine, body, freed={("ada", "")}).status == 409  # chosen for a waiting request
+    allowed = P.Policy(keep_choices=(3600.0,), keep_overrides_pressure=True)
+    assert keep(mine, body, warned=pressed, policy=allowed).status == 200
+    # an idle warning is what a keep is for
+    assert keep(mine, body, warned={("ada", ""): WarningMark(NOW, "idle")}).status == 200
+
+
+def test_the_warning_answer_carries_the_keep_offer():
+    keeps = {("ada", ""): ((3600.0, 14400.0), ""), ("ada", "train"): ((), "No.")}
+    answer = warning_answer(user("ada", "access:servers!user=ada"), WARNED, 600, 300, keeps)
+    by_name = {w["server"]: w for w in answer["warnings"]}
+    assert by_name[""]["keep_choices"] == [3600.0, 14400.0] and by_name[""]["keep_refused"] == ""
+    assert (by_name["train"]["keep_choices"], by_name["train"]["keep_refused"]) == ([], "No.")
