@@ -31,6 +31,12 @@ the number of series does not grow with the number of users.
   GPUs within ``gpu_demand_window``, and the hub's ``pending`` pods the
   scheduler cannot place for lack of GPUs. Never by user. The culler's
   pressure mode reads it (with the ``read:metrics`` scope).
+- ``gpuspawner_gpu_seconds_total{gpu_type,group}``: GPU-seconds the hub's servers
+  have held (GPUs × seconds from scheduling to the pod's end), by GPU type and
+  charge group (one group per server, so groups add up), from the usage
+  recorder (:mod:`gpuspawner.hub.accounting`): the closed intervals kept in
+  the usage store, so it counts on across hub restarts, plus the open ones up
+  to the scrape. Never by user.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..core import refusals
 from ..core.serverpod import ServerPod
@@ -196,6 +202,21 @@ class GPUCollector:
         yield pool
         yield node_figures
         yield demand
+        yield gpu_seconds_family(state.recorder)
+
+
+def gpu_seconds_family(recorder: Any) -> CounterMetricFamily:
+    """``gpuspawner_gpu_seconds_total{gpu_type,group}`` from the usage recorder (empty without one)."""
+    family = CounterMetricFamily(
+        "gpuspawner_gpu_seconds",
+        "GPU-seconds held by the hub's servers (from scheduling to the pod's end), by GPU type "
+        "and charge group, never by user",
+        labels=["gpu_type", "group"],
+    )
+    if recorder is not None:
+        for (gpu_type, group), value in sorted(recorder.totals().items()):
+            family.add_metric([gpu_type, group], value)
+    return family
 
 
 def demand_requests(

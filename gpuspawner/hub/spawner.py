@@ -34,15 +34,29 @@ from kubespawner.utils import recursive_update
 from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, observe, validate
 
 from ..clients import kube
-from ..core import admission, labels, limits, podspec, profiles, refusals, serverpod, stopreasons
+from ..core import (
+    admission,
+    budgets,
+    labels,
+    limits,
+    podspec,
+    profiles,
+    refusals,
+    serverpod,
+    stopreasons,
+    usage,
+)
 from ..core.catalog import Catalog, CatalogError, parse_catalog
 from ..core.endpoints import AVAILABILITY_PATH
 from ..core.options import (
+    OPTION_IDLE_TIMEOUT,
     OPTION_PROFILE,
     Selection,
     ignored_options,
+    minutes_text,
     no_such_profile,
     profile_choices,
+    resolve_idle_timeout,
     resolve_profile,
     resolve_selection,
 )
@@ -53,6 +67,7 @@ from ..core.refusals import (
     REASON_INVALID,
     REASON_TIMEOUT,
     REASON_UNSCHEDULABLE,
+    REASON_USAGE_UNKNOWN,
     Refusal,
     refuse,
     shown,
@@ -60,6 +75,7 @@ from ..core.refusals import (
 from ..inventory.figures import live_payload
 from . import capacity, metrics, serverprobe
 from . import state as hubstate
+from .accounting import AccountingRecorder, hub_database_url
 from .capacity import Capacity, CapacityConfig, GPUUnschedulable
 from .catalogcheck import override_trait_names
 from .compat import SpawnException, initialized_profile_list, request_options, user_label
@@ -212,6 +228,41 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         """,
     ).tag(config=True)
 
+    accounting_enabled = Bool(
+        True,
+        help="""
+        Record each GPU server's GPU-seconds (from its pod being scheduled to
+        the pod's end) in the usage database (``accounting_db_url``): the admin
+        page's usage table, ``gpuspawner usage``, GPU-hours budgets and the
+        ``gpuspawner_gpu_seconds_total`` metric read it. Only with a catalog.
+        GPU-hours budgets (``limits.gpu_hours``) need it on.
+        """,
+    ).tag(config=True)
+
+    accounting_db_url = Unicode(
+        "",
+        help="""
+        SQLAlchemy URL of the usage database, e.g.
+        ``postgresql://gpuspawner@db.example.org/usage``. Empty (the default)
+        uses the hub's own database (``JupyterHub.db_url``: SQLite or
+        PostgreSQL), in tables of gpuspawner's own (``gpuspawner_*``, with
+        their own migrations), so usage survives hub restarts with no extra
+        setup.
+        """,
+    ).tag(config=True)
+
+    accounting_heartbeat = Float(
+        60.0,
+        min=1.0,
+        help="""
+        Seconds between two reconciliations of the usage database with the
+        cluster: running servers are marked as seen, and an interval whose pod
+        is gone (deleted while the hub was down) is closed from the pod's
+        Kubernetes Events, else at the last time it was seen. A failed database
+        write is tried again at the next one.
+        """,
+    ).tag(config=True)
+
     _selection: Selection | None = None
     # True while the last start was refused before any pod was requested, so
     # poll() can answer "not running" without asking the cluster.
@@ -225,6 +276,9 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
     _admin_profile_list: Any = None
 
     _gpu_mock: bool = False
+    #: The budget line of the form being built ("" when no budget applies), from the
+    #: profile list's reading of the user's holdings to the form's rendering.
+    _form_budget: str = ""
     #: Why this server was last stopped by someone other than its user; kept in the
     #: state (across clear_state) until the user starts it again.
     _stop_notice: stopreasons.StopNotice | None = None
@@ -408,7 +462,113 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             placement=self._placement(),
             queue=self.queue_settings(),
             who=self._log_name,
+            budget=functools.partial(self._check_budget, catalog, selection),
         )
+
+    # ------------------------------------------------------------------
+    # GPU-hours budgets (gpuspawner.core.budgets)
+    # ------------------------------------------------------------------
+
+    def _budget_for_user(self, catalog: Catalog) -> budgets.Budget | None:
+        """The user's GPU-hours budget, or None when none applies (unlimited, or no budgets)."""
+        rules = catalog.limits.gpu_hours
+        if not rules.enabled:
+            return None
+        budget = budgets.effective_budget(rules, self.user.name, self._group_names())
+        return budget if budget.hours is not None else None
+
+    async def budget_status(
+        self, catalog: Catalog, budget: budgets.Budget, held: list[limits.Holding]
+    ) -> budgets.BudgetStatus:
+        """The user's budget this period: weighted GPU-hours used (the usage store) and held now.
+
+        ``held`` is what the cluster's pods and the hub's reservations say the
+        user holds (this server's own holding left out: it is the one asking).
+        Raises when the usage store cannot be read.
+        """
+        recorder = self.gpu_accounting()
+        if recorder is None:
+            raise RuntimeError(
+                "GPU-hours budgets are configured but accounting is off "
+                "(GPUSpawner.accounting_enabled, or no database)"
+            )
+        now = time.time()
+        period = budgets.current_period(catalog.limits.gpu_hours, now)
+        user = self.user.name
+        # On the recorder's thread (SQLAlchemy is synchronous), after the writes queued
+        # before it, so a server that just ended is counted.
+        used = await recorder.call(_used_unit_seconds, [user], period.start, period.end, now)
+        mine = [h for h in held if h.user == user and h.server != self.name]
+        return budgets.BudgetStatus(
+            budget=budget,
+            period=period,
+            used_hours=used.get(user, 0.0) / 3600,
+            held_units=sum(h.units for h in mine),
+        )
+
+    async def _check_budget(
+        self, catalog: Catalog, selection: Selection, held: list[limits.Holding]
+    ) -> None:
+        """Refuse a GPU request the user's budget cannot cover (called by admission, after limits).
+
+        No budget for this user: nothing is read. The usage store not answering
+        refuses the request, as limits do when the cluster does not answer: a
+        budget that could be overrun while the database is down is no budget.
+        """
+        budget = self._budget_for_user(catalog)
+        if budget is None or not selection.is_gpu or selection.gpu_type is None:
+            return
+        try:
+            status = await self.budget_status(catalog, budget, held)
+        except Exception as e:
+            self.log.error(
+                "Could not read %s's GPU-hours to check their budget: %s", self._log_name, e
+            )
+            raise refuse(REASON_USAGE_UNKNOWN, "budget-unknown") from None
+        units = limits.holding_for(self.user.name, self.name, selection, ()).units
+        refusal = budgets.check_budget(
+            status,
+            units,
+            catalog.limits.gpu_hours.min_session,
+            stopreasons.held_text(selection.gpus, selection.gpu_type.display_name),
+        )
+        if refusal is not None:
+            raise refusal
+
+    def _budget_choices(
+        self, catalog: Catalog, room: dict[str, float | None] | None
+    ) -> list[tuple[str, float]]:
+        """The GPU choices of the user's images that their limits still allow: (label, units)."""
+        choices: list[tuple[str, float]] = []
+        types = {
+            t.key: t for image in catalog.images.values() for t in catalog.types_for_image(image)
+        }
+        for gpu_type in types.values():
+            left = None if room is None else room.get(gpu_type.key)
+            for count in catalog.counts_for_type(gpu_type):
+                if count > 0 and (left is None or count <= left + 1e-9):
+                    label = stopreasons.held_text(count, gpu_type.display_name)
+                    choices.append((label, count * gpu_type.weight))
+        return choices
+
+    async def _form_budget_line(
+        self, catalog: Catalog, held: list[limits.Holding], room: dict[str, float | None] | None
+    ) -> str:
+        """The form's budget line and what the rest allows; "" when no budget applies or it cannot be read."""
+        budget = self._budget_for_user(catalog)
+        if budget is None:
+            return ""
+        try:
+            status = await asyncio.wait_for(
+                self.budget_status(catalog, budget, held), timeout=self.form_usage_timeout or None
+            )
+        except Exception as e:
+            # The request is checked again when the form is sent.
+            self.log.warning("Not showing %s's GPU-hours budget: %s", self._log_name, e)
+            return ""
+        choices = self._budget_choices(catalog, room)
+        allowed = "" if status.spent else status.choices_text(choices, now=time.time())
+        return f"{status.text()}. {allowed}".strip()
 
     def _release_reservation(self) -> None:
         self.hub_state.release(self.user.name, self.name)
@@ -434,7 +594,56 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
                 log=self.log,
             )
 
-        return self.hub_state.inventory(create)
+        inventory = self.hub_state.inventory(create)
+        # Where the inventory starts, so does the usage recorder: it follows the same watch.
+        self.gpu_accounting()
+        return inventory
+
+    def gpu_accounting(self) -> AccountingRecorder | None:
+        """The hub's GPU usage recorder, started on first use; None when accounting is off.
+
+        Off without a catalog, with ``accounting_enabled = False``, or when no
+        database is known (no ``accounting_db_url`` and no hub database, as
+        with a spawner made outside a hub). Needs a running event loop.
+        """
+        if self._gpu_mock or not self.accounting_enabled or not self.gpu_catalog_configured:
+            return None
+        url = self.accounting_db_url or hub_database_url(self)
+        if not url:
+            return None
+        from kubespawner.clients import shared_client
+
+        def create() -> AccountingRecorder:
+            def open_store() -> Any:
+                # On the recorder's thread: the store's imports never hold up the hub.
+                from ..accounting.store import UsageStore
+
+                return UsageStore(url)
+
+            reader = kube.Reader(
+                retry=kube.RetryPolicy(timeout=self.k8s_api_request_retry_timeout),
+                timeout=self.k8s_api_request_timeout,
+                logger=self.log,
+            )
+            return AccountingRecorder(
+                open_store,
+                reader,
+                self.namespace,
+                self.log,
+                api=shared_client("CoreV1Api"),
+                heartbeat=self.accounting_heartbeat,
+            )
+
+        try:
+            recorder = self.hub_state.accounting(create)
+        except Exception as e:  # no Kubernetes client: usage is not recorded, spawns go on
+            if not self.hub_state.accounting_failed:
+                self.hub_state.accounting_failed = True
+                self.log.warning("GPU usage is not recorded: %s", e)
+            return None
+        if self.hub_state.started_inventory is not None:
+            recorder.listen_to(self.hub_state.started_inventory)
+        return recorder
 
     def _placement(self) -> Placement:
         """The admin's node placement (before any selection changed the traits)."""
@@ -502,6 +711,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             await reflector.wait_ready(timeout=3)
         # Figures another form (fancy-profiles) cannot refresh say when they were counted.
         as_of = "" if self._own_form() else time.strftime("%H:%M UTC", time.gmtime())
+        self._form_budget = ""
         try:
             holdings = await self.current_holdings(
                 catalog, every_user=bool(pools), retry_timeout=self.form_usage_timeout
@@ -512,6 +722,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
                 catalog, availability=self.gpu_availability(catalog), as_of=as_of
             )
         room = limits.remaining(catalog, self.user.name, groups, self.name, holdings)
+        self._form_budget = await self._form_budget_line(catalog, holdings, room)
         limit = limits.effective_limit(catalog.limits, self.user.name, groups)
         mine = [h for h in holdings if h.user == self.user.name and h.server != self.name]
         summary = profiles.held_summary(
@@ -591,14 +802,53 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         return str(html + stopreasons.LOCAL_TIME_SCRIPT)
 
     def render_catalog_form(self, profile_list: list[dict]) -> str:
-        """The form of a catalog's ``profile_list``: KubeSpawner's template, escaped, plus the live figures."""
-        form = self._kubespawner_form(profile_list)
+        """The form of a catalog's ``profile_list``: KubeSpawner's template, escaped, plus the live figures.
+
+        Around it, GPUSpawner's own part (``templates/gpuspawner-form.html``): the
+        user's GPU-hours budget, and an idle-timeout field for each offered image
+        with ``idle_timeout`` bounds.
+        """
+        budget_html, idle_html = self._form_extras(profile_list)
+        form = budget_html + self._kubespawner_form(profile_list) + idle_html
         if self.gpu_inventory() is None or not self._own_form():
             # another form's labels say when they were counted (see _catalog_profile_list)
             return form
         from .formscript import form_script
 
         return form + form_script(self.gpu_availability_payload(), self._figures_url())
+
+    def _form_extras(self, profile_list: list[dict]) -> tuple[str, str]:
+        """The budget line (before the form) and the idle-timeout fields (after it), escaped."""
+        try:
+            catalog = self.visible_catalog()
+        except CatalogError:
+            return "", ""
+        offered = {p.get("slug") for p in profile_list}
+        saved = self.user_options if isinstance(self.user_options, dict) else {}
+        fields = []
+        for key, image in catalog.images.items():
+            bounds = image.idle_timeout
+            if bounds is None or key not in offered:
+                continue
+            value = bounds.default
+            if saved.get(OPTION_PROFILE) == key:
+                # the user's last choice, where it is still within the bounds
+                with contextlib.suppress(Refusal):
+                    value = resolve_idle_timeout(saved.get(OPTION_IDLE_TIMEOUT), image) or value
+            fields.append(
+                {
+                    "slug": key,
+                    "image": image.display_name,
+                    "value": minutes_text(value),
+                    "min": minutes_text(bounds.minimum),
+                    "max": minutes_text(bounds.maximum),
+                }
+            )
+        if not fields and not self._form_budget:
+            return "", ""
+        template = _form_templates().get_template(FORM_TEMPLATE)
+        module = template.make_module({"budget": self._form_budget, "idle_fields": fields})
+        return str(module.budget_html()), str(module.idle_html())
 
     def _own_form(self) -> bool:
         """Whether the form is KubeSpawner's own template, which the figures' script relabels.
@@ -912,10 +1162,13 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
                 **(pod.metadata.labels or {}),
                 **podspec.pod_labels(self._selection),
             }
-            pools = limits.pool_groups_for(catalog.limits, self._group_names())
+            groups = self._group_names()
+            pools = limits.pool_groups_for(catalog.limits, groups)
+            # The group this server's GPU-hours are charged to, fixed for its whole life.
+            charge = usage.charge_group(catalog.limits, groups)
             pod.metadata.annotations = {
                 **(pod.metadata.annotations or {}),
-                **podspec.pod_annotations(self._selection, pools),
+                **podspec.pod_annotations(self._selection, pools, charge),
             }
         self._enforce_visible_devices(pod)
         return pod
@@ -1019,6 +1272,9 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         return super().is_pod_running(pod)
 
     async def poll(self):
+        # A hub restarted with running servers polls them first: its usage recorder
+        # starts then, and closes what ended while the hub was down.
+        self.gpu_accounting()
         if self._refused_before_pod:
             return 1
         status = await super().poll()
@@ -1274,6 +1530,25 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             self.log.error(
                 "Could not delete the pod of %s after %s: %s", self._log_name, why, stop_error
             )
+
+
+def _used_unit_seconds(store: Any, users: list[str], since: float, until: float, now: float) -> Any:
+    """The store's weighted GPU-seconds per user (run on the recorder's thread)."""
+    return store.used_unit_seconds(users, since, until, now)
+
+
+#: GPUSpawner's part of the spawn form: the budget line and the idle-timeout fields.
+FORM_TEMPLATE = "gpuspawner-form.html"
+
+
+@functools.cache
+def _form_templates() -> Any:
+    """The autoescaped environment of GPUSpawner's form template (compiled once per hub)."""
+    from jinja2 import Environment, FileSystemLoader
+
+    from .pages import TEMPLATE_PATH
+
+    return Environment(loader=FileSystemLoader(TEMPLATE_PATH), autoescape=True)
 
 
 def _profiles_in_order(profile_list: Any) -> Any:

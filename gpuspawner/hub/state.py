@@ -1,6 +1,6 @@
 """What the spawners of one hub process share: admission locks, reservations, the GPU queue,
-the GPU demand it publishes, catalog files, compiled form templates, the GPU inventory's watches and the spawners the
-metrics count.
+the GPU demand it publishes, catalog files, compiled form templates, the GPU inventory's watches, the GPU usage
+recorder and the spawners the metrics count.
 
 All of it lives in one :class:`HubState`, found with :func:`current`.
 
@@ -10,7 +10,7 @@ each spawner itself, with nothing to pass a shared object along. The state is
 therefore created on first use, by the first spawner that needs it, and lives as
 long as the hub process, as KubeSpawner's own pod reflector does. Keeping it in
 one object rather than in class attributes and module globals gives it one
-lifecycle: :meth:`HubState.close` stops the watches it started, and
+lifecycle: :meth:`HubState.close` stops the watches and the recorder it started, and
 :func:`reset` (for tests, and for programs that embed several hubs' worth of
 spawners in one process) closes it and starts afresh.
 """
@@ -30,6 +30,7 @@ from .startturns import StartGate
 
 if TYPE_CHECKING:
     from ..inventory.reflectors import InventoryReflector
+    from .accounting import AccountingRecorder
 
 
 class HubState:
@@ -52,6 +53,11 @@ class HubState:
         # The inventory's watches run as tasks of one event loop: the hub's.
         self._inventory: InventoryReflector | None = None
         self._inventory_loop: asyncio.AbstractEventLoop | None = None
+        # The usage recorder's reconciliation runs on the hub's loop too.
+        self._accounting: AccountingRecorder | None = None
+        self._accounting_loop: asyncio.AbstractEventLoop | None = None
+        #: Whether the recorder could not be created (said once in the hub's log).
+        self.accounting_failed = False
         #: The spawners whose servers' GPUs the metrics count at scrape time (weakly held).
         self.spawners: weakref.WeakSet = weakref.WeakSet()
         #: Turns to start (GPUSpawner.concurrent_starts).
@@ -173,6 +179,33 @@ class HubState:
             self._inventory.start()
         return self._inventory
 
+    @property
+    def started_inventory(self) -> InventoryReflector | None:
+        """The inventory reflector if one was started, else None (starts nothing)."""
+        return self._inventory
+
+    # -- the usage recorder --------------------------------------------------
+
+    def accounting(self, create: Callable[[], AccountingRecorder]) -> AccountingRecorder:
+        """The hub's one GPU usage recorder, created and started on first use.
+
+        Like :meth:`inventory`: one started on an event loop that has ended is replaced.
+        """
+        loop = asyncio.get_running_loop()
+        if self._accounting is not None and self._accounting_loop is not loop:
+            self._accounting.cancel()
+            self._accounting = None
+        if self._accounting is None:
+            self._accounting = create()
+            self._accounting_loop = loop
+            self._accounting.start()
+        return self._accounting
+
+    @property
+    def recorder(self) -> AccountingRecorder | None:
+        """The usage recorder if one was started (the metrics read it), else None."""
+        return self._accounting
+
     # -- lifecycle ---------------------------------------------------------
 
     def _forget(self) -> InventoryReflector | None:
@@ -184,10 +217,23 @@ class HubState:
         self._catalog_files.clear()
         self._form_environments.clear()
         self.spawners = weakref.WeakSet()
+        self.accounting_failed = False
         return reflector
 
+    def _forget_accounting(self) -> tuple[AccountingRecorder | None, Any]:
+        taken = self._accounting, self._accounting_loop
+        self._accounting, self._accounting_loop = None, None
+        return taken
+
     async def close(self) -> None:
-        """Stop the inventory's watches and forget everything; the state can be used again."""
+        """Stop the inventory's watches and the usage recorder, and forget everything;
+        the state can be used again."""
+        recorder, recorder_loop = self._forget_accounting()
+        if recorder is not None:
+            if recorder_loop is asyncio.get_running_loop():
+                await recorder.stop()
+            else:
+                recorder.cancel()
         loop = self._inventory_loop
         reflector = self._forget()
         if reflector is None:
@@ -198,7 +244,10 @@ class HubState:
             _cancel(reflector, loop)
 
     def close_soon(self) -> None:
-        """:meth:`close` without waiting: the watches are cancelled, not awaited."""
+        """:meth:`close` without waiting: the watches and the recorder are cancelled, not awaited."""
+        recorder, _ = self._forget_accounting()
+        if recorder is not None:
+            recorder.cancel()
         loop = self._inventory_loop
         reflector = self._forget()
         if reflector is not None:

@@ -211,6 +211,8 @@ class InventoryReflector:
         self.pods_scope = "all namespaces" if all_namespaces else f"namespace {namespace}"
         self._changed = asyncio.Condition()
         self._tasks: list[asyncio.Task] = []
+        self._pod_listeners: list[Callable[[str, dict], None]] = []
+        self._failed_listeners: set[int] = set()
         self.nodes_watch = _Watch(
             "nodes",
             core_api.list_node,
@@ -234,7 +236,7 @@ class InventoryReflector:
         return _Watch(
             "pods",
             call,
-            lambda raw: pod_record(raw, self.inventory.extra_resources),
+            self._listed_pod,
             self._pods_listed,
             self._pod_event,
             self.log,
@@ -268,7 +270,33 @@ class InventoryReflector:
             self.inventory.set_node(node)
         self._notify()
 
+    def add_pod_listener(self, listener: Callable[[str, dict], None]) -> None:
+        """Call ``listener(kind, pod)`` with each pod (raw JSON) the pods watch sees.
+
+        ``kind`` is ``LISTED`` for each pod of a (re)list, then ``ADDED``,
+        ``MODIFIED`` or ``DELETED`` as the watch reports them. Finished pods
+        are filtered out (:data:`ACTIVE_POD_FIELDS`), so a pod's last event is
+        ``DELETED`` with its last state, whether it finished or was deleted.
+        Called on the hub's loop: it must not block. An error it raises is
+        logged once and never stops the watch.
+        """
+        self._pod_listeners.append(listener)
+
+    def _tell_listeners(self, kind: str, pod: dict) -> None:
+        for listener in self._pod_listeners:
+            try:
+                listener(kind, pod)
+            except Exception as e:
+                if id(listener) not in self._failed_listeners:
+                    self._failed_listeners.add(id(listener))
+                    self.log.warning("A listener of the pods watch failed: %s", e, exc_info=True)
+
+    def _listed_pod(self, raw: dict) -> PodRecord | None:
+        self._tell_listeners("LISTED", raw)
+        return pod_record(raw, self.inventory.extra_resources)
+
     def _pod_event(self, kind: str, pod: dict) -> None:
+        self._tell_listeners(kind, pod)
         meta = pod.get("metadata") or {}
         if kind == "DELETED":
             self.inventory.remove_pod(meta.get("namespace", ""), meta.get("name", ""))

@@ -28,3 +28,14 @@ check_catalog(c)
         pytest.fail(f"JupyterHub exited during start:\n{hub.log()[-3000:]}")
     yield hub
     hub.stop()
+
+
+@pytest.fixture
+def usage_store(tmp_path):
+    """A migrated usage store in a fresh SQLite file (as the hub's own database would hold it)."""
+    from gpuspawner.accounting.store import UsageStore
+
+    store = UsageStore(f"sqlite:///{tmp_path / 'hub.sqlite'}")
+    store.migrate()
+    yield store
+    store.close()

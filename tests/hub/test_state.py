@@ -10,6 +10,8 @@ import asyncio
 import gc
 import weakref
 
+import pytest
+
 from gpuspawner.core.limits import Holding
 from gpuspawner.hub import metrics
 from gpuspawner.hub import state as hubstate
@@ -150,3 +152,27 @@ def test_metrics_count_the_spawners_of_the_current_state_weakly():
     gc.collect()
     assert list(hubstate.current().spawners) == []
     hubstate.reset()
+
+
+async def test_one_usage_recorder_is_started_and_close_stops_it(tmp_path):
+    from gpuspawner.accounting.store import UsageStore
+    from gpuspawner.clients import kube
+    from gpuspawner.hub.accounting import AccountingRecorder
+
+    from .test_accounting import FakeApi
+
+    store = UsageStore(f"sqlite:///{tmp_path / 'usage.sqlite'}")
+    state = hubstate.HubState()
+
+    def create():
+        return AccountingRecorder(lambda: store, kube.Reader(), "jupyterhub", api=FakeApi())
+
+    recorder = state.accounting(create)
+    assert state.accounting(create) is recorder  # created once
+    assert state.recorder is recorder
+    assert await recorder.wait_reconciled(30)  # at once, on start (the store migrated first)
+    await state.close()
+    assert state.recorder is None
+    assert recorder._task.done()
+    with pytest.raises(RuntimeError):  # its worker is shut down, the store closed
+        await recorder.call(lambda s: None)

@@ -276,3 +276,30 @@ async def test_a_forbidden_watch_event_is_a_missing_permission(caplog):
         await reflector.stop()
     watches = [kw for kind, kw in api.calls if kind == "nodes" and kw.get("watch")]
     assert len(watches) == 1  # not retried
+
+
+async def test_pod_listeners_get_every_listed_pod_and_every_event_and_cannot_break_the_watch():
+    nodes, pods = items("recorded-nodes.json"), items("recorded-pods.json")
+    bound = next(p for p in pods if p["metadata"]["name"] == "bound-2xa100")
+    gone = copy.deepcopy(bound)
+    gone["metadata"]["resourceVersion"] = "103"
+    api = ScriptedApi(
+        nodes, pods, pod_watches=[Response(200, lines=[{"type": "DELETED", "object": gone}])]
+    )
+    reflector = InventoryReflector(api, namespace="jupyterhub", page_size=2)
+    seen = []
+    reflector.add_pod_listener(lambda kind, pod: seen.append((kind, pod["metadata"]["name"])))
+
+    def broken(kind, pod):
+        raise ValueError("a listener's bug")
+
+    reflector.add_pod_listener(broken)
+    reflector.start()
+    try:
+        await settle(reflector, lambda: reflector.pods_watch.events == 1)
+    finally:
+        await reflector.stop()
+    # Every pod of the list (GPU or not: the listener decides), then the watch's events,
+    # with the pod's last state; the broken listener changed nothing.
+    assert seen == [("LISTED", p["metadata"]["name"]) for p in pods] + [("DELETED", "bound-2xa100")]
+    assert "default/bound-2xa100" not in reflector.inventory.pods
