@@ -13,6 +13,13 @@ USER_SERVICE_NAME = "gpuspawner"
 AVAILABILITY_PATH = "availability"
 #: Where the user service serves a user's own stop notices, under its prefix.
 STOP_NOTICES_PATH = "stop-notices"
+#: Where the user service keeps a user's server on request ("Keep for 1 h"), under its prefix.
+KEEP_PATH = "keep"
+#: The culler's service name (URL prefix /services/gpuspawner-culler/), which the user
+#: service forwards a keep to.
+CULLER_SERVICE_NAME = "gpuspawner-culler"
+#: The culler's keep API, under its base URL.
+CULLER_KEEP_API = "api/keep"
 
 
 def access_scope(service: str = USER_SERVICE_NAME) -> str:

@@ -7,7 +7,11 @@ nothing here: GPUSpawner puts the server's own notice above its options form.
 
 The lines read only what the hub already holds: each server's stop notice from
 its saved state (:data:`gpuspawner.core.stopreasons.STATE_KEY`), and the culler's
-warning from the running server's pod as the hub's pod watch last saw it.
+warning from the running server's pod as the hub's pod watch last saw it. A
+warning the user may answer by keeping the server carries the culler's choices
+as buttons ("Keep for 1 h"), links to the gpuspawner service's keep page
+(:mod:`gpuspawner.userservice.keep`), or the culler's sentence saying why it
+cannot be kept.
 """
 
 from __future__ import annotations
@@ -16,10 +20,13 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from markupsafe import Markup
 
 from ..core import stopreasons
+from ..core.endpoints import KEEP_PATH, USER_SERVICE_NAME
+from ..core.keep import keep_label
 
 #: GPUSpawner's templates (``home.html``), for ``c.JupyterHub.template_paths``.
 TEMPLATE_PATH = str(Path(__file__).parent / "templates")
@@ -37,6 +44,29 @@ def notice_paragraph(html: Markup | str, kind: str = "stopped") -> Markup:
     return Markup('<p class="alert {} gpuspawner-{}" role="status">{}</p>').format(css, kind, html)
 
 
+def keep_url(base_url: str) -> str:
+    """The gpuspawner service's keep page under the hub's ``base_url`` (``/``)."""
+    return f"{base_url.rstrip('/')}/services/{USER_SERVICE_NAME}/{KEEP_PATH}"
+
+
+def keep_controls(warning: stopreasons.CullWarning, url: str) -> Markup:
+    """The warning's keep buttons (links to ``url`` with the server and seconds), or why not.
+
+    Empty when the culler offers no choice and says nothing (a deadline: nothing can keep it).
+    """
+    if warning.keep_refused:
+        return Markup(' <span class="gpuspawner-keep-refused">{}</span>').format(
+            warning.keep_refused
+        )
+    buttons = [
+        Markup('<a class="btn btn-xs btn-default gpuspawner-keep" href="{}?{}">{}</a>').format(
+            url, urlencode({"server": warning.server, "seconds": int(seconds)}), keep_label(seconds)
+        )
+        for seconds in warning.keep_choices
+    ]
+    return Markup(" ") + Markup(" ").join(buttons) if buttons else Markup("")
+
+
 def _saved_notice(orm_spawner: Any) -> stopreasons.StopNotice | None:
     state = getattr(orm_spawner, "state", None)
     if not isinstance(state, dict):
@@ -49,6 +79,7 @@ def user_notices(user: Any) -> list[Markup]:
     """The HTML lines for ``user`` (JupyterHub's User): stop notices, then cull warnings."""
     lines: list[Markup] = []
     warnings: list[Markup] = []
+    url = keep_url((getattr(user, "settings", None) or {}).get("base_url", "/"))
     loaded = getattr(user, "spawners", {}) or {}
     for name, orm_spawner in sorted(user.orm_user.orm_spawners.items()):
         # .get: reading must not create a spawner for every stopped server.
@@ -56,7 +87,8 @@ def user_notices(user: Any) -> list[Markup]:
         if spawner is not None and (spawner.active or spawner.ready):
             warning = getattr(spawner, "cull_warning", lambda: None)()
             if warning is not None:
-                warnings.append(notice_paragraph(stopreasons.warning_html(warning), "warning"))
+                html = stopreasons.warning_html(warning) + keep_controls(warning, url)
+                warnings.append(notice_paragraph(html, "warning"))
             continue
         notice = _saved_notice(orm_spawner)
         if notice is not None:

@@ -7,7 +7,9 @@ pods (:class:`~gpuspawner.inventory.reflectors.InventoryReflector`, with the
 hub's service account: nodes cluster-wide, pods of the hub's namespace only
 unless the hub counts every namespace, c.GPUSpawner.gpu_inventory_all_namespaces)
 and reads the hub's catalog file, re-read when it changes. It holds no hub
-API scope of its own.
+API scope of its own: it forwards a user's keep to the culler with its own
+token, which the culler accepts from the services in its ``keep_services``
+(:mod:`~gpuspawner.userservice.keep`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 import os
 from typing import Any
 
-from traitlets import Bool, Dict, List, default
+from traitlets import Bool, Dict, List, Unicode, default
 from traitlets.config import Application, catch_config_error
 
 from ..clients import kube
@@ -33,6 +35,8 @@ from . import SERVICE_NAME
 PLACEMENT_ENV = "GPUSPAWNER_PLACEMENT"
 #: The variable an inline catalog (c.GPUSpawner.catalog) is passed in (JSON).
 CATALOG_JSON_ENV = "GPUSPAWNER_CATALOG_JSON"
+#: The variable the hub configuration passes the culler's base URL in (the culler's service url).
+CULLER_URL_ENV = "GPUSPAWNER_CULLER_URL"
 #: The variable that says whether the hub counts pods of every namespace ("1") or of
 #: its own ("0"): c.GPUSpawner.gpu_inventory_all_namespaces, which the service follows.
 ALL_NAMESPACES_ENV = "GPUSPAWNER_ALL_NAMESPACES"
@@ -59,7 +63,7 @@ def _placement_from_env() -> dict[str, Any]:
 class UserService(ServiceEndpointSettings, CatalogFileSettings, KubernetesSettings, Application):
     name = SERVICE_NAME
     default_port = 10103
-    description = "The user-facing gpuspawner service (live GPU figures for the spawn form)."
+    description = "The user-facing gpuspawner service (live GPU figures for the spawn form, keeping a server)."
 
     @default("log_level")
     def _default_log_level(self):
@@ -100,6 +104,14 @@ class UserService(ServiceEndpointSettings, CatalogFileSettings, KubernetesSettin
     @default("all_namespaces")
     def _default_all_namespaces(self):
         return all_namespaces_from_env(os.environ.get(ALL_NAMESPACES_ENV))
+
+    culler_url = Unicode(
+        help="The culler's base URL as this service reaches it, where a user's keep is forwarded (POST api/keep). Default: $GPUSPAWNER_CULLER_URL, which the hub configuration sets from the culler's service url. Empty: servers cannot be kept from the home page."
+    ).tag(config=True)
+
+    @default("culler_url")
+    def _default_culler_url(self):
+        return os.environ.get(CULLER_URL_ENV, "")
 
     aliases = {
         "ip": "UserService.ip",
@@ -211,11 +223,13 @@ def handlers(service: UserService, prefix: str) -> list[tuple]:
     from jupyterhub.utils import url_path_join
 
     from .availability import AVAILABILITY_PATH, AvailabilityHandler
+    from .keep import KEEP_PATH, KeepHandler
     from .stopnotices import STOP_NOTICES_PATH, StopNoticesHandler
 
     return [
         (url_path_join(prefix, AVAILABILITY_PATH), AvailabilityHandler, {"service": service}),
         (url_path_join(prefix, STOP_NOTICES_PATH), StopNoticesHandler),
+        (url_path_join(prefix, KEEP_PATH), KeepHandler, {"service": service}),
         (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
     ]
 

@@ -13,7 +13,11 @@ the hub's ``user`` role, its access scope and what the ``/stop-notices``
 endpoint reads with the user's own token: their own servers with their state
 (:data:`~gpuspawner.userservice.stopnotices.USER_SCOPES`, also the scopes of
 the service's OAuth tokens). The service itself gets no role: it holds no
-scope on any user. It gets what it must agree with the hub on, read from the
+scope on any user. When the config runs gpuspawner-culler (added before it, as
+:func:`gpuspawner.setup` does), its environment gets the culler's URL: it
+forwards a user's "Keep for 1 h" there with its own token, which needs no
+scope (the culler accepts keeps from the services in its ``keep_services``,
+for the user they name). It gets what it must agree with the hub on, read from the
 same config: the catalog, the pod placement (node selector and tolerations
 every server pod gets, which the figures count with) and whether pods of
 every namespace count (through the environment, so that it follows the hub's
@@ -30,9 +34,22 @@ from typing import Any
 
 from traitlets.config import Config
 
-from ..core.hubconfig import add_missing, grant_user_scopes, named_entry, spawner_setting
+from ..core.endpoints import CULLER_SERVICE_NAME
+from ..core.hubconfig import (
+    add_missing,
+    entries,
+    grant_user_scopes,
+    named_entry,
+    spawner_setting,
+)
 from . import SERVICE_NAME, access_scope
-from .app import ALL_NAMESPACES_DEFAULT, ALL_NAMESPACES_ENV, CATALOG_JSON_ENV, PLACEMENT_ENV
+from .app import (
+    ALL_NAMESPACES_DEFAULT,
+    ALL_NAMESPACES_ENV,
+    CATALOG_JSON_ENV,
+    CULLER_URL_ENV,
+    PLACEMENT_ENV,
+)
 from .stopnotices import USER_SCOPES
 
 #: What the hub passes on from its own environment: the cluster and the namespace.
@@ -45,9 +62,20 @@ def passed_on(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return {key: environ[key] for key in PASSED_ON if key in environ}
 
 
+def culler_url(c: Config) -> str:
+    """The culler's service url in the config so far; "" when it runs no culler."""
+    for entry in entries(c.JupyterHub, "services"):
+        if entry.get("name") == CULLER_SERVICE_NAME:
+            return str(entry.get("url") or "")
+    return ""
+
+
 def service_environment(c: Config, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The service's variables: catalog, placement, and the cluster's address from the hub's."""
+    """The service's variables: catalog, placement, the culler's URL, and the cluster's address."""
     env = passed_on(environ)
+    culler = culler_url(c)
+    if culler:
+        env[CULLER_URL_ENV] = culler
     catalog_file = spawner_setting(c, "catalog_file", "")
     if catalog_file:
         env["GPUSPAWNER_CATALOG"] = str(catalog_file)

@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from gpuspawner_jupyterlab.warning import BAD_SECONDS, NO_CULLER
 
 from ..conftest import REPO
 from ..culler.hubtools import (
@@ -151,20 +152,33 @@ HOSTILE = '<img src=x onerror="document.title=1">'
 
 
 class StandInCuller:
-    """``/services/gpuspawner-culler/api/gpu-status`` answering what the test sets."""
+    """``/services/gpuspawner-culler/api/gpu-status`` answering what the test sets; also
+    ``/api/warning`` (``warning``, once set) and ``POST /api/keep`` (``keep``)."""
 
     def __init__(self):
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.code, self.answer, self.asked = 200, {"poll_seconds": 5, "servers": []}, []
+        self.warning = None
+        self.keep, self.kept = (200, {}), []
         culler = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
+                if self.path.endswith("/api/warning") and culler.warning is not None:
+                    return self.reply(200, culler.warning)
                 culler.asked.append((self.path, self.headers.get("Authorization")))
-                body = json.dumps(culler.answer).encode()
-                self.send_response(culler.code)
+                self.reply(culler.code, culler.answer)
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                culler.kept.append((self.path, self.headers.get("Authorization"), body))
+                self.reply(*culler.keep)
+
+            def reply(self, code, answer):
+                body = json.dumps(answer).encode()
+                self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()
                 self.wfile.write(body)
@@ -423,3 +437,118 @@ def poll_until(predicate, what: str, timeout: float = 60) -> None:
             return
         time.sleep(0.3)
     raise AssertionError(f"never saw {what}")
+
+
+# --- "Keep for 1 h": /gpuspawner/keep against the stand-in culler ---------------------
+
+
+def lab_post(base: str, path: str, body, headers=None) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(
+        base + path,
+        data=data,
+        headers={"Authorization": f"token {LAB_TOKEN}", **(headers or {})},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def test_keep_asks_the_culler_for_this_server_with_its_own_token(stand_in_lab):
+    base, culler = stand_in_lab
+    until = time.time() + 3600
+    culler.keep = (200, {"status": 200, "message": "Kept.", "keep_until": until})
+    culler.kept.clear()
+    code, answer = lab_post(base, "gpuspawner/keep", {"seconds": 3600, "server": "other"})
+    assert code == 200, answer
+    assert answer["until"] == until and answer["message"].startswith("Kept until ")
+    ((path, authorization, body),) = culler.kept
+    assert path == f"/services/{CULLER_SERVICE}/api/keep"
+    assert authorization == f"token {SERVER_TOKEN}"
+    # this server, whatever the request named
+    assert json.loads(body) == {"server": "", "seconds": 3600}
+
+
+@pytest.mark.parametrize("body", [{"seconds": "3600"}, {"seconds": True}, {"seconds": 0}, {}, b"<"])
+def test_a_forged_duration_is_refused_with_one_sentence_and_not_forwarded(stand_in_lab, body):
+    base, culler = stand_in_lab
+    culler.kept.clear()
+    assert lab_post(base, "gpuspawner/keep", body) == (400, {"message": BAD_SECONDS})
+    assert culler.kept == []
+
+
+def test_the_cullers_refusal_is_passed_on_and_its_failure_is_one_sentence(stand_in_lab):
+    base, culler = stand_in_lab
+    refused = "Its GPUs are wanted by users waiting for them: it cannot be kept."
+    culler.keep = (409, {"status": 409, "message": refused, "keep_until": None})
+    assert lab_post(base, "gpuspawner/keep", {"seconds": 3600}) == (409, {"message": refused})
+    culler.keep = (500, {"message": "Traceback (most recent call last):"})
+    assert lab_post(base, "gpuspawner/keep", {"seconds": 3600}) == (502, {"message": NO_CULLER})
+
+
+def test_a_keep_posted_with_the_login_cookie_needs_the_xsrf_token(stand_in_lab):
+    import http.cookiejar
+
+    base, culler = stand_in_lab
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    opener.open(f"{base}lab?token={LAB_TOKEN}", timeout=60).close()  # the login cookie
+    culler.kept.clear()
+    request = urllib.request.Request(f"{base}gpuspawner/keep", data=b'{"seconds": 3600}')
+    with pytest.raises(urllib.error.HTTPError) as e:
+        opener.open(request, timeout=30)
+    assert e.value.code == 403
+    assert culler.kept == []
+
+
+def test_jupyterlab_keeps_the_server_from_its_warning(stand_in_lab, browser):  # noqa: F811
+    base, culler = stand_in_lab
+    now = time.time()
+    warning = {
+        "user": USER,
+        "server": "",
+        "reason": "idle",
+        "why": "it has been idle",
+        "keep": "To keep it, use it before then (run a cell or a terminal command).",
+        "warned_at": now,
+        "cull_at": now + 600,
+        "keep_choices": [3600.0, 14400.0],
+        "keep_refused": "",
+    }
+    culler.warning = {"user": USER, "warnings": [warning]}
+    until = now + 3600
+    culler.keep = (200, {"status": 200, "message": "Kept.", "keep_until": until})
+    culler.kept.clear()
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(f"{base}lab?token={LAB_TOKEN}")
+        toast = page.get_by_text("This server will be stopped at")
+        toast.first.wait_for(timeout=120_000)
+        assert page.get_by_role("button", name="Keep for 4 h").count() == 1
+        page.get_by_role("button", name="Keep for 1 h").click()
+        clock = page.evaluate(
+            "t => new Date(t * 1000).toLocaleTimeString([], {hour: '2-digit', minute: '2-digit'})",
+            until,
+        )
+        page.get_by_text(f"Kept until {clock}.").first.wait_for(timeout=30_000)
+        ((_, authorization, body),) = culler.kept
+        assert json.loads(body) == {"server": "", "seconds": 3600}
+        assert authorization == f"token {SERVER_TOKEN}"
+
+        # a warning that cannot be kept: the culler's sentence, as text, and no button
+        culler.warning = {
+            "user": USER,
+            "warnings": [
+                {**warning, "warned_at": now + 1, "keep_choices": [], "keep_refused": HOSTILE}
+            ],
+        }
+        page.reload()
+        page.get_by_text(HOSTILE, exact=False).first.wait_for(timeout=120_000)
+        assert page.get_by_role("button", name="Keep for 1 h").count() == 0
+        assert page.evaluate("document.title") != "1"
+    finally:
+        culler.warning = None
+        context.close()

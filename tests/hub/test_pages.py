@@ -121,3 +121,47 @@ def test_every_hostile_string_of_a_notice_is_text_on_the_page(name, value):
     for line in lines:
         assert isinstance(line, Markup)
         assert_escaped(str(line), value[: stopreasons.MAX_TEXT])
+
+
+class SettingsUser(User):
+    def __init__(self, warning, base_url="/jhub/"):
+        super().__init__({"run": OrmSpawner("run", {})}, {"run": Spawner(True, warning)})
+        self.settings = {"base_url": base_url}
+
+
+def test_a_warning_offers_the_cullers_keep_choices_as_buttons_to_the_keep_page():
+    warning = stopreasons.CullWarning("idle", AT, server="run", keep_choices=(3600.0, 14400.0))
+    (line,) = hubpages.user_notices(SettingsUser(warning))
+    assert line.count("gpuspawner-keep") == 2
+    assert '<a class="btn btn-xs btn-default gpuspawner-keep" ' in line
+    assert (
+        'href="/jhub/services/gpuspawner/keep?server=run&amp;seconds=3600">Keep for 1 h</a>' in line
+    )
+    assert 'seconds=14400">Keep for 4 h</a>' in line
+
+
+def test_a_refused_keep_shows_the_cullers_sentence_and_no_button():
+    refused = "Its GPUs are wanted by users waiting for them: it cannot be kept."
+    warning = stopreasons.CullWarning(
+        "pressure", AT, server="run", keep_choices=(3600.0,), keep_refused=refused
+    )
+    (line,) = hubpages.user_notices(SettingsUser(warning))
+    assert "gpuspawner-keep-refused" in line and refused in line
+    assert "Keep for" not in line
+
+
+def test_a_deadline_warning_has_no_keep_at_all():
+    warning = stopreasons.CullWarning("max-age", AT, server="run")
+    (line,) = hubpages.user_notices(SettingsUser(warning, base_url="/"))
+    assert "gpuspawner-keep" not in line
+
+
+@pytest.mark.parametrize(("name", "value"), PAYLOADS, ids=[n for n, _ in PAYLOADS])
+def test_every_hostile_string_of_a_keep_is_text_or_a_quoted_query(name, value):
+    # the server name is the user's; keep_refused comes from a pod annotation
+    warning = stopreasons.CullWarning("idle", AT, server=value, keep_choices=(3600.0,))
+    (line,) = hubpages.user_notices(SettingsUser(warning))
+    assert_escaped(str(line), value[: stopreasons.MAX_TEXT])
+    refused = stopreasons.CullWarning("idle", AT, server="run", keep_refused=value)
+    (line,) = hubpages.user_notices(SettingsUser(refused))
+    assert_escaped(str(line), value[: stopreasons.MAX_TEXT])

@@ -112,17 +112,24 @@ def test_users_get_their_own_figures_with_a_token(hub):
     assert sorted(otto["images"]) == ["pytorch"]
 
 
-def test_a_browser_logs_in_to_the_service_through_the_hub(hub):
+def logged_in(hub, name):
+    """An opener with the hub's login cookie for ``name`` (the dummy authenticator), as a
+    browser's: the hub's login form and its XSRF token."""
     from gpuspawner_sandbox.demo import DEMO_PASSWORD
 
-    user_token(hub, "otto")
     opener = urllib.request.build_opener(
         urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
     )
     with opener.open(f"{hub.public_url}/hub/login", timeout=30) as response:
         xsrf = re.search(r'name="_xsrf" value="([^"]+)"', response.read().decode()).group(1)
-    body = urllib.parse.urlencode({"username": "otto", "password": DEMO_PASSWORD, "_xsrf": xsrf})
+    body = urllib.parse.urlencode({"username": name, "password": DEMO_PASSWORD, "_xsrf": xsrf})
     opener.open(f"{hub.public_url}/hub/login", body.encode(), timeout=30).close()
+    return opener
+
+
+def test_a_browser_logs_in_to_the_service_through_the_hub(hub):
+    user_token(hub, "otto")
+    opener = logged_in(hub, "otto")
     # the form's fetch (as the browser marks it): redirected through the hub's OAuth
     # (no confirmation page) and back, then answered on the service's cookie alone
     fetch = {

@@ -11,6 +11,7 @@ from gpuspawner.userservice import SERVICE_NAME
 from gpuspawner.userservice.app import (
     ALL_NAMESPACES_ENV,
     CATALOG_JSON_ENV,
+    CULLER_URL_ENV,
     PLACEMENT_ENV,
     UserService,
 )
@@ -147,3 +148,20 @@ def test_a_sub_config_keeps_the_parents_services_and_roles(tmp_path):
         "gpuspawner",
     ]
     assert [r["name"] for r in final(c.JupyterHub.load_roles)] == ["tester", "user"]
+
+
+def test_the_service_is_told_where_the_culler_is_and_gets_no_role_for_it(monkeypatch):
+    """Keeps go to the culler's own url with the service's token, which needs no scope."""
+    c = Config()
+    c.JupyterHub.services.append({"name": "gpuspawner-culler", "url": "http://hub:10101"})
+    entry = add_service(c, environ={})
+    assert entry["environment"][CULLER_URL_ENV] == "http://hub:10101"
+    roles = final(c.JupyterHub.load_roles)
+    assert not any(r.get("services") for r in roles), roles
+    monkeypatch.setenv(CULLER_URL_ENV, entry["environment"][CULLER_URL_ENV])
+    service = UserService()
+    service.initialize([])
+    assert service.culler_url == "http://hub:10101"
+    # no culler in the config: nothing to forward to, and the service says so when asked
+    alone = add_service(Config(), environ={})
+    assert CULLER_URL_ENV not in alone["environment"]

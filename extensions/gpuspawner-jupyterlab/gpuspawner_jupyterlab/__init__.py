@@ -3,7 +3,8 @@
 The server part (``/gpuspawner/warning`` and ``/gpuspawner/gpu-status`` on this
 server) asks the culler's ``/api/warning`` and ``/api/gpu-status`` with the
 server's own hub token; the lab part polls them, shows a JupyterLab
-notification once per warning, and a status-bar item (with a panel of the last
+notification once per warning (with the culler's "Keep for 1 h" choices, posted
+to ``/gpuspawner/keep`` and forwarded to its ``/api/keep``), and a status-bar item (with a panel of the last
 hour) for this server's GPUs.
 """
 

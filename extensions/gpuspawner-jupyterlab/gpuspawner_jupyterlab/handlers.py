@@ -1,7 +1,10 @@
-"""This server's cull warning and GPU load, asked of the culler (the I/O part).
+"""This server's cull warning and GPU load, asked of the culler, and its keep (the I/O part).
 
 ``GET /gpuspawner/warning`` and ``GET /gpuspawner/gpu-status``: each asks the
 culler with the server's own hub token and answers JupyterLab.
+``POST /gpuspawner/keep`` (``{"seconds": 3600}``, JupyterLab's XSRF header):
+"Keep for 1 h" on the warning, forwarded to the culler's ``/api/keep`` for this
+server, with its token; the culler decides whether it may be kept.
 """
 
 from __future__ import annotations
@@ -14,7 +17,17 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from .gpustatus import GpuStatus, gpu_status_url, status_answer
-from .warning import CullWarning, this_servers_warning, warning_url
+from .warning import (
+    BAD_SECONDS,
+    NO_CULLER,
+    NOT_CONFIGURED,
+    CullWarning,
+    keep_answer,
+    keep_seconds,
+    keep_url,
+    this_servers_warning,
+    warning_url,
+)
 
 
 async def ask(where: CullWarning, url: str):
@@ -120,6 +133,57 @@ class GpuStatusHandler(APIHandler):
         return None, True
 
 
+class KeepHandler(APIHandler):
+    """``POST {"seconds": 3600}``: keep this server that long, if the culler agrees.
+
+    Answers ``{"until": epoch, "message": "Kept until 15:02 UTC."}``, or the
+    culler's refusal (its status and sentence), or 502 when it cannot be asked.
+    A click is the user's doing: it counts as activity, as any request does.
+    """
+
+    @web.authenticated
+    async def post(self):
+        where: CullWarning = self.settings["gpuspawner_cull_warning"]
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except ValueError:
+            body = None
+        seconds = keep_seconds(body)
+        if seconds is None:
+            return self._answer(400, {"message": BAD_SECONDS})
+        if not (where.culler_url and where.api_token):
+            return self._answer(503, {"message": NOT_CONFIGURED})
+        url = keep_url(where.culler_url)
+        try:
+            response = await AsyncHTTPClient().fetch(
+                url,
+                method="POST",
+                body=json.dumps({"server": where.server_name, "seconds": seconds}),
+                headers={
+                    "Authorization": f"token {where.api_token}",
+                    "Content-Type": "application/json",
+                },
+                request_timeout=where.timeout,
+                follow_redirects=False,
+                raise_error=False,
+            )
+        except (HTTPClientError, OSError) as e:
+            self.log.warning(
+                "gpuspawner-jupyterlab: could not ask %s to keep this server: %s", url, e
+            )
+            return self._answer(502, {"message": NO_CULLER})
+        status, answer = keep_answer(response.code, response.body)
+        self.log.info(
+            "gpuspawner-jupyterlab: keep for %d s: %d %r", seconds, status, answer["message"]
+        )
+        self._answer(status, answer)
+
+    def _answer(self, status: int, answer: dict) -> None:
+        self.set_status(status)
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(answer))
+
+
 def setup_handlers(serverapp) -> None:
     config = CullWarning(parent=serverapp)
     web_app = serverapp.web_app
@@ -131,6 +195,7 @@ def setup_handlers(serverapp) -> None:
         [
             (url_path_join(base, "gpuspawner", "warning"), WarningHandler),
             (url_path_join(base, "gpuspawner", "gpu-status"), GpuStatusHandler),
+            (url_path_join(base, "gpuspawner", "keep"), KeepHandler),
         ],
     )
     if not config.culler_url:

@@ -1,7 +1,9 @@
 // The JupyterLab half of gpuspawner's cull warning and GPU load: poll this
 // server's /gpuspawner/warning and /gpuspawner/gpu-status (the server extension
 // asks gpuspawner-culler with the server's own hub token), show one
-// notification per warning and a status-bar item for this server's GPUs.
+// notification per warning and a status-bar item for this server's GPUs. The
+// warning's "Keep for 1 h" buttons post to /gpuspawner/keep (forwarded to the
+// culler's /api/keep with the same token).
 import { Notification } from '@jupyterlab/apputils';
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
@@ -21,6 +23,30 @@ export function warningMessage(warning) {
   return `This server will be stopped at ${at} because ${warning.why}. ${warning.keep}`;
 }
 
+/** A keep choice's button text: "Keep for 1 h", "Keep for 90 min". */
+export function keepLabel(seconds) {
+  seconds = Math.floor(seconds);
+  if (seconds >= 3600 && seconds % 3600 === 0) {
+    return `Keep for ${seconds / 3600} h`;
+  }
+  return `Keep for ${Math.max(1, Math.round(seconds / 60))} min`;
+}
+
+/** What the notification says once kept, in the reader's local time as the warning. */
+export function keptMessage(until) {
+  const at = new Date(until * 1000).toLocaleTimeString([], {
+    hour: '2-digit',
+    minute: '2-digit'
+  });
+  return `Kept until ${at}.`;
+}
+
+/** The culler's keep choices (seconds) on a warning: whole positive numbers only. */
+function keepChoices(warning) {
+  const choices = Array.isArray(warning.keep_choices) ? warning.keep_choices : [];
+  return choices.filter(s => typeof s === 'number' && Number.isFinite(s) && s > 0);
+}
+
 const plugin = {
   id: 'gpuspawner-jupyterlab:cull-warning',
   description: 'Shows gpuspawner-culler\'s warning before it stops this server.',
@@ -28,8 +54,62 @@ const plugin = {
   activate: app => {
     const settings = app.serviceManager.serverSettings;
     const url = URLExt.join(settings.baseUrl, 'gpuspawner', 'warning');
+    const keepUrl = URLExt.join(settings.baseUrl, 'gpuspawner', 'keep');
     // warning key -> notification id: one notification per warning, not per poll
     const shown = new Map();
+
+    // warnings already answered by a keep: not shown again while the culler withdraws them
+    const kept = new Set();
+
+    // Ask for the keep; the notification then says until when, or why not (and offers
+    // the choices again).
+    const keep = async (key, id, seconds, actions) => {
+      let answer = null;
+      let ok = false;
+      try {
+        const response = await ServerConnection.makeRequest(
+          keepUrl,
+          { method: 'POST', body: JSON.stringify({ seconds }) },
+          settings
+        );
+        ok = response.ok;
+        answer = await response.json().catch(() => null);
+      } catch (error) {
+        answer = null;
+      }
+      if (ok && answer && typeof answer.until === 'number') {
+        kept.add(key);
+        shown.delete(key); // the next poll must not dismiss the answer
+        Notification.update({
+          id,
+          message: keptMessage(answer.until),
+          type: 'success',
+          autoClose: 10000,
+          actions: []
+        });
+        return;
+      }
+      const message =
+        (answer && typeof answer.message === 'string' && answer.message) ||
+        'The culler did not answer, so this server is not kept; try again in a minute.';
+      Notification.update({ id, message, type: 'error', autoClose: false, actions });
+    };
+
+    const notify = (key, warning) => {
+      // why it cannot be kept replaces how to keep it: a toast shows 140 characters
+      const refused = typeof warning.keep_refused === 'string' ? warning.keep_refused : '';
+      const message = warningMessage(refused ? { ...warning, keep: refused } : warning);
+      let id = null;
+      const actions = keepChoices(warning).map(seconds => ({
+        label: keepLabel(seconds),
+        callback: event => {
+          event.preventDefault(); // the toast stays open for the answer
+          void keep(key, id, seconds, actions);
+        }
+      }));
+      id = Notification.warning(message, { autoClose: false, actions });
+      return id;
+    };
 
     const show = answer => {
       const warning = answer.warning;
@@ -40,8 +120,8 @@ const plugin = {
           shown.delete(old);
         }
       }
-      if (warning && !shown.has(key)) {
-        shown.set(key, Notification.warning(warningMessage(warning), { autoClose: false }));
+      if (warning && !shown.has(key) && !kept.has(key)) {
+        shown.set(key, notify(key, warning));
       }
     };
 
