@@ -41,6 +41,7 @@ from ..clients.settings import (
 )
 from ..core.budgets import current_period
 from ..core.catalog import Catalog, CatalogError, CatalogFile
+from ..core.endpoints import CULLER_KEEP_API
 from ..core.hubconfig import ACCOUNTING_DB_URL_ENV
 from ..core.serverpod import selector
 from ..core.stopreasons import CullWarning
@@ -995,7 +996,7 @@ class GPUCuller(
             (r"/warnings", WarningsHandler),
             (r"/api/warning", WarningHandler),
             (r"/api/gpu-status", GPUStatusHandler),
-            (r"/api/keep", KeepHandler),
+            (r"/" + CULLER_KEEP_API, KeepHandler),
         ]
         if prefix:
             routes += [(prefix + path, handler) for path, handler in list(routes)]

@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 
 from traitlets.config import Config, LazyConfigValue
 
-from ..core.endpoints import access_scope
+from ..core.endpoints import CULLER_SERVICE_NAME, access_scope
 from ..core.hubconfig import (
     ACCOUNTING_DB_URL_ENV,
     accounting_db_url,
@@ -41,7 +41,7 @@ from ..core.hubconfig import (
 )
 
 #: The service's name in the hub configuration (URL prefix /services/gpuspawner-culler/).
-SERVICE_NAME = "gpuspawner-culler"
+SERVICE_NAME = CULLER_SERVICE_NAME
 #: Where it listens in the hub's own host or pod unless told otherwise.
 URL = "http://127.0.0.1:10101"
 #: The least the culler needs (never access:servers or admin):
