@@ -13,6 +13,12 @@ Two ways to get the figures:
 ``--json`` prints the report for scripts; ``--user NAME`` explains the limit
 in effect for that user and the rule it came from, and which catalog images
 they may use (an image may be only for some groups or users).
+
+``gpuspawner usage``: GPU-hours per user, group, GPU type or image over a
+period, read from the usage database the hub records them in (``--db`` or
+``$GPUSPAWNER_ACCOUNTING_DB_URL``): a table, the same rows as CSV (``--csv``),
+or every server's interval (``--intervals``) — the GPU page's usage section
+and its downloads (docs/admin.md).
 """
 
 from __future__ import annotations
@@ -22,12 +28,20 @@ import asyncio
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from urllib.parse import urlencode
 
 from ._version import __version__
-from .admin.report import PoolReport, format_text, report_from_dict
+from .admin.report import PoolReport, format_text, printable, report_from_dict, text_table
+from .admin.usage import (
+    QueryError,
+    database_problem,
+    missing_sqlite_file,
+    parse_query,
+    usage_table,
+)
 
 SERVICE_PATH = "/services/gpuspawner-admin/api/status"
 
@@ -80,6 +94,100 @@ async def fetch_direct(
             await kube.close()
 
 
+USAGE_EPILOG = """\
+Dates are UTC: YYYY-MM-DD (a start at its midnight, an end through the end of that
+day) or YYYY-MM-DDTHH:MM. Examples:
+  gpuspawner usage --since 2026-11-01 --until 2026-11-30 --by group
+  gpuspawner usage --since 2026-11-01 --group ml-team --csv > ml-team.csv
+  gpuspawner usage --since 2026-11-01 --intervals > intervals.csv
+"""
+
+
+def add_usage_parser(commands) -> None:
+    usage = commands.add_parser(
+        "usage",
+        help="GPU-hours per user, group, GPU type or image over a period, from the usage database.",
+        description="GPU-hours per user, group, GPU type or image over a period, read from the "
+        "usage database the hub records them in. Exit status 2 with one sentence when a date, "
+        "grouping or the database cannot be used.",
+        epilog=USAGE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    usage.add_argument("--since", required=True, help="the period's first day or time (UTC)")
+    usage.add_argument(
+        "--until", default="", help="the period's last day (included) or end time (default: now)"
+    )
+    usage.add_argument("--group", default="", help="only servers charged to this group")
+    usage.add_argument(
+        "--by",
+        default="user",
+        help="add up by user, group, gpu_type or image, or several comma-separated (default user)",
+    )
+    usage.add_argument(
+        "--csv", action="store_true", help="print the rows as CSV (the page's usage.csv)"
+    )
+    usage.add_argument(
+        "--intervals",
+        action="store_true",
+        help="print every server's interval in the period as CSV (the page's intervals.csv)",
+    )
+    usage.add_argument(
+        "--db",
+        default=os.environ.get("GPUSPAWNER_ACCOUNTING_DB_URL", ""),
+        help="the usage database's SQLAlchemy URL: the hub's db_url or GPUSpawner."
+        "accounting_db_url (default $GPUSPAWNER_ACCOUNTING_DB_URL)",
+    )
+
+
+def run_usage(args: argparse.Namespace, now: float) -> int:
+    """``gpuspawner usage``: the table, its CSV or the intervals' CSV on stdout."""
+    from .accounting.store import UsageStore
+    from .core.usage import intervals_csv, rows_csv
+
+    if not args.db:
+        print(
+            "gpuspawner usage needs the usage database: pass --db URL (the hub's db_url or "
+            "GPUSpawner.accounting_db_url) or set GPUSPAWNER_ACCOUNTING_DB_URL.",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        query = parse_query(
+            {"since": args.since, "until": args.until, "by": args.by, "group": args.group}, now
+        )
+    except QueryError as e:
+        print(f"gpuspawner usage: {e}", file=sys.stderr)
+        return 2
+    missing = missing_sqlite_file(args.db)
+    if missing:
+        print(f"gpuspawner usage: {missing}", file=sys.stderr)
+        return 2
+    store = None
+    try:
+        store = UsageStore(args.db)
+        if args.intervals:
+            intervals = store.intervals(query.since, query.until, group=query.group)
+            sys.stdout.write(intervals_csv(intervals, query.since, query.until, now))
+            return 0
+        rows = store.summary(query.since, query.until, now, query.by, group=query.group)
+    except Exception as e:  # a bad URL, a missing driver, no tables, a refused connection
+        print(f"gpuspawner usage: {database_problem(args.db, e)}", file=sys.stderr)
+        return 2
+    finally:
+        if store is not None:
+            store.close()
+    if args.csv:
+        sys.stdout.write(rows_csv(rows, query.by))
+        return 0
+    table = usage_table(rows, query.by)
+    lines = [printable(f"GPU usage {query.describe()}, by {', '.join(query.by)}")]
+    lines.append(text_table(list(table.head), [list(r) for r in table.rows] + [list(table.total)]))
+    if not table.rows:
+        lines.append("No GPU usage in this period.")
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpuspawner", description="GPUSpawner's admin commands.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -113,7 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("POD_NAMESPACE", "jupyterhub"),
         help="the notebook pods' namespace, with --catalog (default jupyterhub)",
     )
+    add_usage_parser(commands)
     args = parser.parse_args(argv)
+    if args.command == "usage":
+        return run_usage(args, time.time())
     if not args.token:
         print(
             "gpuspawner status needs an API token: set JUPYTERHUB_API_TOKEN or pass --token.",

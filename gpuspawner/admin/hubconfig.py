@@ -8,7 +8,8 @@ with the deployment's URL and arguments (docs/admin.md); on its own::
 
 It defines the custom scope ``custom:gpuspawner:admin`` (:data:`ADMIN_SCOPE`),
 adds the service ``gpuspawner-admin`` (or completes an entry of that name, as
-zero-to-jupyterhub's ``hub.services`` makes) with the hub's catalog file, and
+zero-to-jupyterhub's ``hub.services`` makes) with the hub's catalog file and
+usage database (:func:`~gpuspawner.core.hubconfig.accounting_environment`), and
 two roles: the service's own (:data:`SERVICE_SCOPES`: read users and servers,
 stop servers; never admin) and the one of those who may see the page
 (:data:`ADMINS_SCOPES`: the hub's admin users and the group ``gpu-admins`` by
@@ -25,6 +26,7 @@ from traitlets.config import Config
 
 from ..core.endpoints import access_scope
 from ..core.hubconfig import (
+    accounting_environment,
     add_missing,
     add_role,
     named_entry,
@@ -80,7 +82,8 @@ def add_admin(
     ``url``: where it listens, and where the proxy routes /services/gpuspawner-admin/.
     ``command_args``: the service's own (``--config=…`` for the culler's Prometheus
     settings, ``--prometheus-url=…``). ``environment``: the service's variables; the
-    hub's catalog file (``c.GPUSpawner.catalog_file``, as set so far) joins them.
+    hub's catalog file (``c.GPUSpawner.catalog_file``, as set so far) and usage
+    database (``$GPUSPAWNER_ACCOUNTING_DB_URL``, unless accounting is off) join them.
     ``ip``: the address to listen on when it differs from ``url``'s host.
     ``users``: who sees the page (None: the hub's admin users as set so far);
     ``groups``: the groups that do (each created empty unless defined).
@@ -99,6 +102,8 @@ def add_admin(
     if catalog_file:
         # limits and GPU type names: the catalog the hub uses
         env["GPUSPAWNER_CATALOG"] = str(catalog_file)
+    # the usage table, its CSV and the idle holders' GPU-hours: the database the hub records in
+    env.update(accounting_environment(c))
     entry["environment"] = {**env, **entry.get("environment", {})}
     add_role(
         c,

@@ -27,7 +27,9 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template, select_autoescape
 
 from ..core.limits import format_units
+from ..core.usage import DIMENSIONS
 from .report import PoolReport, UserRow, format_duration, format_utilisation, type_table
+from .usage import BY_TITLES, HOLDER_HEAD, IdleHolder, UsageQuery, UsageTable, holder_cells
 
 TEMPLATES = Path(__file__).with_name("templates")
 
@@ -99,6 +101,79 @@ def page_view(report: PoolReport) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class UsageSection:
+    """What the service read for the usage section and the idle holders board.
+
+    ``form``: the admin's own inputs, shown back in the form as typed.
+    ``query`` None: the inputs could not be used (``problem`` says why) or
+    there is no usage store. ``table`` None: not read (``problem`` says why).
+    ``holders`` None: the board could not be made (``holders_problem``).
+    """
+
+    form: Mapping[str, str]
+    query: UsageQuery | None = None
+    table: UsageTable | None = None
+    problem: str = ""
+    holders: tuple[IdleHolder, ...] | None = None
+    holders_problem: str = ""
+    groups: tuple[str, ...] = ()  # the groups the filter suggests
+    idle_after: float = 600.0
+    note: str = ""  # why there is no usage table, when that is the configuration (no store)
+
+
+def usage_view(section: UsageSection, page_url: str) -> dict[str, Any]:
+    """What the template shows of the usage section: text, and links made of the query."""
+    query = section.query
+    tabs = []
+    csv: dict[str, str] = {}
+    if query is not None:
+        for by in DIMENSIONS:
+            tabs.append(
+                (
+                    f"by {BY_TITLES[by]}",
+                    query.link(page_url, by=by) + "#usage",
+                    query.by == (by,),
+                )
+            )
+        csv = {
+            "usage": query.link(page_url + "usage.csv"),
+            "intervals": query.link(page_url + "intervals.csv"),
+        }
+    table = section.table
+    return {
+        "usage_form": {
+            "period": section.form.get("period") or (query.period if query else "week"),
+            "since": section.form.get("since", ""),
+            "until": section.form.get("until", ""),
+            "group": section.form.get("group", ""),
+            "by": section.form.get("by") or (",".join(query.by) if query else "user"),
+        },
+        "usage_title": query.describe() if query else "",
+        "usage_tabs": tabs,
+        "usage_csv": csv,
+        "usage_problem": section.problem,
+        "usage_note": section.note,
+        "usage_head": list(table.head) if table else [],
+        "usage_keys": table.keys if table else 0,
+        "usage_rows": table.rows if table else (),
+        "usage_total": table.total if table and table.rows else (),
+        "usage_shown": table is not None,
+        "usage_left_out": (
+            f"The table shows the {len(table.rows):,} rows with the most GPU-hours of "
+            f"{len(table.rows) + table.left_out:,}; the total counts them all, and usage.csv "
+            "has every row."
+        )
+        if table and table.left_out
+        else "",
+        "usage_groups": list(section.groups),
+        "holder_head": list(HOLDER_HEAD),
+        "holders": None if section.holders is None else [holder_cells(h) for h in section.holders],
+        "holders_problem": section.holders_problem,
+        "idle_after": format_duration(section.idle_after),
+    }
+
+
 @cache
 def environment() -> Environment:
     """The admin templates' environment: autoescaped whatever a template is called."""
@@ -125,10 +200,20 @@ def render_page(
     xsrf_token: str,
     refresh_seconds: int = 30,
     notice: str = "",
+    usage: UsageSection | None = None,
+    page_url: str = "",
 ) -> str:
-    """The whole page. ``stop_url`` receives ``user`` and ``server`` by POST."""
+    """The whole page. ``stop_url`` receives ``user`` and ``server`` by POST.
+
+    ``usage``: the usage section and idle holders board (None: not shown);
+    ``page_url``: the page's own path, which the usage form and links ask again.
+    ``refresh_seconds`` 0: no reload (an admin reading usage is not interrupted).
+    """
     context: Mapping[str, Any] = {
         **page_view(report),
+        **(usage_view(usage, page_url) if usage is not None else {}),
+        "usage_section": usage is not None,
+        "page_url": page_url,
         "admin": admin,
         "stop_url": stop_url,
         "xsrf_token": xsrf_token,

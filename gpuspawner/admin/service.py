@@ -4,6 +4,9 @@ Served under the service's prefix (``/services/gpuspawner-admin/``):
 
 - ``GET /`` — the page (HTML, refreshes itself);
 - ``GET /api/status[?user=NAME]`` — the same report as JSON (``gpuspawner status``);
+- ``GET /usage.csv`` and ``GET /intervals.csv`` (the page's usage query: ``period``,
+  ``since``, ``until``, ``by``, ``group``) — the usage rows shown, and every
+  server's interval in the period, for chargeback (docs/admin.md);
 - ``POST /stop`` (``user``, ``server``) — stops a server through the hub's API
   with the service's token (scope ``delete:servers``); the hub logs the DELETE
   and this service logs which admin asked. The outcome is shown once on the
@@ -22,13 +25,16 @@ import json
 import logging
 import os
 import time
+from typing import Any
 
 from traitlets import Bool, Float, Integer, default
 from traitlets.config import Application, catch_config_error
 
+from ..accounting.store import UsageStore
 from ..clients.hubapi import HubClient, HubError
 from ..clients.kube import KubeClient, KubeError, Reader
 from ..clients.settings import (
+    AccountingSettings,
     CatalogFileSettings,
     HubServiceSettings,
     KubernetesSettings,
@@ -37,9 +43,21 @@ from ..clients.settings import (
     ServiceEndpointSettings,
 )
 from ..core import labels, serverpod, stopreasons
+from ..core.catalog import BudgetRules
 from ..core.refusals import shown
+from ..core.usage import UsageRow, intervals_csv, rows_csv
 from .collect import Collector, KubeReader
-from .page import render_page
+from .page import UsageSection, render_page
+from .report import PoolReport
+from .usage import (
+    QueryError,
+    UsageQuery,
+    database_problem,
+    idle_holders,
+    missing_sqlite_file,
+    parse_query,
+    usage_table,
+)
 
 #: The custom scope that lets a user see the page and stop servers from it.
 ADMIN_SCOPE = "custom:gpuspawner:admin"
@@ -65,6 +83,14 @@ CONTENT_SECURITY_POLICY = (
 #: The hub stopped the server (202: stopping, 204: stopped); anything else, it did not.
 STOPPED_STATUSES = (202, 204)
 
+#: Why there is no usage table when no usage database is configured.
+NO_STORE = (
+    "GPU usage is not shown: no usage database is configured "
+    "($GPUSPAWNER_ACCOUNTING_DB_URL or --GPUAdmin.accounting_db_url)."
+)
+#: The page's usage query arguments (admin/usage.py).
+USAGE_ARGUMENTS = ("period", "since", "until", "by", "group")
+
 
 def stop_outcome(label: str, status: int) -> str:
     """The sentence shown after the hub answered ``status`` to a stop of ``label``."""
@@ -84,6 +110,7 @@ class GPUAdmin(
     ServiceConfigFile,
     ServiceEndpointSettings,
     CatalogFileSettings,
+    AccountingSettings,
     HubServiceSettings,
     KubernetesSettings,
     PrometheusSettings,
@@ -110,6 +137,20 @@ class GPUAdmin(
     cache_seconds = Float(
         10,
         help="A report is reused for this many seconds, so several admins' pages cost one listing.",
+    ).tag(config=True)
+
+    usage_page_rows = Integer(
+        5000,
+        help="The usage table on the page shows at most this many rows, those with the most GPU-hours (its total and usage.csv count them all): 5,000 users fit; by user and image, say, a page of 100,000 rows would not render in a browser in reasonable time.",
+    ).tag(config=True)
+
+    idle_after = Float(
+        600,
+        help="The idle holders board lists GPU servers with no activity the hub recorded for at least this many seconds (and GPUs under idle_busy_threshold where Prometheus gives a figure).",
+    ).tag(config=True)
+    idle_busy_threshold = Float(
+        5.0,
+        help="A server's GPUs count as busy, and it is not an idle holder, at or above this utilisation in percent over the last 5 minutes (the culler's gpu_busy_threshold; give them the same).",
     ).tag(config=True)
 
     aliases = {
@@ -150,6 +191,96 @@ class GPUAdmin(
             cache_seconds=self.cache_seconds,
             log=self.log,
         )
+        self.usage_store = None
+        self.usage_problem = ""
+        self._week: tuple[float, float, dict] | None = None
+        if self.accounting_db_url:
+            try:
+                self.usage_store = UsageStore(self.accounting_db_url)
+            except Exception as e:  # a URL SQLAlchemy cannot use: the page says so
+                self.usage_problem = database_problem(self.accounting_db_url, e)
+                self.log.error("%s", self.usage_problem)
+
+    def budget_rules(self) -> BudgetRules | None:
+        """The catalog's budget rules (their week and month are the page's), or the defaults."""
+        catalog, _ = self.collector.catalog()
+        return catalog.limits.gpu_hours if catalog is not None else None
+
+    async def read_store(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """A store method run off the event loop; a failure becomes :class:`QueryError`'s sentence."""
+        missing = missing_sqlite_file(self.accounting_db_url)
+        if missing:
+            raise QueryError(missing)
+        try:
+            return await asyncio.to_thread(getattr(self.usage_store, method), *args, **kwargs)
+        except Exception as e:  # any driver or SQL error: one sentence, on the page and logged
+            problem = database_problem(self.accounting_db_url, e)
+            self.log.warning("%s", problem)
+            raise QueryError(problem) from None
+
+    async def usage_query(self, args: dict[str, str], now: float) -> UsageQuery:
+        """The admin's query, or :class:`QueryError` (also when there is no store)."""
+        if self.usage_store is None:
+            raise QueryError(self.usage_problem or NO_STORE)
+        return parse_query(args, now, self.budget_rules())
+
+    async def week_by_user(self, now: float) -> dict[str, UsageRow]:
+        """This week's rows by user (for the idle holders), reused for ``cache_seconds``."""
+        query = parse_query({"period": "week"}, now, self.budget_rules())
+        if self._week and self._week[1] == query.since and now - self._week[0] < self.cache_seconds:
+            return self._week[2]
+        rows = await self.read_store("summary", query.since, now, now, ("user",))
+        week = {row.key[0]: row for row in rows}
+        self._week = (now, query.since, week)
+        return week
+
+    async def usage_section(
+        self, args: dict[str, str], report: PoolReport
+    ) -> tuple[UsageSection, bool]:
+        """The page's usage section and idle holders board; (section, whether the query was good)."""
+        now = time.time()
+        catalog, _ = self.collector.catalog()
+        groups = sorted({g for u in report.users for g in u.groups or ()})
+        holders_problem, week = "", None
+        if self.usage_store is not None:
+            try:
+                week = await self.week_by_user(now)
+            except QueryError as e:
+                holders_problem = f"GPU-hours this week are not shown: {e}"
+        holders = tuple(
+            idle_holders(
+                report,
+                week,
+                idle_after=self.idle_after,
+                busy_threshold=self.idle_busy_threshold / 100,
+            )
+        )
+        common = dict(
+            form=args,
+            holders=holders,
+            holders_problem=holders_problem,
+            groups=tuple(groups),
+            idle_after=self.idle_after,
+        )
+        if self.usage_store is None:
+            note = self.usage_problem or NO_STORE
+            return UsageSection(note=note, **common), True
+        try:
+            query = await self.usage_query(args, now)
+        except QueryError as e:
+            return UsageSection(problem=str(e), **common), False
+        try:
+            rows = await self.read_store(
+                "summary", query.since, query.until, now, query.by, group=query.group
+            )
+        except QueryError as e:
+            return UsageSection(query=query, problem=str(e), **common), True
+        table = usage_table(rows, query.by, catalog, limit=self.usage_page_rows)
+        return UsageSection(query=query, table=table, **common), True
+
+    def close_store(self) -> None:
+        if self.usage_store is not None:
+            self.usage_store.close()
 
     def web_app(self):
         return make_app(self)
@@ -248,7 +379,11 @@ def make_app(admin: GPUAdmin):
         async def get(self):
             report = await admin.collector.report()
             notice = self.take_notice()
+            args = usage_arguments(self)
+            usage, good = await admin.usage_section(args, report)
             self.set_header("Cache-Control", "no-store")
+            if not good:
+                self.set_status(400)
             self.write(
                 render_page(
                     report,
@@ -257,10 +392,52 @@ def make_app(admin: GPUAdmin):
                     xsrf_token=self.xsrf_token.decode()
                     if isinstance(self.xsrf_token, bytes)
                     else self.xsrf_token,
-                    refresh_seconds=admin.refresh_seconds,
+                    # an admin choosing a period is not interrupted by a reload
+                    refresh_seconds=0 if args else admin.refresh_seconds,
                     notice=notice,
+                    usage=usage,
+                    page_url=prefix,
                 )
             )
+
+    class CSVHandler(Base):
+        """``usage.csv`` (the rows the page shows) and ``intervals.csv`` (every interval)."""
+
+        kind = "usage"
+
+        async def csv(self, query: UsageQuery, now: float) -> str:
+            rows = await admin.read_store(
+                "summary", query.since, query.until, now, query.by, group=query.group
+            )
+            return rows_csv(rows, query.by)
+
+        @web.authenticated
+        async def get(self):
+            now = time.time()
+            self.set_header("Cache-Control", "no-store")
+            try:
+                query = await admin.usage_query(usage_arguments(self), now)
+                body = await self.csv(query, now)
+            except QueryError as e:
+                self.set_status(400 if admin.usage_store is not None else 404)
+                self.set_header("Content-Type", "text/plain; charset=utf-8")
+                self.finish(f"{e}\n")
+                return
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            # the name holds only [a-z0-9.-] (UsageQuery.filename): nothing to quote
+            self.set_header(
+                "Content-Disposition", f'attachment; filename="{query.filename(self.kind)}"'
+            )
+            self.finish(body)
+
+    class IntervalsCSVHandler(CSVHandler):
+        kind = "intervals"
+
+        async def csv(self, query: UsageQuery, now: float) -> str:
+            intervals = await admin.read_store(
+                "intervals", query.since, query.until, group=query.group
+            )
+            return intervals_csv(intervals, query.since, query.until, now)
 
     class StatusHandler(Base):
         @web.authenticated
@@ -316,11 +493,22 @@ def make_app(admin: GPUAdmin):
         [
             (prefix, PageHandler),
             (url_path_join(prefix, "api/status"), StatusHandler),
+            (url_path_join(prefix, "usage.csv"), CSVHandler),
+            (url_path_join(prefix, "intervals.csv"), IntervalsCSVHandler),
             (url_path_join(prefix, "stop"), StopHandler),
             (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
         ],
         cookie_secret=os.urandom(32),
     )
+
+
+def usage_arguments(handler) -> dict[str, str]:
+    """The usage query's arguments a request gave (the last of each), as typed."""
+    return {
+        name: handler.get_argument(name, strip=False)
+        for name in USAGE_ARGUMENTS
+        if handler.get_argument(name, None) is not None
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

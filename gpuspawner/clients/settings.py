@@ -75,6 +75,18 @@ class CatalogFileSettings(Configurable):
         return os.environ.get("GPUSPAWNER_CATALOG", "")
 
 
+class AccountingSettings(Configurable):
+    """The usage database a service reads GPU-hours from, the one the hub records them in."""
+
+    accounting_db_url = Unicode(
+        help="The usage database the hub records GPU-hours in (SQLAlchemy URL: GPUSpawner.accounting_db_url, else the hub's own db_url), read only. Default: $GPUSPAWNER_ACCOUNTING_DB_URL, which gpuspawner.setup passes on (nothing when accounting is off); empty: no usage figures."
+    ).tag(config=True)
+
+    @default("accounting_db_url")
+    def _default_accounting_db_url(self):
+        return os.environ.get("GPUSPAWNER_ACCOUNTING_DB_URL", "")
+
+
 class HubServiceSettings(Configurable):
     """How a hub-managed service reaches the hub's API.
 

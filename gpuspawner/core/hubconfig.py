@@ -21,6 +21,7 @@ from the sub-config.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -50,6 +51,50 @@ def spawner_setting(c: Config, name: str, default: Any) -> Any:
         if section in c:
             value = setting(c[section], name, value)
     return value
+
+
+#: The variable that carries the usage database's URL to the services that read it
+#: (the culler, the GPU page), and that the hub reads when no URL is configured.
+ACCOUNTING_DB_URL_ENV = "GPUSPAWNER_ACCOUNTING_DB_URL"
+#: JupyterHub's own default database, relative to the hub's working directory.
+HUB_DEFAULT_DB_URL = "sqlite:///jupyterhub.sqlite"
+
+
+def accounting_db_url(c: Config, cwd: str | None = None) -> str:
+    """The usage database the hub records GPU-hours in, for a service's environment.
+
+    "" when accounting is off (``GPUSpawner.accounting_enabled``). Else
+    ``GPUSpawner.accounting_db_url``, else ``$GPUSPAWNER_ACCOUNTING_DB_URL``, else
+    the hub's own ``db_url``. A relative SQLite path is made absolute against
+    the hub's working directory (``cwd``), so a service started elsewhere finds it.
+    """
+    if not spawner_setting(c, "accounting_enabled", True):
+        return ""
+    url = str(spawner_setting(c, "accounting_db_url", "") or "")
+    url = url or os.environ.get(ACCOUNTING_DB_URL_ENV, "")
+    if not url:
+        url = str(setting(c.JupyterHub, "db_url", HUB_DEFAULT_DB_URL) or HUB_DEFAULT_DB_URL)
+    prefix = "sqlite:///"
+    path = url[len(prefix) :] if url.startswith(prefix) else ""
+    if path and not path.startswith(("/", ":memory:")) and "://" not in path:
+        url = prefix + os.path.join(cwd or os.getcwd(), path)
+    return url
+
+
+def accounting_environment(c: Config) -> dict[str, str]:
+    """What a service that reads the usage database needs in its environment ({} when off).
+
+    The URL (:func:`accounting_db_url`) and, for PostgreSQL, libpq's ``PGPASSWORD``
+    when the hub has one: zero-to-jupyterhub puts ``hub.db.password`` there rather
+    than in ``db_url``, and a hub-managed service does not inherit the hub's environment.
+    """
+    url = accounting_db_url(c)
+    if not url:
+        return {}
+    env = {ACCOUNTING_DB_URL_ENV: url}
+    if url.startswith("postgres") and os.environ.get("PGPASSWORD"):
+        env["PGPASSWORD"] = os.environ["PGPASSWORD"]
+    return env
 
 
 def spawner_section(c: Config, name: str) -> Any:

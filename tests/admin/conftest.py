@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from jupyterhub.services.auth import HubOAuth
@@ -88,6 +88,7 @@ class RunningService:
         )
 
     async def close(self) -> None:
+        self.admin.close_store()
         self.server.stop()
         await self.server.close_all_connections()
         if self.admin.kube is not None:
@@ -120,6 +121,8 @@ async def start_service(tmp_path, monkeypatch):
         prefix = f"/services/{SERVICE_NAME}/"
         monkeypatch.chdir(tmp_path)
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        # a usage database only where a test gives one (--GPUAdmin.accounting_db_url)
+        monkeypatch.delenv("GPUSPAWNER_ACCOUNTING_DB_URL", raising=False)
         for name, value in {
             "KUBECONFIG": str(kube.kubeconfig(tmp_path)),
             "POD_NAMESPACE": "jupyterhub",
@@ -160,3 +163,41 @@ async def start_service(tmp_path, monkeypatch):
     for running in started:
         await running.close()
     HubOAuth.clear_instance()
+
+
+@pytest.fixture
+def usage_db(tmp_path):
+    """``usage_db(intervals)``: the URL of a real SQLite usage store holding ``intervals``,
+    migrated and written by the store itself as the hub's recorder does."""
+    from gpuspawner.accounting.store import UsageStore
+
+    def make(intervals, name: str = "usage.sqlite") -> str:
+        url = f"sqlite:///{tmp_path / name}"
+        store = UsageStore(url)
+        try:
+            store.migrate()
+            for iv in intervals:
+                store.open(iv if iv.end is None else replace(iv, end=None, end_source=""))
+                if iv.end is not None:
+                    assert store.close(iv.uid, iv.end, iv.end_source)
+        finally:
+            store.close()
+        return url
+
+    return make
+
+
+@pytest.fixture
+def names_in_store():
+    """``names_in_store(url, since, until)``: the user names the store holds for the period,
+    as it keeps them (it makes NUL U+FFFD and cuts a name at 255 characters)."""
+    from gpuspawner.accounting.store import UsageStore
+
+    def names(url: str, since: float, until: float) -> set[str]:
+        store = UsageStore(url)
+        try:
+            return {iv.user for iv in store.intervals(since, until)}
+        finally:
+            store.close()
+
+    return names

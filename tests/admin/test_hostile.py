@@ -8,14 +8,17 @@ the real service, and opened in Debian's headless Chromium.
 
 from __future__ import annotations
 
+import re
 from html import unescape
 from urllib.parse import quote
 
 import pytest
 
-from gpuspawner.admin.page import environment, render_page
+from gpuspawner.admin.page import UsageSection, environment, render_page
 from gpuspawner.admin.report import build_report
+from gpuspawner.admin.usage import IdleHolder, UsageQuery, usage_table
 from gpuspawner.core import labels
+from gpuspawner.core.usage import UsageRow
 
 from ..chromium import LAUNCH, require_chromium
 from ..security.payloads import PAYLOADS, assert_escaped
@@ -108,6 +111,33 @@ def test_each_payload_in_each_field_of_the_rendered_page(now):
 
 
 @pytest.mark.parametrize(("name", "value"), PAYLOADS, ids=[n for n, _ in PAYLOADS])
+def test_each_payload_in_each_field_of_the_usage_section(now, name, value):
+    """The usage table's keys, the form's inputs as typed, the group filter, the sentence,
+    the idle holders: all text; the group goes into the tabs' and downloads' URLs encoded."""
+    report = build_report(users=[], pods=[], figures={}, catalog=None, now=now)
+    query = UsageQuery(now - 86400, now, ("user", "group"), value, "custom", "")
+    section = UsageSection(
+        form={"period": value, "since": value, "until": value, "group": value, "by": value},
+        query=query,
+        table=usage_table([UsageRow((value, value), 3600.0, 1800.0, 1)], ("user", "group")),
+        problem=f"The start {value} is not a date.",
+        holders=(IdleHolder(value, value, value, 1, 3600.0, "no data", 0.0, 0.0),),
+        groups=(value,),
+    )
+    html = render_page(
+        report,
+        admin="root",
+        stop_url="/services/gpuspawner-admin/stop",
+        xsrf_token="t",
+        usage=section,
+        page_url="/services/gpuspawner-admin/",
+    )
+    assert_escaped(html, value)
+    for link in re.findall(r'href="([^"]*)"', html):
+        assert unescape(link).startswith("/services/gpuspawner-admin/"), link
+
+
+@pytest.mark.parametrize(("name", "value"), PAYLOADS, ids=[n for n, _ in PAYLOADS])
 def test_the_template_environment_escapes_strings_too(name, value):
     """A template made from a string, or named other than .html, is escaped as well."""
     assert_escaped(environment().from_string("<p>{{ v }}</p>").render(v=value), value)
@@ -162,5 +192,89 @@ async def test_the_page_in_chromium_runs_nothing(start_service):
             await blank.set_content(served)
             assert await blank.locator("#servers").count() == 1
             assert await blank.evaluate("typeof window.__pwned") == "undefined"
+        finally:
+            await browser.close()
+
+
+async def test_the_usage_table_in_chromium_and_its_csv_download(
+    start_service, usage_db, names_in_store, tmp_path
+):
+    """An admin picks dates and a tab in the browser, sees hostile names as text, and
+    downloads the CSV the browser names from the service's Content-Disposition."""
+    import csv
+    import io
+    import time
+    from datetime import datetime, timezone
+
+    from playwright.async_api import async_playwright
+
+    from gpuspawner.core.usage import Interval
+
+    require_chromium()
+    now = time.time()
+    values = [value for _, value in PAYLOADS if value.isprintable()] + ["=1+1"]
+    url = usage_db(
+        [
+            Interval(
+                f"uid-{i}",
+                v,
+                v,
+                f"group-{i}",
+                "a100",
+                "pytorch",
+                2,
+                2.0,
+                now - 7200,
+                now - 3600,
+                "pod",
+            )
+            for i, v in enumerate(values)
+        ]
+    )
+    # as the store keeps them: the 10 kB one cut at 255 characters
+    values = sorted(names_in_store(url, now - 7200, now))
+    service = await start_service(
+        hostile_users(), hostile_pods(), argv=(f"--GPUAdmin.accounting_db_url={url}",)
+    )
+    since = datetime.fromtimestamp(now - 3 * 3600, timezone.utc).strftime("%Y-%m-%dT%H:%M")
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(**LAUNCH)
+        try:
+            context = await browser.new_context(
+                extra_http_headers={"Authorization": f"token {ADMIN_TOKEN}"}, accept_downloads=True
+            )
+            page = await context.new_page()
+            response = await page.goto(service.url)
+            assert response is not None and response.status == 200
+            await page.select_option("select[name=period]", "custom")
+            await page.fill("input[name=since]", since)
+            await page.click("#usage-form button[type=submit]")
+            await page.wait_for_load_state()
+            table = await page.inner_text("#usage-table")
+            for value in values:
+                assert value in table
+            assert "total" in table and str(2 * len(values)) + ".0" in table
+            assert await page.evaluate("typeof window.__pwned") == "undefined"
+
+            # the group tab keeps the dates
+            await page.click("#usage-tabs >> text=by group")
+            await page.wait_for_load_state()
+            assert "group-0" in await page.inner_text("#usage-table")
+            await page.click("#usage-tabs >> text=by user")
+            await page.wait_for_load_state()
+
+            async with page.expect_download() as info:
+                await page.click("text=usage.csv")
+            download = await info.value
+            assert download.suggested_filename.startswith("gpu-usage-")
+            assert download.suggested_filename.endswith("-by-user.csv")
+            saved = tmp_path / download.suggested_filename
+            await download.save_as(saved)
+            rows = list(csv.DictReader(io.StringIO(saved.read_text(), newline="")))
+            assert sorted(r["user"] for r in rows) == sorted(
+                "'" + v if v[0] in "=+-@" else v for v in values
+            )
+            assert {r["gpu_hours"] for r in rows} == {"2"}
+            assert await page.evaluate("typeof window.__pwned") == "undefined"
         finally:
             await browser.close()

@@ -3,19 +3,26 @@ tells the admin the outcome once, and its page survives every source failing."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
-from html import unescape
+import time
+from datetime import datetime, timezone
+from html import escape, unescape
 from urllib.parse import urlencode
 
 import pytest
 
 from gpuspawner.admin.collect import KubeReader
 from gpuspawner.admin.service import NOTICE_COOKIE, GPUAdmin
+from gpuspawner.admin.usage import format_time, parse_query
 from gpuspawner.clients.kube import KubeClient, KubeError
 from gpuspawner.core import labels, stopreasons
+from gpuspawner.core.usage import Interval, summarize
 
 from ..kubeapi import StandInApi
+from ..security.payloads import PAYLOADS, assert_escaped
 from .hubapi import USER_TOKEN
 from .promapi import BAD_ANSWERS, StandInPrometheus, closed_port_url
 
@@ -294,3 +301,323 @@ async def test_a_failing_api_server_is_one_sentence_and_the_users_are_still_show
     assert found[0].startswith("The cluster could not be read: Listing nodes failed with HTTP ")
     assert f"HTTP {status}" in found[0]
     assert 'data-server="student/notes"' in html
+
+
+# ---------------------------------------------------------------------------
+# GPU usage: the table, its downloads and the idle holders, from a real SQLite store
+# ---------------------------------------------------------------------------
+
+HOUR = 3600
+
+
+def usage_intervals(now: float) -> list[Interval]:
+    """The recorded users' servers in the last hours (hog's still runs), and one long ago."""
+    return [
+        Interval(
+            "uid-ann",
+            "ann",
+            "",
+            "ml",
+            "a100",
+            "pytorch",
+            2,
+            2.0,
+            now - 10 * HOUR,
+            now - 8 * HOUR,
+            "pod",
+        ),
+        Interval(
+            "uid-student",
+            "student",
+            "",
+            "students",
+            "h100",
+            "pytorch",
+            1,
+            1.0,
+            now - 5 * HOUR,
+            now - 4 * HOUR,
+            "event",
+        ),
+        Interval("uid-hog", "hog", "big", "", "h100", "pytorch", 4, 4.0, now - 3 * HOUR, None),
+        Interval(
+            "uid-old",
+            "ann",
+            "",
+            "ml",
+            "a100",
+            "pytorch",
+            1,
+            1.0,
+            now - 90 * 86400,
+            now - 89 * 86400,
+            "pod",
+        ),
+    ]
+
+
+def since_arg(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M")
+
+
+def table_rows(html: str, table: str) -> list[list[str]]:
+    body = re.search(rf'<table id="{table}">(.*?)</table>', html, re.S).group(1)
+    return [
+        [unescape(c) for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row, re.S)]
+        for row in re.findall(r"<tr>(.*?)</tr>", body, re.S)
+    ]
+
+
+@pytest.fixture
+async def usage_service(start_service, users, pods, usage_db):
+    now = time.time()
+    url = usage_db(usage_intervals(now))
+    service = await start_service(users, pods, argv=(f"--GPUAdmin.accounting_db_url={url}",))
+    return service, now
+
+
+async def test_the_usage_table_for_dates_of_the_admins_choosing(usage_service):
+    service, now = usage_service
+    query = urlencode({"period": "custom", "since": since_arg(now - 12 * HOUR), "by": "user"})
+    page = await service.fetch(f"?{query}")
+    assert page.code == 200
+    html = page.body.decode()
+    rows = table_rows(html, "usage-table")
+    assert rows[0] == ["user", "GPU-hours", "weighted GPU-hours", "servers"]
+    assert rows[1:] == [
+        ["hog", "12.0", "12.0", "1"],  # open: until now
+        ["ann", "4.0", "4.0", "1"],  # the one long ago is outside the period
+        ["student", "1.0", "1.0", "1"],
+        ["total", "17.0", "17.0", "3"],
+    ]
+    # an admin choosing a period is not interrupted by a reload
+    assert 'http-equiv="refresh"' not in html
+    # the tabs ask for the same period by another key
+    tabs = dict(re.findall(r'<a href="([^"]*)">by (\w[\w ]*)</a>', html))
+    assert set(tabs.values()) == {"group", "GPU type", "image"}
+    by_group = next(link for link, name in tabs.items() if name == "group")
+    grouped = table_rows(
+        (await service.fetch(unescape(by_group).split(PREFIX, 1)[1])).body.decode(), "usage-table"
+    )
+    assert grouped[1:] == [
+        ["(no group)", "12.0", "12.0", "1"],
+        ["ml", "4.0", "4.0", "1"],
+        ["students", "1.0", "1.0", "1"],
+        ["total", "17.0", "17.0", "3"],
+    ]
+    by_type = await service.fetch(
+        "?" + urlencode({"since": since_arg(now - 12 * HOUR), "by": "gpu_type", "group": "ml"})
+    )
+    assert table_rows(by_type.body.decode(), "usage-table")[1:] == [
+        ["NVIDIA A100 (a100)", "4.0", "4.0", "1"],
+        ["total", "4.0", "4.0", "1"],
+    ]
+
+
+async def test_this_week_by_default_and_the_idle_holders(usage_service):
+    service, now = usage_service
+    page = await service.fetch()
+    assert page.code == 200
+    html = page.body.decode()
+    week = parse_query({}, now)
+    expected = summarize(usage_intervals(now), week.since, now, now, ("user",))
+    shown = table_rows(html, "usage-table")[1:-1]
+    assert [r[0] for r in shown] == [r.key[0] for r in expected]
+    assert f"GPU usage this week ({format_time(week.since)} to " in unescape(html)
+    # the live page reloads itself
+    assert 'http-equiv="refresh"' in html
+    # the recorded servers' last activity is days old: every GPU server on a node is idle
+    holders = table_rows(html, "idle-holders")
+    assert holders[0] == [
+        "user",
+        "server",
+        "GPUs",
+        "idle for",
+        "GPU util",
+        "GPU-hours this week",
+        "weighted",
+    ]
+    names = [(r[0], r[1], r[2]) for r in holders[1:]]
+    assert ("hog", "big", "4 × NVIDIA H100") in names and (
+        "ann",
+        "default",
+        "2 × NVIDIA A100",
+    ) in names
+    hog = next(r for r in holders[1:] if r[0] == "hog")
+    hog_week = next((r for r in expected if r.key == ("hog",)), None)
+    assert hog[5] == f"{(hog_week.gpu_seconds if hog_week else 0) / 3600:,.1f}"
+
+
+async def test_the_page_shows_the_top_rows_and_the_csv_all(start_service, users, pods, usage_db):
+    now = time.time()
+    url = usage_db(usage_intervals(now))
+    service = await start_service(
+        users, pods, argv=(f"--GPUAdmin.accounting_db_url={url}", "--GPUAdmin.usage_page_rows=2")
+    )
+    args = urlencode({"since": since_arg(now - 12 * HOUR)})
+    html = (await service.fetch(f"?{args}")).body.decode()
+    assert [r[0] for r in table_rows(html, "usage-table")[1:]] == ["hog", "ann", "total"]
+    assert table_rows(html, "usage-table")[-1] == ["total", "17.0", "17.0", "3"]
+    assert unescape(re.search(r'<p id="usage-left-out">(.*?)</p>', html).group(1)) == (
+        "The table shows the 2 rows with the most GPU-hours of 3; the total counts them all, "
+        "and usage.csv has every row."
+    )
+    body = (await service.fetch(f"usage.csv?{args}")).body.decode()
+    assert len(list(csv.reader(io.StringIO(body)))) == 4  # the header and every row
+
+
+async def test_the_downloads_are_the_rows_shown_and_every_interval(usage_service):
+    service, now = usage_service
+    args = {"period": "custom", "since": since_arg(now - 12 * HOUR), "by": "group,user"}
+    response = await service.fetch("usage.csv?" + urlencode(args))
+    assert response.code == 200
+    assert response.headers["Content-Type"] == "text/csv; charset=utf-8"
+    disposition = response.headers["Content-Disposition"]
+    assert re.fullmatch(r'attachment; filename="gpu-usage-[0-9-]+-by-group-user\.csv"', disposition)
+    rows = list(csv.reader(io.StringIO(response.body.decode())))
+    assert rows[0] == [
+        "group",
+        "user",
+        "gpu_seconds",
+        "gpu_hours",
+        "unit_seconds",
+        "unit_hours",
+        "servers",
+    ]
+    assert [(r[0], r[1], r[-1]) for r in rows[1:]] == [
+        ("", "hog", "1"),
+        ("ml", "ann", "1"),
+        ("students", "student", "1"),
+    ]
+    assert rows[2][2:6] == ["14400", "4", "14400", "4"]
+
+    intervals = await service.fetch("intervals.csv?" + urlencode(args))
+    assert intervals.code == 200
+    assert re.fullmatch(
+        r'attachment; filename="gpu-intervals-[0-9-]+\.csv"',
+        intervals.headers["Content-Disposition"],
+    )
+    lines = list(csv.DictReader(io.StringIO(intervals.body.decode())))
+    assert [line["uid"] for line in lines] == ["uid-ann", "uid-student", "uid-hog"]
+    ann = lines[0]
+    assert (ann["start"], ann["end"], ann["gpu_seconds"]) == (
+        datetime.fromtimestamp(now - 10 * HOUR, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        datetime.fromtimestamp(now - 8 * HOUR, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "14400",
+    )
+    assert lines[2]["end"] == ""  # still running
+    only_ml = await service.fetch("intervals.csv?" + urlencode({**args, "group": "ml"}))
+    assert [line["uid"] for line in csv.DictReader(io.StringIO(only_ml.body.decode()))] == [
+        "uid-ann"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "sentence"),
+    [
+        (
+            {"since": "last tuesday"},
+            "The start 'last tuesday' is not a date: write it as YYYY-MM-DD",
+        ),
+        (
+            {"since": "2026-11-10", "until": "2026-11-01"},
+            "The end 2026-11-02 00:00 UTC is not after the start",
+        ),
+        ({"by": "password"}, "Usage can be added up by user, group, gpu_type or image"),
+    ],
+)
+async def test_a_bad_query_is_one_sentence_and_the_rest_of_the_page_is_shown(
+    usage_service, args, sentence
+):
+    service, _ = usage_service
+    page = await service.fetch("?" + urlencode(args))
+    assert page.code == 400
+    html = page.body.decode()
+    (problem,) = [
+        unescape(p)
+        for p in re.findall(r'<p class="problem" id="usage-problem">(.*?)</p>', html, re.S)
+    ]
+    assert problem.startswith(sentence) and "Traceback" not in problem
+    assert (
+        'id="usage-table"' not in html
+        and 'data-server="ann/"' in html
+        and 'id="idle-holders"' in html
+    )
+    # the form shows back what was typed
+    if "since" in args:
+        assert f'name="since" value="{escape(args["since"])}"' in html
+    download = await service.fetch("usage.csv?" + urlencode(args))
+    assert download.code == 400 and download.headers["Content-Type"] == "text/plain; charset=utf-8"
+    assert download.body.decode().startswith(sentence) and "Traceback" not in download.body.decode()
+
+
+async def test_hostile_names_in_the_store_are_text_on_the_page_and_in_the_csv(
+    start_service, users, pods, usage_db, names_in_store
+):
+    now = time.time()
+    formula = '=HYPERLINK("http://evil.example","x")'
+    names = [value for _, value in PAYLOADS] + [formula, "+1", "-1", "@SUM(A1)"]
+    url = usage_db(
+        [
+            Interval(
+                f"uid-{i}", name, name, name, name, name, 1, 1.0, now - HOUR - i, now - 60, "pod"
+            )
+            for i, name in enumerate(names)
+        ]
+    )
+    # the names as the store keeps them (it makes NUL U+FFFD and cuts at 255 characters)
+    stored = names_in_store(url, now - 2 * HOUR, now)
+    assert len(stored) == len(names) and PAYLOADS[0][1] in stored and formula in stored
+    service = await start_service(users, pods, argv=(f"--GPUAdmin.accounting_db_url={url}",))
+    since = since_arg(now - 2 * HOUR)
+    for by in ("user", "group", "gpu_type", "image"):
+        html = (await service.fetch("?" + urlencode({"since": since, "by": by}))).body.decode()
+        for value in stored:
+            assert_escaped(html, value)
+    body = (
+        await service.fetch("usage.csv?" + urlencode({"since": since, "by": "user,group"}))
+    ).body.decode()
+    cells = {row[0] for row in csv.reader(io.StringIO(body, newline=""))}
+    for name in stored:
+        assert ("'" + name if name[0] in "=+-@" else name) in cells
+    assert formula not in cells and "'" + formula in cells
+    intervals = (await service.fetch("intervals.csv?" + urlencode({"since": since}))).body.decode()
+    users_column = {row["user"] for row in csv.DictReader(io.StringIO(intervals, newline=""))}
+    assert "'" + formula in users_column and formula not in users_column
+
+
+async def test_the_usage_needs_the_admin_scope_and_a_database(
+    start_service, users, pods, usage_db, tmp_path
+):
+    url = usage_db([])
+    service = await start_service(users, pods, argv=(f"--GPUAdmin.accounting_db_url={url}",))
+    for path in (
+        "usage.csv?since=2026-01-01",
+        "intervals.csv?since=2026-01-01",
+        "?since=2026-01-01",
+    ):
+        assert (await service.fetch(path, token=USER_TOKEN)).code == 403
+        assert (await service.fetch(path, token=None)).code in (302, 403)
+    empty = await service.fetch("?since=2026-01-01")
+    assert table_rows(empty.body.decode(), "usage-table")[1:] == [["No GPU usage in this period."]]
+
+    # no database configured: the page says so in a word, the downloads are not there
+    none = await start_service(users, pods)
+    page = await none.fetch()
+    assert page.code == 200
+    assert unescape(
+        re.search(r'<p class="muted" id="usage-note">(.*?)</p>', page.body.decode()).group(1)
+    ) == (
+        "GPU usage is not shown: no usage database is configured "
+        "($GPUSPAWNER_ACCOUNTING_DB_URL or --GPUAdmin.accounting_db_url)."
+    )
+    assert (await none.fetch("usage.csv")).code == 404
+
+    # a database file that is not there: one sentence, and no empty file made
+    gone = tmp_path / "gone.sqlite"
+    missing = await start_service(
+        users, pods, argv=(f"--GPUAdmin.accounting_db_url=sqlite:///{gone}",)
+    )
+    html = (await missing.fetch("?since=2026-01-01")).body.decode()
+    assert f"There is no SQLite database at '{gone}'" in unescape(html)
+    assert not gone.exists()
