@@ -31,7 +31,18 @@ from typing import Any
 
 from kubespawner import KubeSpawner
 from kubespawner.utils import recursive_update
-from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, observe, validate
+from traitlets import (
+    Bool,
+    Dict,
+    Float,
+    Integer,
+    List,
+    TraitError,
+    Unicode,
+    default,
+    observe,
+    validate,
+)
 
 from ..clients import kube
 from ..core import (
@@ -48,6 +59,7 @@ from ..core import (
 )
 from ..core.catalog import Catalog, CatalogError, parse_catalog
 from ..core.endpoints import AVAILABILITY_PATH
+from ..core.hubconfig import ACCOUNTING_DB_URL_ENV
 from ..core.options import (
     OPTION_IDLE_TIMEOUT,
     OPTION_PROFILE,
@@ -247,9 +259,14 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         uses the hub's own database (``JupyterHub.db_url``: SQLite or
         PostgreSQL), in tables of gpuspawner's own (``gpuspawner_*``, with
         their own migrations), so usage survives hub restarts with no extra
-        setup.
+        setup. Defaults to ``$GPUSPAWNER_ACCOUNTING_DB_URL`` when that is set
+        (a URL with a password, from a Secret), as the services read it too.
         """,
     ).tag(config=True)
+
+    @default("accounting_db_url")
+    def _accounting_db_url_from_environment(self) -> str:
+        return os.environ.get(ACCOUNTING_DB_URL_ENV, "")
 
     accounting_heartbeat = Float(
         60.0,

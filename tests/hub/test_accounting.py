@@ -344,3 +344,21 @@ def test_the_hub_database_is_the_one_the_spawners_row_lives_in(tmp_path):
     assert hub_database_url(object()) == ""  # no ORM row (a mock spawner): no hub database
     db.close()
     engine.dispose()
+
+
+def test_the_usage_database_url_defaults_to_the_environment_the_services_read(
+    monkeypatch, offline_kubeconfig
+):
+    """The chart's way for a URL with a password: $GPUSPAWNER_ACCOUNTING_DB_URL from a Secret,
+    read by the hub as by the culler and the GPU page, so all three use one database."""
+    from traitlets.config import Config
+
+    from gpuspawner.core.hubconfig import ACCOUNTING_DB_URL_ENV
+
+    from .test_spawner import make_spawner
+
+    url = "postgresql://gpuspawner@db.example.org/usage"
+    monkeypatch.setenv(ACCOUNTING_DB_URL_ENV, url)
+    assert make_spawner(Config()).accounting_db_url == url
+    monkeypatch.delenv(ACCOUNTING_DB_URL_ENV)
+    assert make_spawner(Config()).accounting_db_url == ""
