@@ -346,7 +346,7 @@ def test_the_hub_database_is_the_one_the_spawners_row_lives_in(tmp_path):
     engine.dispose()
 
 
-def test_the_usage_database_url_defaults_to_the_environment_the_services_read(
+async def test_the_usage_database_url_defaults_to_the_environment_the_services_read(
     monkeypatch, offline_kubeconfig
 ):
     """The chart's way for a URL with a password: $GPUSPAWNER_ACCOUNTING_DB_URL from a Secret,
