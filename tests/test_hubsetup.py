@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -41,6 +42,7 @@ CULLER_ROLE = {
         "read:servers",
         "delete:servers",
         "read:metrics",
+        "read:users:groups",
     ],
     "services": ["gpuspawner-culler"],
 }
@@ -101,6 +103,12 @@ def admins_role(**members) -> dict:
     }
 
 
+def usage_db(cwd: Path | None = None) -> dict[str, str]:
+    """The culler's and the GPU page's usage database by default: the hub's own SQLite file,
+    made absolute against the hub's working directory (a service may start elsewhere)."""
+    return {"GPUSPAWNER_ACCOUNTING_DB_URL": f"sqlite:///{cwd or Path.cwd()}/jupyterhub.sqlite"}
+
+
 @pytest.fixture
 def hub_environ(monkeypatch):
     """A hub's environment with only what a test sets (the configs read os.environ)."""
@@ -123,7 +131,7 @@ def test_setup_adds_the_three_services_their_roles_and_the_pages():
             "name": "gpuspawner-culler",
             "url": "http://127.0.0.1:10101",
             "command": [PY, "-m", "gpuspawner.culler"],
-            "environment": {},
+            "environment": usage_db(),
         },
         "gpuspawner-admin": {
             "name": "gpuspawner-admin",
@@ -131,7 +139,7 @@ def test_setup_adds_the_three_services_their_roles_and_the_pages():
             "command": [PY, "-m", "gpuspawner.admin"],
             "oauth_client_allowed_scopes": ["custom:gpuspawner:admin"],
             "oauth_no_confirm": True,
-            "environment": {},
+            "environment": usage_db(),
         },
         "gpuspawner": {
             "name": "gpuspawner",
@@ -142,6 +150,8 @@ def test_setup_adds_the_three_services_their_roles_and_the_pages():
             "environment": {
                 "GPUSPAWNER_PLACEMENT": NO_PLACEMENT,
                 "GPUSPAWNER_ALL_NAMESPACES": "0",
+                # where it forwards a user's "keep it"
+                "GPUSPAWNER_CULLER_URL": "http://127.0.0.1:10101",
             },
         },
     }
@@ -262,7 +272,7 @@ def test_the_in_cluster_config_wires_what_it_did_by_hand(hub_environ):
             "name": "gpuspawner-culler",
             "command": [PY, "-m", "gpuspawner.culler", culler_config],
             "url": "http://127.0.0.1:10101",
-            "environment": IN_CLUSTER,
+            "environment": {**IN_CLUSTER, "GPUSPAWNER_CATALOG": catalog, **usage_db()},
         },
         "gpuspawner-admin": {
             "name": "gpuspawner-admin",
@@ -270,7 +280,7 @@ def test_the_in_cluster_config_wires_what_it_did_by_hand(hub_environ):
             "command": [PY, "-m", "gpuspawner.admin", culler_config],
             "oauth_client_allowed_scopes": ["custom:gpuspawner:admin"],
             "oauth_no_confirm": True,
-            "environment": {"GPUSPAWNER_CATALOG": catalog, **IN_CLUSTER},
+            "environment": {"GPUSPAWNER_CATALOG": catalog, **IN_CLUSTER, **usage_db()},
         },
         "gpuspawner": {
             "name": "gpuspawner",
@@ -283,6 +293,7 @@ def test_the_in_cluster_config_wires_what_it_did_by_hand(hub_environ):
                 "GPUSPAWNER_CATALOG": catalog,
                 "GPUSPAWNER_PLACEMENT": NO_PLACEMENT,
                 "GPUSPAWNER_ALL_NAMESPACES": "0",
+                "GPUSPAWNER_CULLER_URL": "http://127.0.0.1:10101",
             },
         },
     }
@@ -336,7 +347,7 @@ def test_the_local_clusters_config_wires_what_it_did_by_hand(hub_environ):
                 f"--config={here / 'culler_config.py'}",
                 prometheus,
             ],
-            "environment": passed,
+            "environment": {**passed, "GPUSPAWNER_CATALOG": catalog, **usage_db()},
         },
         "gpuspawner-admin": {
             "name": "gpuspawner-admin",
@@ -344,7 +355,7 @@ def test_the_local_clusters_config_wires_what_it_did_by_hand(hub_environ):
             "oauth_client_allowed_scopes": ["custom:gpuspawner:admin"],
             "oauth_no_confirm": True,
             # (the demo's pressure timeout reaches the GPU page too, which ignores it)
-            "environment": {**passed, "GPUSPAWNER_CATALOG": catalog},
+            "environment": {**passed, "GPUSPAWNER_CATALOG": catalog, **usage_db()},
         },
         "gpuspawner": {
             "name": "gpuspawner",
@@ -356,6 +367,7 @@ def test_the_local_clusters_config_wires_what_it_did_by_hand(hub_environ):
                 "GPUSPAWNER_CATALOG": catalog,
                 "GPUSPAWNER_PLACEMENT": NO_PLACEMENT,
                 "GPUSPAWNER_ALL_NAMESPACES": "0",
+                "GPUSPAWNER_CULLER_URL": urls["gpuspawner-culler"],
             },
         },
     }
@@ -436,7 +448,11 @@ def test_the_z2jh_values_wire_what_they_did_by_hand(hub_environ):
                 "--metrics-url=http://0.0.0.0:10101",
                 config_file,
             ],
-            "environment": IN_CLUSTER,
+            "environment": {
+                **IN_CLUSTER,
+                "GPUSPAWNER_CATALOG": "/etc/gpuspawner/catalog.yaml",
+                **usage_db(),
+            },
         },
         "gpuspawner-admin": {
             "name": "gpuspawner-admin",
@@ -445,7 +461,11 @@ def test_the_z2jh_values_wire_what_they_did_by_hand(hub_environ):
             "command": [PY, "-m", "gpuspawner.admin", "--ip=0.0.0.0", config_file],
             "oauth_client_allowed_scopes": ["custom:gpuspawner:admin"],
             "oauth_no_confirm": True,
-            "environment": {"GPUSPAWNER_CATALOG": "/etc/gpuspawner/catalog.yaml", **IN_CLUSTER},
+            "environment": {
+                "GPUSPAWNER_CATALOG": "/etc/gpuspawner/catalog.yaml",
+                **IN_CLUSTER,
+                **usage_db(),
+            },
         },
         "gpuspawner": {
             "name": "gpuspawner",
@@ -467,6 +487,7 @@ def test_the_z2jh_values_wire_what_they_did_by_hand(hub_environ):
                     {"node_selector": {}, "tolerations": tolerations}
                 ),
                 "GPUSPAWNER_ALL_NAMESPACES": "0",
+                "GPUSPAWNER_CULLER_URL": "http://hub:10101",
             },
         },
     }
