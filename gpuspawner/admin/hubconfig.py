@@ -29,10 +29,10 @@ from ..core.hubconfig import (
     accounting_environment,
     add_missing,
     add_role,
+    catalog_environment,
     named_entry,
     setdefault_item,
     setting,
-    spawner_setting,
 )
 from .service import ADMIN_SCOPE, SERVICE_NAME
 
@@ -98,11 +98,9 @@ def add_admin(
     add_missing(entry.setdefault("oauth_client_allowed_scopes", []), [ADMIN_SCOPE])
     entry.setdefault("oauth_no_confirm", True)
     env = dict(environment or {})
-    catalog_file = spawner_setting(c, "catalog_file", "")
-    if catalog_file:
-        # limits and GPU type names: the catalog the hub uses
-        env["GPUSPAWNER_CATALOG"] = str(catalog_file)
-    # the usage table, its CSV and the idle holders' GPU-hours: the database the hub records in
+    # limits and GPU type names: the catalog the hub uses; the usage table, its CSV and the
+    # idle holders' GPU-hours: the database the hub records in
+    env.update(catalog_environment(c))
     env.update(accounting_environment(c))
     entry["environment"] = {**env, **entry.get("environment", {})}
     add_role(

@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 from traitlets import Float, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
+from ..core.hubconfig import CATALOG_ENV
 from . import kube
 from .prometheus import GPUQueries, PrometheusClient
 
@@ -72,7 +73,7 @@ class CatalogFileSettings(Configurable):
 
     @default("catalog_file")
     def _default_catalog_file(self):
-        return os.environ.get("GPUSPAWNER_CATALOG", "")
+        return os.environ.get(CATALOG_ENV, "")
 
 
 class AccountingSettings(Configurable):

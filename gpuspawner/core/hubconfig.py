@@ -81,6 +81,17 @@ def accounting_db_url(c: Config, cwd: str | None = None) -> str:
     return url
 
 
+#: The hub's catalog file, as every service that reads the catalog gets it.
+CATALOG_ENV = "GPUSPAWNER_CATALOG"
+
+
+def catalog_environment(c: Config) -> dict[str, str]:
+    """The hub's catalog file (``c.GPUSpawner.catalog_file``, as set so far) for a service's
+    environment; {} when the catalog is inline or not set."""
+    catalog_file = spawner_setting(c, "catalog_file", "")
+    return {CATALOG_ENV: str(catalog_file)} if catalog_file else {}
+
+
 def accounting_environment(c: Config) -> dict[str, str]:
     """What a service that reads the usage database needs in its environment ({} when off).
 

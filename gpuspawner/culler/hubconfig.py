@@ -29,15 +29,14 @@ from traitlets.config import Config, LazyConfigValue
 
 from ..core.endpoints import CULLER_SERVICE_NAME, access_scope
 from ..core.hubconfig import (
-    ACCOUNTING_DB_URL_ENV,
-    accounting_db_url,
+    accounting_environment,
     add_missing,
     add_role,
+    catalog_environment,
     grant_user_scopes,
     named_entry,
     setdefault_item,
     spawner_section,
-    spawner_setting,
 )
 
 #: The service's name in the hub configuration (URL prefix /services/gpuspawner-culler/).
@@ -134,14 +133,10 @@ def add_culler(
     entry.setdefault("url", url)
     entry.setdefault("command", culler_command(entry["url"], command_args, ip, python))
     env = dict(environment or {})
-    catalog_file = spawner_setting(c, "catalog_file", "")
-    if catalog_file:
-        # max_runtime, max_keep and budgets: the catalog the hub uses
-        env["GPUSPAWNER_CATALOG"] = str(catalog_file)
-    db_url = accounting_db_url(c)
-    if db_url:
-        # what each user's budget has used: the database the hub records in
-        env[ACCOUNTING_DB_URL_ENV] = db_url
+    # max_runtime, max_keep and budgets: the catalog the hub uses; what each user's budget
+    # has used: the database the hub records in (with PostgreSQL's password, when the hub has one)
+    env.update(catalog_environment(c))
+    env.update(accounting_environment(c))
     entry["environment"] = {**env, **entry.get("environment", {})}
     add_role(
         c,

@@ -36,7 +36,9 @@ from traitlets.config import Config
 
 from ..core.endpoints import CULLER_SERVICE_NAME
 from ..core.hubconfig import (
+    CATALOG_ENV,
     add_missing,
+    catalog_environment,
     entries,
     grant_user_scopes,
     named_entry,
@@ -76,10 +78,8 @@ def service_environment(c: Config, environ: Mapping[str, str] | None = None) -> 
     culler = culler_url(c)
     if culler:
         env[CULLER_URL_ENV] = culler
-    catalog_file = spawner_setting(c, "catalog_file", "")
-    if catalog_file:
-        env["GPUSPAWNER_CATALOG"] = str(catalog_file)
-    else:
+    env.update(catalog_environment(c))
+    if not env.get(CATALOG_ENV):
         catalog = spawner_setting(c, "catalog", {})
         if catalog:
             env[CATALOG_JSON_ENV] = json.dumps(catalog)

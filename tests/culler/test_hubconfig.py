@@ -194,6 +194,8 @@ def test_the_hubs_catalog_and_usage_database_reach_the_culler(monkeypatch):
     """max_runtime, max_keep and budgets from the hub's catalog; what budgets used from
     the database the hub records in (a relative SQLite path made absolute)."""
     monkeypatch.delenv("GPUSPAWNER_ACCOUNTING_DB_URL", raising=False)
+    # zero-to-jupyterhub's hub.db.password is in the hub's process only, as libpq's variable
+    monkeypatch.setenv("PGPASSWORD", "s3cret")
     c = Config()
     c.GPUSpawner.catalog_file = "/etc/gpuspawner/catalog.yaml"
     c.JupyterHub.db_url = "postgresql://hub@db/jupyterhub"
@@ -201,6 +203,7 @@ def test_the_hubs_catalog_and_usage_database_reach_the_culler(monkeypatch):
     assert entry["environment"] == {
         "GPUSPAWNER_CATALOG": "/etc/gpuspawner/catalog.yaml",
         "GPUSPAWNER_ACCOUNTING_DB_URL": "postgresql://hub@db/jupyterhub",
+        "PGPASSWORD": "s3cret",
     }
     c = Config()
     c.GPUSpawner.accounting_enabled = False
