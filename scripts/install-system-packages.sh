@@ -12,6 +12,7 @@
 #                 makes the Debian base image from Debian's packages (tests/images)
 #   gcc, libc6-dev - cgo, which NVIDIA's container toolkit needs to build (go-nvml; the
 #                 real nodes' nvidia-container-runtime, sandbox/gpuspawner_sandbox/nodebuild.py)
+#   postgresql  - the real PostgreSQL the usage store's tests start on 127.0.0.1 (tests/postgres.py)
 set -eu
 
 missing=""
@@ -25,6 +26,12 @@ command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || missing="$missing ru
 [ -x /usr/sbin/debootstrap ] || missing="$missing debootstrap"
 command -v gcc >/dev/null 2>&1 || missing="$missing gcc"
 [ -f /usr/include/stdlib.h ] || missing="$missing libc6-dev"
+# any major version: Debian puts each under /usr/lib/postgresql/<major>/bin
+has_postgresql=""
+for initdb in /usr/lib/postgresql/*/bin/initdb; do
+    if [ -x "$initdb" ]; then has_postgresql=yes; fi
+done
+[ -n "$has_postgresql" ] || missing="$missing postgresql"
 
 if [ -z "$missing" ]; then
     exit 0

@@ -1,0 +1,1 @@
+"""The revisions, oldest first (Alembic does not load ``__init__``)."""
