@@ -57,6 +57,7 @@ STEPS = {
     "sandbox_spawn.py": ["cluster", "hubs", "warm-up", "rounds", "burst-sent", "burst"],
     "jupyter_start_cpu.py": ["engine", "hub", "runs"],
     "admin_usage.py": ["build", "measured"],
+    "usage_store.py": ["build", "sqlite", "postgres"],
 }
 
 #: Exit status of a run failed on purpose, by --fail-with.
@@ -335,6 +336,17 @@ def test_sandbox_spawn(bench, pytestconfig):
     assert re.search(r"refused by limit: 2,", run.stdout), run.explain()
     assert "most GPUs held by one user: 1" in run.stdout, run.explain()
     assert_nothing_left(run, before, roots)
+
+
+def test_usage_store(bench):
+    """The usage store's budget reads and summaries on SQLite and a real PostgreSQL, measured."""
+    run = bench("usage_store.py", "--postgres")
+    line = "| summary + table: the last 12 whole months by user (the page's whole figure) |"
+    assert_smoke_run(run, "usage_store.py", [line])
+    assert run.stdout.count(line) == 2, run.explain()  # SQLite, then PostgreSQL
+    for row in [r for r in run.stdout.splitlines() if r.startswith("| summary")]:
+        assert float(row.split("|")[2]) > 0, run.explain()
+    assert_nothing_left(run)
 
 
 def test_admin_usage(bench):
