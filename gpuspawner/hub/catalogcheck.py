@@ -73,6 +73,19 @@ def check_profile_list(catalog: Catalog, profile_list: Any) -> str:
     return f"{count} profiles from profile_list are offered after the catalog's"
 
 
+def check_budgets_are_accounted(catalog: Catalog, config: Any) -> None:
+    """Raises :class:`CatalogError` when the catalog sets GPU-hours budgets that nothing counts:
+    every GPU request of a user with a budget would be refused."""
+    section = config.GPUSpawner if "GPUSpawner" in config else {}
+    if catalog.limits.gpu_hours.enabled and section.get("accounting_enabled", True) is False:
+        raise CatalogError(
+            catalog.source,
+            "limits.gpu_hours",
+            "GPU-hours budgets need GPU-hours accounting, which is off "
+            "(c.GPUSpawner.accounting_enabled = False): turn it on, or remove the budgets",
+        )
+
+
 def check_catalog(config: Any) -> Catalog | None:
     """Validate the configured catalog; on a problem print it on one line and exit with status 1.
 
@@ -83,6 +96,8 @@ def check_catalog(config: Any) -> Catalog | None:
         catalog = load_configured_catalog(config)
         profile_list = configured_profile_list(config)
         said = check_profile_list(catalog, profile_list) if catalog and profile_list else ""
+        if catalog is not None:
+            check_budgets_are_accounted(catalog, config)
     except CatalogError as e:
         print(
             f"gpuspawner: the GPU catalog is invalid, so the hub will not start: {e}",

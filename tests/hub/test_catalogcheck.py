@@ -81,3 +81,28 @@ def test_override_names_are_kubespawners_configurable_traits(tmp_path, capsys):
     # the command-line check reads them the same way
     assert main([str(catalog)]) == 1
     assert "did you mean 'extra_labels'?" in capsys.readouterr().err
+
+
+def test_budgets_without_accounting_stop_the_hub(capsys):
+    catalog = {
+        "images": {"pytorch": {"display_name": "PyTorch", "image": "example/torch:1"}},
+        "gpu_types": {"a100": {"display_name": "A100"}},
+        "limits": {"gpu_hours": {"default": 40}},
+    }
+    c = Config()
+    c.GPUSpawner.catalog = catalog
+    assert check_catalog(c) is not None  # accounting is on by default
+    c.GPUSpawner.accounting_enabled = False
+    with pytest.raises(SystemExit) as e:
+        check_catalog(c)
+    assert e.value.code == 1
+    assert capsys.readouterr().err == (
+        "gpuspawner: the GPU catalog is invalid, so the hub will not start: "
+        "c.GPUSpawner.catalog: limits.gpu_hours: GPU-hours budgets need GPU-hours accounting, "
+        "which is off (c.GPUSpawner.accounting_enabled = False): turn it on, or remove the "
+        "budgets\n"
+    )
+    # without budgets, accounting may be off
+    del catalog["limits"]
+    c.GPUSpawner.catalog = catalog
+    assert check_catalog(c) is not None
