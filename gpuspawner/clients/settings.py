@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 from traitlets import Float, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
-from ..core.hubconfig import CATALOG_ENV
+from ..core.hubconfig import ACCOUNTING_DB_URL_ENV, CATALOG_ENV
 from . import kube
 from .prometheus import GPUQueries, PrometheusClient
 
@@ -80,12 +80,12 @@ class AccountingSettings(Configurable):
     """The usage database a service reads GPU-hours from, the one the hub records them in."""
 
     accounting_db_url = Unicode(
-        help="The usage database the hub records GPU-hours in (SQLAlchemy URL: GPUSpawner.accounting_db_url, else the hub's own db_url), read only. Default: $GPUSPAWNER_ACCOUNTING_DB_URL, which gpuspawner.setup passes on (nothing when accounting is off); empty: no usage figures."
+        help="The usage database the hub records GPU-hours in (SQLAlchemy URL: GPUSpawner.accounting_db_url, else the hub's own db_url), read only: the GPU page's usage figures, the culler's budget stops. Default: $GPUSPAWNER_ACCOUNTING_DB_URL, which gpuspawner.setup passes on (nothing when accounting is off); empty: no usage figures, and the culler enforces no budget (the hub still refuses requests a budget cannot cover)."
     ).tag(config=True)
 
     @default("accounting_db_url")
     def _default_accounting_db_url(self):
-        return os.environ.get("GPUSPAWNER_ACCOUNTING_DB_URL", "")
+        return os.environ.get(ACCOUNTING_DB_URL_ENV, "")
 
 
 class HubServiceSettings(Configurable):

@@ -33,6 +33,7 @@ from ..clients.hubapi import HubClient, HubError
 from ..clients.kube import Expired, KubeClient, KubeError, NotFound, Reader
 from ..clients.prometheus import PrometheusClient, PrometheusError
 from ..clients.settings import (
+    AccountingSettings,
     CatalogFileSettings,
     HubServiceSettings,
     KubernetesSettings,
@@ -42,7 +43,6 @@ from ..clients.settings import (
 from ..core.budgets import current_period
 from ..core.catalog import Catalog, CatalogError, CatalogFile
 from ..core.endpoints import CULLER_KEEP_API
-from ..core.hubconfig import ACCOUNTING_DB_URL_ENV
 from ..core.serverpod import selector
 from ..core.stopreasons import CullWarning
 from . import annotations, deadlines, gpustatus, policy
@@ -155,6 +155,7 @@ class CullerMetrics:
 class GPUCuller(
     ServiceConfigFile,
     CatalogFileSettings,
+    AccountingSettings,
     HubServiceSettings,
     KubernetesSettings,
     PrometheusSettings,
@@ -234,14 +235,6 @@ class GPUCuller(
     ).tag(config=True)
 
     # --- deadlines and keeps (the catalog: `catalog_file`) ----------------------
-    accounting_db_url = Unicode(
-        help="The usage store's database URL (GPUSpawner's accounting_db_url, or the hub's db_url), read to stop a user's GPU servers when the user's GPU-hours budget (the catalog's limits.gpu_hours) runs out. Default: $GPUSPAWNER_ACCOUNTING_DB_URL. Empty: the culler does not enforce budgets (the hub still refuses requests the budget cannot cover)."
-    ).tag(config=True)
-
-    @default("accounting_db_url")
-    def _default_accounting_db_url(self):
-        return os.environ.get(ACCOUNTING_DB_URL_ENV, "")
-
     default_max_keep = Float(
         14400,
         help="The longest keep (seconds) a user may choose for a server whose catalog image sets no max_keep; 0: no keep.",
