@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from typing import Any
 
 from . import labels
@@ -246,12 +247,9 @@ class ServerPod:
     idle_timeout: float | None = None
     #: Kept by its user until then (``gpuspawner.io/keep-until``, Unix seconds); None when not kept.
     keep_until: float | None = None
-    #: When its GPUs became its own (the scheduler bound it: ``PodScheduled`` True); None before.
-    scheduled_at: float | None = None
-    #: When it stopped holding them (:func:`ended_at`); None while it runs.
-    ended_at: float | None = None
-    #: When its deletion was asked for (:func:`deletion_requested_at`); None when not deleted.
-    deleted_at: float | None = None
+    #: The pod as the API returned it: the times below are read from it when first asked
+    #: for, as only accounting needs them and parsing them costs a few µs per pod.
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: The pod's Kubernetes uid: one per pod, so one usage interval per uid.
     uid: str = ""
 
@@ -287,11 +285,24 @@ class ServerPod:
             charge_group=_text(annotations.get(labels.ANNOTATION_CHARGE_GROUP)),
             idle_timeout=_positive_seconds(annotations.get(labels.ANNOTATION_IDLE_TIMEOUT)),
             keep_until=_keep_until(annotations.get(labels.ANNOTATION_KEEP_UNTIL)),
-            scheduled_at=scheduled_at(pod),
-            ended_at=ended_at(pod),
-            deleted_at=deletion_requested_at(pod),
+            raw=pod,
             uid=_text(meta.get("uid")),
         )
+
+    @cached_property
+    def scheduled_at(self) -> float | None:
+        """When its GPUs became its own (the scheduler bound it: ``PodScheduled`` True); None before."""
+        return scheduled_at(self.raw)
+
+    @cached_property
+    def ended_at(self) -> float | None:
+        """When it stopped holding them (:func:`ended_at`); None while it runs."""
+        return ended_at(self.raw)
+
+    @cached_property
+    def deleted_at(self) -> float | None:
+        """When its deletion was asked for (:func:`deletion_requested_at`); None when not deleted."""
+        return deletion_requested_at(self.raw)
 
     @property
     def key(self) -> tuple[str, str]:
