@@ -273,6 +273,11 @@ SENTENCES: Mapping[str, Wording] = MappingProxyType(
                     "({excluded} are cordoned or not ready)."
                 ),
                 "too-large": "No node has {request}; the largest has {largest}.",
+                "quota-too-small": (
+                    "The cluster's GPU queue {queue!q} can never admit {request}: its quota, "
+                    "with what it may borrow, is {largest} at most."
+                ),
+                "quota-none": "The cluster's GPU queue {queue!q} has no quota for {gpu_type} GPUs.",
                 # second sentence: what to do
                 "choose-or-ask-admin": "Choose {alternatives}, or ask an admin.",
                 "ask-admin": "Please ask an admin.",
@@ -284,6 +289,10 @@ SENTENCES: Mapping[str, Wording] = MappingProxyType(
             503,
             {
                 # first sentence: why
+                "kueue-timeout": (
+                    "The server waited {seconds:.0f} seconds in the cluster's GPU queue for "
+                    "{request} without being admitted, so it was not started."
+                ),
                 "queue-timeout": (
                     "No node had {gpus} free {gpu_type} GPUs within {seconds:.0f} seconds, "
                     "so the server was not started."
@@ -318,6 +327,14 @@ SENTENCES: Mapping[str, Wording] = MappingProxyType(
         REASON_CATALOG_INVALID: Wording(
             500,
             {
+                "queue-missing": (
+                    "The cluster's GPU queue {queue!q} is not set up, so no GPU server can "
+                    "start right now. Please tell an admin."
+                ),
+                "queue-unreadable": (
+                    "The cluster's GPU queue could not be read, so the server was not started. "
+                    "Please try again in a minute."
+                ),
                 "misconfigured": (
                     "The GPU catalog is misconfigured, so no server can start right now. "
                     "Please tell an admin (the hub log names the problem)."
