@@ -560,16 +560,19 @@ def place_of(
     notebooks and jobs, counted, never named; without it only the LocalQueue's
     entries are counted.
     """
-    mine = next((e for e in local if owner_uid and e.owner_uid == owner_uid), None)
-    if mine is None:
+    index = next((i for i, e in enumerate(local) if owner_uid and e.owner_uid == owner_uid), None)
+    if index is None:
         return None
+    mine = local[index]
     pool = cluster if cluster is not None else local
     in_pool = next((e for e in pool if e.owner_uid == owner_uid), mine)
     ahead = [e for e in pool if e.position_in_cluster_queue < in_pool.position_in_cluster_queue]
     return Place(
         local_queue=mine.local_queue,
         cluster_queue=cluster_queue,
-        position_in_local_queue=mine.position_in_local_queue + 1,
+        # Counted here, not Kueue's own position: it lists a LocalQueue's name in
+        # every namespace (v0.17), and the caller keeps its own namespace's entries.
+        position_in_local_queue=index + 1,
         waiting_in_local_queue=len(local),
         position_in_cluster_queue=in_pool.position_in_cluster_queue + 1,
         ahead_notebooks=sum(1 for e in ahead if e.is_notebook),

@@ -20,7 +20,7 @@ from typing import Any
 
 from . import labels
 from .options import parse_count
-from .stopreasons import CullWarning, StopNotice
+from .stopreasons import REASON_PREEMPTED, CullWarning, StopNotice
 
 #: Resource name prefixes counted as accelerators besides the catalog's own
 #: resources: NVIDIA full GPUs, MIG slices and time-sliced replicas
@@ -199,6 +199,27 @@ def ended_at(pod: Mapping[str, Any]) -> float | None:
     return max((t for t in transitions if t is not None), default=None)
 
 
+def pod_stop_notice(pod: Mapping[str, Any]) -> StopNotice | None:
+    """Why the pod is being stopped: the notice its stopper wrote on it
+    (``gpuspawner.io/stop-reason``), else Kueue's preemption (which writes none), else None.
+
+    A readable annotation wins: whoever wrote it stopped the server first.
+    """
+    # core.kueue reads pods' resources with this module's is_gpu_resource: imported here,
+    # when first needed, so that neither module needs the other half-loaded
+    from . import kueue
+
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    notice = StopNotice.from_state(annotations.get(labels.ANNOTATION_STOP_REASON))
+    if notice is not None or not kueue.was_preempted(pod):
+        return notice
+    # when Kueue marked it (its TerminationTarget condition), else when it asked for the delete
+    condition = kueue.termination(pod) or {}
+    at = parse_timestamp(condition.get("lastTransitionTime"))
+    at = at if at is not None else deletion_requested_at(pod)
+    return StopNotice(REASON_PREEMPTED, at) if at is not None else None
+
+
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
@@ -237,7 +258,8 @@ class ServerPod:
     created: str
     #: The scheduler's message while the pod cannot be placed, else None.
     unschedulable: str | None
-    #: Why it is being stopped (``gpuspawner.io/stop-reason``); None when not recorded or unreadable.
+    #: Why it is being stopped (``gpuspawner.io/stop-reason``, else Kueue's preemption:
+    #: :func:`pod_stop_notice`); None when not recorded or unreadable.
     stop_notice: StopNotice | None = None
     #: The culler's pending warning (``gpuspawner.io/cull-warning``); None when none or unreadable.
     cull_warning: CullWarning | None = None
@@ -280,7 +302,7 @@ class ServerPod:
             deleting=bool(meta.get("deletionTimestamp")),
             created=meta.get("creationTimestamp") or "",
             unschedulable=unschedulable_message(pod),
-            stop_notice=StopNotice.from_state(annotations.get(labels.ANNOTATION_STOP_REASON)),
+            stop_notice=pod_stop_notice(pod),
             cull_warning=CullWarning.from_state(annotations.get(labels.ANNOTATION_CULL_WARNING)),
             charge_group=_text(annotations.get(labels.ANNOTATION_CHARGE_GROUP)),
             idle_timeout=_positive_seconds(annotations.get(labels.ANNOTATION_IDLE_TIMEOUT)),

@@ -5,8 +5,10 @@ culler, the admin GPU page, GPUSpawner itself) writes a :class:`StopNotice`
 as JSON on the pod's ``gpuspawner.io/stop-reason`` annotation before deleting
 it; GPUSpawner reads it back when the server stops, adds the server's name
 and what it held, and keeps it in its persisted state until the user starts
-that server again. The culler's warning before a cull is a
-:class:`CullWarning` on the ``gpuspawner.io/cull-warning`` annotation.
+that server again. Kueue, which preempts a pod without writing one, is read from the
+pod's own ``TerminationTarget`` condition instead (``ServerPod.stop_notice``). The
+culler's warning before a cull is a :class:`CullWarning` on the
+``gpuspawner.io/cull-warning`` annotation.
 
 Times are UTC epochs. A sentence names the time as ``14:02 UTC`` (plain text:
 the REST API, logs); :func:`notice_html` wraps it in
@@ -51,6 +53,9 @@ REASON_NODE_LOST = "node-lost"
 REASON_BUDGET = "budget"
 #: The culler stopped it at its image's or GPU type's ``max_runtime`` (``seconds``).
 REASON_MAX_RUNTIME = "max-runtime"
+#: Kueue evicted its pod to admit higher-priority work (preemption, where admins turn it
+#: on): the pod's ``TerminationTarget`` condition says so (:func:`gpuspawner.core.kueue.was_preempted`).
+REASON_PREEMPTED = "preempted"
 
 REASONS: tuple[str, ...] = (
     REASON_IDLE,
@@ -63,6 +68,7 @@ REASONS: tuple[str, ...] = (
     REASON_NODE_LOST,
     REASON_BUDGET,
     REASON_MAX_RUNTIME,
+    REASON_PREEMPTED,
 )
 #: Reasons no keep can put off: the stop comes at a fixed time, whatever the server does.
 DEADLINE_REASONS: tuple[str, ...] = (REASON_MAX_AGE, REASON_BUDGET, REASON_MAX_RUNTIME)
@@ -209,6 +215,8 @@ class StopNotice:
             if span:
                 return f"it reached the maximum running time of {span}"
             return "it reached its maximum running time"
+        if self.reason == REASON_PREEMPTED:
+            return "it was preempted for queued work (Kueue gave its GPUs to higher-priority work)"
         return "it was stopped by the hub"
 
     def sentence(self) -> str:

@@ -101,11 +101,39 @@ class CapacityConfig(Configurable):
         """,
     ).tag(config=True)
 
+    kueue_queue = Unicode(
+        "",
+        help="""
+        The Kueue LocalQueue (in the hub's namespace) that GPU servers wait in,
+        e.g. ``"gpu-notebooks"``. Empty (the default): Kueue is not used.
+
+        Set, each GPU server's pod carries Kueue's queue label and a
+        WorkloadPriorityClass (``kueue_priority_class``) and waits, gated, until
+        Kueue admits it against its ClusterQueue's quota, shared with other hubs
+        and batch Jobs. The hub's own queue (``gpu_queue_enabled``) steps aside;
+        per-user and per-group limits, budgets, image access and the GPU check
+        stay GPUSpawner's. A request no quota could ever admit is refused at
+        once. A request waits at most ``gpu_queue_timeout`` seconds; its progress
+        page shows its place. Needs Kueue's pod integration and the hub's
+        Kueue rights (docs/kueue.md).
+        """,
+    ).tag(config=True)
+
+    kueue_priority_class = Unicode(
+        "gpuspawner-interactive",
+        help="""
+        The Kueue WorkloadPriorityClass of GPU servers' pods (with ``kueue_queue``).
+        The sandbox and docs/kueue.md create ``gpuspawner-interactive`` above
+        ``gpuspawner-batch``, so notebooks go before batch work of the same
+        ClusterQueue. Empty: the pods name none (Kueue's default priority).
+        """,
+    ).tag(config=True)
+
     gpu_queue_timeout = Float(
         300,
         help="""
         The longest a queued GPU request waits for free GPUs, in seconds
-        (with ``gpu_queue_enabled``). Keep it below ``start_timeout`` minus the
+        (with ``gpu_queue_enabled``, or in Kueue with ``kueue_queue``). Keep it below ``start_timeout`` minus the
         time a server needs to start, or the hub's own timeout ends the wait
         with a less helpful message.
         """,
@@ -238,6 +266,7 @@ class Capacity:
         queue: QueueSettings,
         who: str,
         budget: Callable[[list[limits.Holding]], Awaitable[None]] | None = None,
+        kueue: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Admit a request or raise :class:`Refusal`; an admitted GPU request is reserved.
 
@@ -248,6 +277,11 @@ class Capacity:
         requests of one user count each other (the first one's reservation).
         The reservation is the caller's to release when the spawn ends; it is
         released here when admission fails while waiting.
+
+        ``kueue()`` (with ``kueue_queue``) raises :class:`Refusal` when no quota of
+        the cluster's queue could ever admit the request; then the hub's own queue
+        steps aside: a request that fits a node's capacity is admitted to wait in
+        Kueue, and only one no node could ever hold is refused here.
         """
         if not selection.is_gpu:
             return
@@ -283,6 +317,8 @@ class Capacity:
             check_limits(held)
             if budget is not None:
                 await budget(held)
+            if kueue is not None:
+                await kueue()
             # What the user may still take of the type: their demand, if refused, is capped at it.
             allowance = (
                 limits.remaining(catalog, user, groups, server, held).get(selection.gpu_type.key)
@@ -295,9 +331,12 @@ class Capacity:
                     catalog,
                     selection,
                     placement,
-                    queueing=queue.enabled,
+                    queueing=queue.enabled or kueue is not None,
                     besides=requester.key,
                 )
+                if kueue is not None:
+                    # Kueue holds the request from here: the hub neither waits nor counts it.
+                    verdict = admission.Verdict(wait=False)
             except Refusal as refusal:
                 self._count_demand(refusal, requester, selection, queue, allowance)
                 raise

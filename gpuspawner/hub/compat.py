@@ -142,3 +142,13 @@ __all__ = [
     "request_options",
     "user_label",
 ]
+
+
+def hub_checks_at_start(spawner: Any) -> bool:
+    """Whether the hub is checking this spawner's server as it starts (``init_spawners``).
+
+    JupyterHub (5.5 and 6.x) sets the spawner's ``_check_pending`` while it polls
+    the servers it found in its database at start-up; it is the only sign a
+    spawner gets that this poll decides whether its server is kept or stopped.
+    """
+    return bool(getattr(spawner, "_check_pending", False))

@@ -48,6 +48,7 @@ from ..clients import kube
 from ..core import (
     admission,
     budgets,
+    kueue,
     labels,
     limits,
     podspec,
@@ -77,6 +78,7 @@ from ..core.refusals import (
     REASON_CATALOG_INVALID,
     REASON_GPU_CHECK,
     REASON_INVALID,
+    REASON_NO_CAPACITY,
     REASON_TIMEOUT,
     REASON_UNSCHEDULABLE,
     REASON_USAGE_UNKNOWN,
@@ -90,7 +92,14 @@ from . import state as hubstate
 from .accounting import AccountingRecorder, hub_database_url
 from .capacity import Capacity, CapacityConfig, GPUUnschedulable
 from .catalogcheck import override_trait_names
-from .compat import SpawnException, initialized_profile_list, request_options, user_label
+from .compat import (
+    SpawnException,
+    hub_checks_at_start,
+    initialized_profile_list,
+    request_options,
+    user_label,
+)
+from .kueue import KueueView
 
 
 class RefusedSpawn(SpawnException, ValueError):
@@ -117,6 +126,10 @@ def spawn_error(
     # Read by JupyterHub's error pages and API error bodies.
     error.jupyterhub_message = message
     return error
+
+
+class KueueWaitTimeout(Exception):
+    """A server's pod waited in Kueue longer than ``gpu_queue_timeout``."""
 
 
 class GPUCheckFailed(Exception):
@@ -302,6 +315,8 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
     #: While running: what it holds ("2 × NVIDIA A100") and its node, kept in the
     #: state so that a pod that vanished with its node reads as "node lost".
     _running: dict[str, str] | None = None
+    #: The uid of this server's pod while its place in Kueue is followed ("" otherwise).
+    _kueue_uid: str = ""
 
     def __init__(self, *args: Any, **kwargs: Any):
         self._gpu_mock = bool(kwargs.get("_mock", False))
@@ -480,7 +495,58 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             queue=self.queue_settings(),
             who=self._log_name,
             budget=functools.partial(self._check_budget, catalog, selection),
+            kueue=(
+                functools.partial(self._check_kueue_quota, catalog, selection)
+                if self.kueue_queue
+                else None
+            ),
         )
+
+    async def _check_kueue_quota(self, catalog: Catalog, selection: Selection) -> None:
+        """Refuse at once a request no quota of the cluster's queue could ever admit."""
+        view = self.kueue_view()
+        if view is None or selection.gpu_type is None:
+            return
+        try:
+            quotas = await view.quotas()
+        except kube.NotFound as e:
+            self.log.error("Kueue's queue for GPU servers is missing: %s", e)
+            raise refusals.refuse(
+                REASON_CATALOG_INVALID, "queue-missing", queue=self.kueue_queue
+            ) from None
+        except kube.KubeError as e:
+            self.log.error("Could not read Kueue's queue %s: %s", shown(self.kueue_queue), e)
+            raise refusals.refuse(REASON_CATALOG_INVALID, "queue-unreadable", status=503) from None
+        if quotas is None:  # the hub may not read the quotas (said once): Kueue decides
+            return
+        resource = selection.gpu_type.resource
+        key = selection.gpu_type.key
+        wanted = kueue.catalog_type_selectors(catalog).get(key) or {}
+        flavor_labels = quotas.flavor_labels
+
+        def may_serve(flavor: str) -> bool:
+            # As Kueue assigns flavors: the flavor's node labels must not contradict the
+            # pod's node selector and affinity; labels the pod does not name do not count.
+            labels = flavor_labels.get(flavor, {})
+            named = {k: v for k, v in wanted.items() if k in labels}
+            return not named or bool(kueue.flavor_gpu_types({flavor: labels}, {key: named}))
+
+        own = next((q for q in quotas.queues if q.name == quotas.cluster_queue), None)
+        # The type's own flavors and those without GPU labels; another GPU type's, never.
+        flavors = [
+            f for f in (own.flavors_for(resource) if own is not None else []) if may_serve(f)
+        ]
+        refusal = kueue.quota_refusal(
+            local_queue=self.kueue_queue,
+            cluster_queue=quotas.cluster_queue,
+            queues=quotas.queues,
+            flavors=flavors,
+            resource=resource,
+            gpus=selection.gpus,
+            gpu_name=selection.gpu_type.display_name,
+        )
+        if refusal is not None:
+            raise refusal
 
     # ------------------------------------------------------------------
     # GPU-hours budgets (gpuspawner.core.budgets)
@@ -661,6 +727,31 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         if self.hub_state.started_inventory is not None:
             recorder.listen_to(self.hub_state.started_inventory)
         return recorder
+
+    def kueue_view(self) -> KueueView | None:
+        """The hub's view of its Kueue LocalQueue (``kueue_queue``), or None when Kueue is off."""
+        if self._gpu_mock or not self.kueue_queue or not self.gpu_catalog_configured:
+            return None
+        from kubespawner.clients import shared_client
+
+        from ..clients.kueue import KueueClient
+
+        def create() -> KueueView:
+            reader = kube.Reader(
+                retry=kube.RetryPolicy(timeout=self.k8s_api_request_retry_timeout),
+                timeout=self.k8s_api_request_timeout,
+                logger=self.log,
+            )
+            client = KueueClient(shared_client("CoreV1Api").api_client, reader)
+            return KueueView(client, self.namespace, self.kueue_queue, self.log)
+
+        view = self.hub_state.kueue(create)
+        inventory = self.hub_state.started_inventory
+        if inventory is not None and view.listening_to is not inventory:
+            # Preempted pods may vanish before this hub polls them: the watch remembers why.
+            inventory.add_pod_listener(view.note_pod)
+            view.listening_to = inventory
+        return view
 
     def _placement(self) -> Placement:
         """The admin's node placement (before any selection changed the traits)."""
@@ -1179,6 +1270,10 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
                 **(pod.metadata.labels or {}),
                 **podspec.pod_labels(self._selection),
             }
+            if self.kueue_queue and self._selection.is_gpu:
+                pod.metadata.labels.update(
+                    kueue.pod_labels(self.kueue_queue, self.kueue_priority_class)
+                )
             groups = self._group_names()
             pools = limits.pool_groups_for(catalog.limits, groups)
             # The group this server's GPU-hours are charged to, fixed for its whole life.
@@ -1234,11 +1329,43 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         pod = reflector.pods.get(f"{self.namespace}/{self.pod_name}")
         if pod is None:
             return None
+        if self.kueue_queue and kueue.is_gated(pod):
+            return self._kueue_progress(pod)
         if self.capacity.unschedulable is not None and admission.unschedulable_message(pod):
             return self.capacity.scheduling_progress(self.gpu_unschedulable_timeout)
         from ..validation.podstatus import describe_waiting
 
         return describe_waiting(pod)
+
+    def _kueue_progress(self, pod: dict) -> str:
+        """Where the pod waits in Kueue, as its progress line; following its place from now on."""
+        selection = self._selection
+        assert selection is not None and selection.gpu_type is not None
+        view = self.kueue_view()
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        place = None
+        if view is not None and uid:
+            self._kueue_uid = uid
+            view.wait(uid)
+            place = view.place(uid)
+        return kueue.progress_message(place, selection.gpus, selection.gpu_type.display_name)
+
+    def _kueue_done(self) -> None:
+        uid, self._kueue_uid = self._kueue_uid, ""
+        if uid and self.kueue_queue:
+            found = self.kueue_view()
+            if found is not None:
+                found.done(uid)
+
+    def _kueue_overdue(self, pod: dict) -> float | None:
+        """How long a gated pod has waited in Kueue when that is past ``gpu_queue_timeout``."""
+        if not self.kueue_queue or not kueue.is_gated(pod) or self.gpu_queue_timeout <= 0:
+            return None
+        created = serverpod.parse_timestamp((pod.get("metadata") or {}).get("creationTimestamp"))
+        if created is None:
+            return None
+        waited = time.time() - created
+        return waited if waited >= self.gpu_queue_timeout else None
 
     async def progress(self):
         """KubeSpawner's progress events, plus the queue, the scheduler's reason and the GPU check.
@@ -1283,6 +1410,11 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
 
                 metrics.count_validation_failure(pod)
                 raise GPUCheckFailed(reason, check_failure_kind(pod) or "")
+            waited = self._kueue_overdue(pod)
+            if waited is not None:
+                raise KueueWaitTimeout(waited)
+            if self._kueue_uid and not kueue.is_gated(pod):
+                self._kueue_done()
             self.capacity.watch_scheduling(
                 pod, self._selection, timeout=self.gpu_unschedulable_timeout, who=self._log_name
             )
@@ -1294,7 +1426,17 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         self.gpu_accounting()
         if self._refused_before_pod:
             return 1
+        if self.kueue_queue:
+            # Its view hears of preempted pods from the pods watch once it listens to it: a
+            # server polled after the hub's restart may be preempted before any spawn asks.
+            self.kueue_view()
         status = await super().poll()
+        if status is None and self.kueue_queue and hub_checks_at_start(self):
+            # After KubeSpawner's poll: it starts the pods watch, which a hub that has
+            # just started has not yet.
+            if not await self._wait_in_kueue_at_hub_start():
+                return 1
+            status = await super().poll()
         pod = self._reflected_pod()
         if status is None:
             if pod is not None and self._running is not None:
@@ -1303,6 +1445,11 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             # Stopped without the hub's stop(): by its own annotation, or with its node.
             running, self._running = self._running, None
             notice = serverpod.ServerPod.from_pod(pod).stop_notice if pod else None
+            if notice is None and pod is None:
+                view = self.kueue_view()
+                preempted = view.preempted_at(f"{self.namespace}/{self.pod_name}") if view else None
+                if preempted is not None:
+                    notice = stopreasons.StopNotice(stopreasons.REASON_PREEMPTED, preempted)
             if notice is None and running.get("node") and await self._node_lost(running["node"]):
                 notice = stopreasons.StopNotice(
                     stopreasons.REASON_NODE_LOST, time.time(), detail=running["node"]
@@ -1310,6 +1457,48 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             if notice is not None:
                 self._keep_stop_notice(notice, running.get("held", ""))
         return status
+
+    async def _wait_in_kueue_at_hub_start(self) -> bool:
+        """At the hub's start, let a server still queued in Kueue keep its place and start.
+
+        The hub polls the servers of its database as it starts and stops those
+        that do not run. A pod that waits in Kueue is not running yet, but it has
+        its place in the cluster's queue: this waits (within ``gpu_queue_timeout``
+        of the pod's creation, then ``start_timeout``) until it runs, so the hub
+        keeps it. Meanwhile the hub serves, past ``init_spawners_timeout``.
+
+        False when it waited past ``gpu_queue_timeout``: the hub then stops it.
+        """
+        self.kueue_view()
+        reflector = self.pod_reflector
+        if reflector is None:
+            return True
+        key = f"{self.namespace}/{self.pod_name}"
+        pod = reflector.pods.get(key)
+        if pod is None or not kueue.queue_of(pod):
+            return True
+        if kueue.is_gated(pod):
+            self.log.info("%s waits in Kueue's queue across the hub's restart", self._log_name)
+        admitted_by = None
+        while True:
+            pod = reflector.pods.get(key)
+            if pod is None or not serverpod.pod_is_active(pod):
+                return True
+            if self._kueue_overdue(pod) is not None:
+                self.log.warning(
+                    "%s waited longer than %.0f s in Kueue; the hub stops it",
+                    self._log_name,
+                    self.gpu_queue_timeout,
+                )
+                return False
+            if not kueue.is_gated(pod):
+                admitted_by = admitted_by or time.monotonic() + self.start_timeout
+                try:
+                    if super().is_pod_running(pod) or time.monotonic() > admitted_by:
+                        return True
+                except Exception:
+                    return True
+            await asyncio.sleep(1)
 
     # ------------------------------------------------------------------
     # why it stopped (gpuspawner.core.stopreasons)
@@ -1479,6 +1668,30 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
                 reason=REASON_UNSCHEDULABLE,
                 status=refusals.SENTENCES[REASON_UNSCHEDULABLE].status,
             ) from None
+        except KueueWaitTimeout as e:
+            metrics.count_refusal(REASON_NO_CAPACITY)
+            waited = float(e.args[0]) if e.args else self.gpu_queue_timeout
+            self.log.warning(
+                "Giving up on %s after %.0f s in Kueue's queue", self._log_name, waited
+            )
+            self._failed_start(stopreasons.REASON_STUCK_PENDING, seconds=waited)
+            await self._delete_failed_pod("it waited too long in Kueue's queue")
+            selection = self._selection
+            request = (
+                f"{selection.gpus} {selection.gpu_type.display_name} "
+                f"GPU{'' if selection.gpus == 1 else 's'}"
+                if selection is not None and selection.gpu_type is not None
+                else "its GPUs"
+            )
+            raise spawn_error(
+                refusals.sentence(
+                    REASON_NO_CAPACITY, "kueue-timeout", seconds=waited, request=request
+                )
+                + " "
+                + refusals.sentence(REASON_NO_CAPACITY, "later"),
+                reason=REASON_NO_CAPACITY,
+                status=refusals.SENTENCES[REASON_NO_CAPACITY].status,
+            ) from None
         except GPUCheckFailed as e:
             metrics.count_refusal(REASON_GPU_CHECK)
             reason = str(e)
@@ -1506,6 +1719,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             raise
         finally:
             self._release_reservation()
+            self._kueue_done()
             self.hub_state.start_gate.leave(self._start_key())
 
     async def _delete_pod_by_name(self) -> None:

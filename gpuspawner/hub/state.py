@@ -31,6 +31,7 @@ from .startturns import StartGate
 if TYPE_CHECKING:
     from ..inventory.reflectors import InventoryReflector
     from .accounting import AccountingRecorder
+    from .kueue import KueueView
 
 
 class HubState:
@@ -56,6 +57,9 @@ class HubState:
         # The usage recorder's reconciliation runs on the hub's loop too.
         self._accounting: AccountingRecorder | None = None
         self._accounting_loop: asyncio.AbstractEventLoop | None = None
+        # The hub's reads of its Kueue LocalQueue (with GPUSpawner.kueue_queue).
+        self._kueue: KueueView | None = None
+        self._kueue_loop: asyncio.AbstractEventLoop | None = None
         #: Whether the recorder could not be created (said once in the hub's log).
         self.accounting_failed = False
         #: The spawners whose servers' GPUs the metrics count at scrape time (weakly held).
@@ -206,10 +210,31 @@ class HubState:
         """The usage recorder if one was started (the metrics read it), else None."""
         return self._accounting
 
+    # -- Kueue ----------------------------------------------------------------
+
+    def kueue(self, create: Callable[[], KueueView]) -> KueueView:
+        """The hub's one view of its Kueue LocalQueue, created on first use (per event loop)."""
+        loop = asyncio.get_running_loop()
+        if self._kueue is not None and self._kueue_loop is not loop:
+            self._kueue.cancel()
+            self._kueue = None
+        if self._kueue is None:
+            self._kueue = create()
+            self._kueue_loop = loop
+        return self._kueue
+
     # -- lifecycle ---------------------------------------------------------
 
     def _forget(self) -> InventoryReflector | None:
         reflector, self._inventory, self._inventory_loop = self._inventory, None, None
+        if (
+            self._kueue is not None
+            and self._kueue_loop is not None
+            and not self._kueue_loop.is_closed()
+        ):
+            with contextlib.suppress(RuntimeError):
+                self._kueue.cancel()
+        self._kueue, self._kueue_loop = None, None
         self._locks = weakref.WeakValueDictionary()
         self._reservations.clear()
         self._refused.clear()

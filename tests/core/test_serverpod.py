@@ -184,6 +184,69 @@ def test_an_unreadable_stop_annotation_is_no_notice(junk):
     assert pod.gpus == 2  # the rest of the pod still reads
 
 
+#: Kueue's own words when it preempts a notebook's workload (pkg/scheduler/preemption)
+PREEMPTED = (
+    "Preempted to accommodate a workload (UID: 5c0e, JobUID: 9f1a) due to prioritization in "
+    "the ClusterQueue; preemptor path: /gpus/notebooks; preemptee path: /gpus/notebooks"
+)
+
+
+def _stopped_by_kueue(message=PREEMPTED, reason="WorkloadEvicted", when="2026-12-01T14:02:00Z"):
+    """A notebook's pod as Kueue leaves it when it evicts the pod's workload: the
+    TerminationTarget condition patched on, then deleted (pod_controller.go)."""
+    pod = copy.deepcopy(GPU_PODS["jupyter-heidi-slice"])
+    condition = {
+        "type": "TerminationTarget",
+        "status": "True",
+        "reason": reason,
+        "message": message,
+    }
+    if when:
+        condition["lastTransitionTime"] = when
+    pod["status"].setdefault("conditions", []).append(condition)
+    pod["metadata"]["deletionTimestamp"] = "2026-12-01T14:02:30Z"
+    pod["metadata"]["deletionGracePeriodSeconds"] = 30
+    return pod
+
+
+def test_a_pod_kueue_preempted_says_so_at_the_time_kueue_marked_it():
+    from gpuspawner.core import stopreasons
+
+    notice = ServerPod.from_pod(_stopped_by_kueue()).stop_notice
+    assert notice == stopreasons.StopNotice(
+        stopreasons.REASON_PREEMPTED, parse_timestamp("2026-12-01T14:02:00Z")
+    )
+    # without the condition's time: when its deletion was asked for
+    notice = ServerPod.from_pod(_stopped_by_kueue(when="")).stop_notice
+    assert notice.at == parse_timestamp("2026-12-01T14:02:00Z")
+
+
+def test_a_stop_annotation_wins_over_kueues_condition():
+    from gpuspawner.core import labels, stopreasons
+
+    pod = _stopped_by_kueue()
+    pod["metadata"]["annotations"][labels.ANNOTATION_STOP_REASON] = json.dumps(
+        {"reason": "pressure", "at": 1e9, "seconds": 3600}
+    )
+    assert ServerPod.from_pod(pod).stop_notice == stopreasons.StopNotice(
+        "pressure", 1e9, seconds=3600
+    )
+
+
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [
+        # evicted, but not for other work: Kueue's PodsReady timeout, a deactivated workload
+        ("WorkloadEvicted", "Exceeded the PodsReady timeout default/pod-x"),
+        ("WorkloadEvicted", "The workload is deactivated"),
+        # stopped because its workload went away, not preempted
+        ("WorkloadDeleted", PREEMPTED),
+    ],
+)
+def test_other_kueue_stops_are_not_called_preemption(reason, message):
+    assert ServerPod.from_pod(_stopped_by_kueue(message, reason)).stop_notice is None
+
+
 # ---------------------------------------------------------------------------
 # issue 32: usage times, charge group, idle timeout and keep (hand-written pods in the API's
 # shape, tests/fixtures/pods)

@@ -66,6 +66,10 @@ def test_the_issue_example():
             S.StopNotice(S.REASON_MAX_RUNTIME, AT, seconds=8 * 3600),
             "it reached the maximum running time of 8 hours",
         ),
+        (
+            S.StopNotice(S.REASON_PREEMPTED, AT),
+            "it was preempted for queued work (Kueue gave its GPUs to higher-priority work)",
+        ),
     ],
 )
 def test_every_reason_has_its_sentence(notice, because):
@@ -212,3 +216,23 @@ def test_keep_choices_round_trip_and_junk():
         assert S.CullWarning.from_state(state).keep_choices == (), junk
     many = {"reason": "idle", "cull_after": AT, "keep_choices": [60] * 10}
     assert len(S.CullWarning.from_state(many).keep_choices) == S.MAX_KEEP_CHOICES
+
+
+def test_a_preemption_notice_is_kept_and_read_back_like_any_other():
+    """The spawner keeps it in its state; the home page and the REST endpoint show it."""
+    notice = S.StopNotice(S.REASON_PREEMPTED, AT, server="train", held="1 × NVIDIA A100")
+    stored = json.loads(json.dumps(notice.to_state()))
+    assert stored == {
+        "reason": "preempted",
+        "at": AT,
+        "server": "train",
+        "held": "1 × NVIDIA A100",
+    }
+    assert S.StopNotice.from_state(stored) == notice
+    assert notice.as_json()["message"] == (
+        "Your server 'train' (1 × NVIDIA A100) was stopped at 14:02 UTC because it was "
+        "preempted for queued work (Kueue gave its GPUs to higher-priority work)."
+    )
+    html = str(S.notice_html(notice))
+    assert "because it was preempted for queued work (Kueue gave its GPUs" in html
+    assert '<time datetime="' in html

@@ -298,3 +298,35 @@ def test_the_public_hooks_gpuspawner_builds_on_are_there():
     traits = KubeSpawner.class_traits()
     for name in ("modify_pod_hook", "options_form", "profile_list", "pre_spawn_hook"):
         assert name in traits, f"{KUBESPAWNER} has no {name} trait"
+
+
+def test_jupyterhub_still_marks_the_servers_it_checks_as_it_starts():
+    """compat.hub_checks_at_start: ``init_spawners`` sets the spawner's ``_check_pending``
+    before it polls the servers of its database and clears it after (GPUSpawner's poll then
+    lets a server queued in Kueue keep its place)."""
+    import inspect
+
+    from jupyterhub.app import JupyterHub
+    from jupyterhub.spawner import Spawner
+
+    from gpuspawner.hub.compat import hub_checks_at_start
+
+    name = f"JupyterHub {version('jupyterhub')}: JupyterHub.init_spawners"
+    source = inspect.getsource(JupyterHub.init_spawners)
+    marked = source.find("spawner._check_pending = True")
+    assert marked >= 0, (
+        f"{name} no longer sets spawner._check_pending: gpuspawner.hub.compat."
+        "hub_checks_at_start needs another sign that the hub checks a server as it starts"
+    )
+    assert marked < source.find("check_spawner(user", marked), (
+        f"{name} sets _check_pending only after it starts checking the server"
+    )
+    check = source[source.find("async def check_spawner") :]
+    polled, cleared = check.find("spawner.poll()"), check.find("spawner._check_pending = False")
+    assert 0 <= polled < cleared, f"{name}: _check_pending no longer holds while it polls"
+    assert Spawner._check_pending is False
+    spawner = Spawner()
+    assert not hub_checks_at_start(spawner)
+    spawner._check_pending = True
+    assert hub_checks_at_start(spawner)
+    assert spawner.pending == "check"

@@ -61,6 +61,14 @@ def test_stopped_servers_show_their_notice_and_running_ones_their_warning():
     assert "gpuspawner-warning" in lines[2] and "will be stopped" in lines[2]
 
 
+def test_a_notebook_kueue_preempted_shows_why_on_the_home_page():
+    notice = {"reason": stopreasons.REASON_PREEMPTED, "at": AT, "held": "1 × NVIDIA A100"}
+    user = User({"train": OrmSpawner("train", {stopreasons.STATE_KEY: notice})}, {})
+    (line,) = hubpages.user_notices(user)
+    assert "Your server &#39;train&#39; (1 × NVIDIA A100) was stopped at <time" in line
+    assert "because it was preempted for queued work (Kueue gave its GPUs to " in line
+
+
 def test_a_page_never_fails_because_of_the_lines():
     class Broken:
         name = "x"

@@ -182,6 +182,16 @@ def test_only_stopped_servers_with_a_readable_notice_count():
     assert user_notices({}) == []
 
 
+def test_a_preemption_notice_is_served_with_its_sentence():
+    notice = {"reason": stopreasons.REASON_PREEMPTED, "at": 1e9}
+    model = {"servers": {"a": {"stopped": True, "state": {stopreasons.STATE_KEY: notice}}}}
+    (served,) = user_notices(model)
+    assert served["reason"] == "preempted"
+    assert served["message"].endswith(
+        "because it was preempted for queued work (Kueue gave its GPUs to higher-priority work)."
+    )
+
+
 def test_a_stopped_server_without_its_state_means_the_token_may_not_read_it():
     assert state_hidden({"servers": {"a": {"stopped": True}}})
     assert not state_hidden({"servers": {"a": {"stopped": True, "state": {}}}})
