@@ -30,6 +30,10 @@ c.GPUCuller.gpu_busy_threshold = 5.0  # percent
 # Pressure: while GPU pods wait for a type, its idle servers go sooner.
 c.GPUCuller.pressure_timeout = 15 * 60
 c.GPUCuller.pressure_timeouts = {"h100": 10 * 60}
+# With Kueue as the cluster's GPU queue (docs/kueue.md): the head of each of these
+# ClusterQueues (a notebook or a Job) counts as waiting demand too. Needs
+# config/rbac-kueue.yaml and the catalog (catalog_file) for the GPU types.
+# c.GPUCuller.kueue_cluster_queues = ["notebooks", "batch"]
 
 # "Keep it": the choices a warning offers (each up to the image's max_keep in the
 # catalog, else default_max_keep). max_runtime and budgets come from the catalog.

@@ -30,7 +30,8 @@ from traitlets.config import Application, catch_config_error
 
 from .._version import __version__
 from ..clients.hubapi import HubClient, HubError
-from ..clients.kube import Expired, KubeClient, KubeError, NotFound, Reader
+from ..clients.kube import Expired, KubeClient, KubeError, NotFound, Reader, Refused
+from ..clients.kueue import KueueClient
 from ..clients.prometheus import PrometheusClient, PrometheusError
 from ..clients.settings import (
     AccountingSettings,
@@ -40,14 +41,17 @@ from ..clients.settings import (
     PrometheusSettings,
     ServiceConfigFile,
 )
+from ..core import kueue
 from ..core.budgets import current_period
 from ..core.catalog import Catalog, CatalogError, CatalogFile
 from ..core.endpoints import CULLER_KEEP_API
+from ..core.refusals import shown
 from ..core.serverpod import selector
 from ..core.stopreasons import CullWarning
 from . import annotations, deadlines, gpustatus, policy
 from .demand import HubDemand, parse_hub_metrics, total_by_type
 from .hub import list_servers
+from .kueuedemand import KueueDemand, head_keys, kueue_demand
 from .pods import pods_by_server, waiting_requests, warnings_on_pods, with_pods
 from .prometheus import GPUStatusReader, gpu_view
 from .warningapi import KeepAnswer, keep_request, warning_answer
@@ -112,7 +116,8 @@ class CullerMetrics:
         self.demand = Gauge(
             f"{prefix}_demand_gpus",
             "GPUs requested by requests waiting for GPUs in the last pass, by source "
-            "(queued or refused in the hub, pending pods)",
+            "(queued or refused in the hub, pending pods, kueue: the heads of Kueue's "
+            "ClusterQueues)",
             ["gpu_type", "source"],
             registry=r,
         )
@@ -148,6 +153,7 @@ class CullerMetrics:
             "internal",
             "catalog",
             "accounting",
+            "kueue",
         ):
             self.errors.labels(source=source)
 
@@ -282,6 +288,18 @@ class GPUCuller(
     pressure_timeouts = Dict(
         help="Pressure timeouts per GPU type, e.g. {'h100': 600}; types not listed use pressure_timeout."
     ).tag(config=True)
+    kueue_cluster_queues = List(
+        Unicode(),
+        help="""Kueue ClusterQueues whose queue counts as demand in pressure mode: each pass
+        reads their pending workloads (Kueue's visibility API), the Workload at the head of
+        each (a notebook or a Job: its pod sets' GPUs, per pod), the ClusterQueues and the
+        ResourceFlavors, and frees idle servers so that the head fits. The flavor's node
+        labels name the catalog GPU type (needs catalog_file). Needs, for the hub's service
+        account, cluster-wide: get on clusterqueues and workloads and list on
+        resourceflavors (kueue.x-k8s.io), get on clusterqueues/pendingworkloads
+        (visibility.kueue.x-k8s.io): config/rbac-kueue.yaml, or the chart's
+        gpuspawner.culler.kueueClusterQueues. Empty (the default): Kueue is not read.""",
+    ).tag(config=True)
     hub_demand = Bool(
         True,
         help="Read the GPU requests the hub holds back (queued, or refused for lack of free GPUs lately) and the free GPUs per node from the hub's /hub/metrics (needs the read:metrics scope), so pressure mode also frees GPUs for requests that never became a Pending pod. False: only Pending pods count.",
@@ -336,6 +354,11 @@ class GPUCuller(
         self.pods: KubeClient | None = None
         self.last_pressure: list[policy.PressureOutcome] = []
         self._hub_demand_warned = False
+        self.kueue: KueueClient | None = None
+        #: Whether the Kueue read's failure was logged; the parts of its demand left out
+        #: last pass (logged when they first were).
+        self._kueue_warned = False
+        self._kueue_skips_logged: set[str] = set()
         self._groups_warned = False
         self.catalog_source: CatalogFile | None = None
         #: The usage store (gpuspawner.accounting.store.UsageStore); None: no budgets enforced
@@ -454,9 +477,10 @@ class GPUCuller(
             return None
         return catalog
 
-    async def _with_deadlines(self, servers: list[policy.Server], now: float) -> list:
+    async def _with_deadlines(
+        self, servers: list[policy.Server], now: float, catalog: Catalog | None
+    ) -> list:
         """The servers with their deadlines and max_keep; without budgets if the store fails."""
-        catalog = self.catalog()
         budgets: dict = {}
         rules = catalog.limits.gpu_hours if catalog is not None else None
         users = deadlines.budget_users(rules, servers) if rules and self.store else []
@@ -513,11 +537,13 @@ class GPUCuller(
                     key: None if w is None else w.cull_after for key, w in on_pods.items()
                 }
         pressure = None
+        catalog = self.catalog()
         # Without the pods there are no nodes to free GPUs on: no pressure mode.
         if pending is not None:
             hub_demand = await self._hub_demand()
+            queued = await self._kueue_demand(catalog)
             pressure = policy.Pressure(
-                requests=hub_demand.requests + tuple(pending), free=hub_demand.free
+                requests=hub_demand.requests + tuple(pending) + queued, free=hub_demand.free
             )
         if (
             self.policy.exempt_groups
@@ -529,7 +555,7 @@ class GPUCuller(
                 "exempt_groups is set but the hub does not show users' groups: give the "
                 "service the read:users:groups scope; until then no server is culled."
             )
-        servers = await self._with_deadlines(servers, now)
+        servers = await self._with_deadlines(servers, now, catalog)
         gpu = await self._gpu_view(now)
         # Warnings on the pods of servers this culler has not decided on yet (all of
         # them after a restart) are taken up; its own, in memory, win.
@@ -578,6 +604,77 @@ class GPUCuller(
                     e,
                 )
             return HubDemand()
+
+    async def _kueue_demand(self, catalog: Catalog | None) -> tuple[policy.Request, ...]:
+        """The requests of the heads of ``kueue_cluster_queues``; none when Kueue is not
+        read, the catalog is missing, or the read fails (logged once, counted)."""
+        if not self.kueue_cluster_queues or self.pods is None:
+            return ()
+        if catalog is None:
+            if not self._kueue_warned:
+                self._kueue_warned = True
+                self.log.warning(
+                    "kueue_cluster_queues is set but the catalog cannot be read (catalog_file): "
+                    "without its GPU types Kueue's flavors name no GPU type, so pressure mode "
+                    "does not count Kueue's queue."
+                )
+            return ()
+        try:
+            if self.kueue is None:
+                self.kueue = await KueueClient.from_kube(self.pods)
+            demand = await self._read_kueue(self.kueue, catalog)
+        except KubeError as e:
+            self.metrics.errors.labels(source="kueue").inc()
+            if not self._kueue_warned:
+                self._kueue_warned = True
+                self.log.warning(
+                    "Kueue's queue could not be read (%s); pressure mode goes on without it "
+                    "(the culler needs get on clusterqueues and workloads and list on "
+                    "resourceflavors of kueue.x-k8s.io, and get on "
+                    "clusterqueues/pendingworkloads of visibility.kueue.x-k8s.io: "
+                    "config/rbac-kueue.yaml).",
+                    e,
+                )
+            return ()
+        if self._kueue_warned:
+            self._kueue_warned = False
+            self.log.info("Kueue's queue is read again.")
+        # the same head stays at the head for many passes: said once while it stays
+        for line in demand.skipped:
+            if line not in self._kueue_skips_logged:
+                self.log.info("Kueue demand: %s.", line[:1].upper() + line[1:])
+        self._kueue_skips_logged = set(demand.skipped)
+        return demand.requests
+
+    async def _read_kueue(self, client: KueueClient, catalog: Catalog) -> KueueDemand:
+        """Read the ClusterQueues, their pending workloads, their heads and the flavors;
+        raises KubeError. A head gone since the list (admitted, deleted), or one in a
+        namespace whose Workloads the culler may not read, is left out."""
+        flavors = kueue.flavor_node_labels(await client.resource_flavors())
+        queues: dict[str, kueue.ClusterQueueStatus] = {}
+        pending: dict[str, list[kueue.PendingEntry]] = {}
+        for name in dict.fromkeys(self.kueue_cluster_queues):
+            status = kueue.cluster_queue_status(await client.cluster_queue(name))
+            if status is None:
+                continue
+            queues[name] = status
+            pending[name] = await client.pending_in_cluster_queue(name)
+        workloads = {}
+        refused: list[str] = []
+        for namespace, name in head_keys(pending):
+            try:
+                workloads[(namespace, name)] = await client.workload(namespace, name)
+            except NotFound:
+                continue  # admitted and done, or deleted, since the list
+            except Refused:
+                # Workloads readable in some namespaces only: the other heads still count
+                self.metrics.errors.labels(source="kueue").inc()
+                refused.append(
+                    f"the Workload {shown(namespace + '/' + name)} at a queue's head may not be "
+                    f"read (the culler may not get Workloads in {shown(namespace)}): not counted"
+                )
+        demand = kueue_demand(pending, workloads, queues, flavors, catalog.gpu_types)
+        return replace(demand, skipped=(*refused, *demand.skipped))
 
     async def _act(
         self, decisions: list[policy.Decision], marks: dict[tuple[str, str], policy.WarningMark]

@@ -12,7 +12,8 @@ read with :class:`~gpuspawner.core.serverpod.ServerPod`:
   that a restarted culler knows which servers were warned and when;
 * the pods the scheduler could not place for lack of GPUs (``PodScheduled``
   False, reason ``Unschedulable``, message ``... Insufficient nvidia.com/gpu
-  ...``): one waiting request each.
+  ...``): one waiting request each; pods Kueue still gates wait in its queue
+  instead, and are not counted here.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from ..core import labels
+from ..core import kueue, labels
 from ..core.serverpod import ServerPod, server_pods
 from ..core.stopreasons import CullWarning
 from .policy import Request
@@ -49,11 +50,19 @@ def warnings_on_pods(pods: Iterable[Mapping]) -> dict[tuple[str, str], CullWarni
 
 
 def waiting_requests(pods: Iterable[Mapping]) -> list[Request]:
-    """One pending :class:`Request` per pod waiting for GPUs of its type."""
+    """One pending :class:`Request` per pod waiting for GPUs of its type.
+
+    A pod Kueue still gates is not one: it waits in Kueue's queue, and is counted
+    there when it heads it (:mod:`gpuspawner.culler.kueuedemand`), never twice.
+    """
     return [
         Request(gpu_type=pod.gpu_type, gpus=pod.gpus, source="pending")
         for pod in server_pods(pods)
-        if pod.user and pod.gpu_type is not None and pod.gpus > 0 and pod.waiting_for_gpus
+        if pod.user
+        and pod.gpu_type is not None
+        and pod.gpus > 0
+        and pod.waiting_for_gpus
+        and not kueue.is_gated(pod.raw)
     ]
 
 

@@ -17,10 +17,11 @@ seconds; the caller passes ``now``. The rules, in order:
    GPUs, with fresh data, were idle that long even though Jupyter reports
    activity: an open browser tab keeps ``last_activity`` fresh forever.
 7. Pressure: for each request waiting for GPUs (queued or refused in the hub,
-   or a pod Pending in the scheduler), idle servers of its GPU type (idle
-   longer than the type's pressure timeout, busy by neither signal) are culled
-   so that one node has enough free GPUs for it: on the node that needs the
-   fewest GPUs freed, longest-idle first, and no more than needed. A request
+   a pod Pending in the scheduler, or a pod of the workload at the head of a
+   Kueue ClusterQueue), idle servers of its GPU type (idle longer than the
+   type's pressure timeout, busy by neither signal) are culled so that one
+   node has enough free GPUs for it: on the node that needs the fewest GPUs
+   freed, longest-idle first, and no more than needed. A request
    that fits already frees nothing; one no node could hold even then frees
    nothing either, and is reported as unserved.
 8. With a warning period, a server is first warned and culled only on a later
@@ -640,8 +641,10 @@ def stop_at(
     return replace(forecast, due=at)
 
 
-# Where waiting requests come from, in the order they are served.
-SOURCES = ("queued", "pending", "refused")
+# Where waiting requests come from, in the order they are served: the hub's queue, pods
+# the scheduler cannot place (they hold their quota already), the heads of Kueue's
+# ClusterQueues (culler.kueuedemand), then requests the hub refused lately.
+SOURCES = ("queued", "pending", "kueue", "refused")
 
 
 @dataclass(frozen=True)
@@ -650,7 +653,7 @@ class Request:
 
     gpu_type: str
     gpus: int
-    source: str = "pending"  # "queued" or "refused" in the hub, or a "pending" pod
+    source: str = "pending"  # "queued" or "refused" in the hub, a "pending" pod, or "kueue"
 
     @property
     def describe(self) -> str:

@@ -8,6 +8,9 @@ import sys
 import pytest
 from traitlets.config import Config
 
+from gpuspawner.clients.kube import NotFound, Refused
+from gpuspawner.core import kueue
+from gpuspawner.culler import policy
 from gpuspawner.culler.app import GPUCuller
 
 from ..conftest import REPO
@@ -91,3 +94,186 @@ def test_z2jh_values_register_the_same_service_and_scopes():
     for forbidden in ("access:servers", "admin", "admin:users", "admin:servers"):
         assert forbidden not in CULLER_SCOPES
     assert values["cull"]["enabled"] is False  # one culler only
+
+
+# --- Kueue's queue as demand (kueue_cluster_queues) ------------------------------
+
+KUEUE_CATALOG = REPO / "tests" / "fixtures" / "catalogs" / "e2e.yaml"
+A100_FLAVOR = {
+    "metadata": {"name": "nvidia-a100-sxm4-80gb"},
+    "spec": {"nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}},
+}
+
+
+def gpu_queue(name: str) -> dict:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "cohortName": "gpus",
+            "resourceGroups": [
+                {
+                    "coveredResources": ["nvidia.com/gpu"],
+                    "flavors": [
+                        {
+                            "name": "nvidia-a100-sxm4-80gb",
+                            "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 4}],
+                        }
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def job_workload(name: str, gpus: int, count: int = 1) -> dict:
+    container = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+    return {
+        "metadata": {"name": name, "namespace": "batch"},
+        "spec": {
+            "podSets": [
+                {"name": "main", "count": count, "template": {"spec": {"containers": [container]}}}
+            ]
+        },
+        "status": {"conditions": [{"type": "QuotaReserved", "status": "False"}]},
+    }
+
+
+def entry(
+    name: str, position: int, kind: str = "Job", namespace: str = "batch"
+) -> kueue.PendingEntry:
+    return kueue.PendingEntry(namespace, name, kind, f"uid-{name}", "q", 100, position, position)
+
+
+class FakeKueue:
+    """KueueClient's reads, answered from dicts; ``fail`` raises it from every read."""
+
+    def __init__(self, pending: dict, workloads: dict, fail: Exception | None = None):
+        self.pending, self.workloads, self.fail = pending, workloads, fail
+        self.reads: list[str] = []
+        #: namespaces whose Workloads may not be read (a namespaced Role only)
+        self.refused: set[str] = set()
+
+    def _read(self, what: str) -> None:
+        self.reads.append(what)
+        if self.fail is not None:
+            raise self.fail
+
+    async def resource_flavors(self):
+        self._read("flavors")
+        return [A100_FLAVOR]
+
+    async def cluster_queue(self, name):
+        self._read(f"cq {name}")
+        if name not in self.pending:
+            raise NotFound(f"ClusterQueue {name!r} not found", 404)
+        return gpu_queue(name)
+
+    async def pending_in_cluster_queue(self, name):
+        self._read(f"pending {name}")
+        return self.pending[name]
+
+    async def workload(self, namespace, name):
+        self._read(f"workload {namespace}/{name}")
+        if namespace in self.refused:
+            raise Refused(f"workloads is forbidden in the namespace {namespace!r}", 403)
+        if name not in self.workloads:
+            raise NotFound(f"Workload {name!r} not found", 404)
+        return self.workloads[name]
+
+
+def kueue_culler(fake: FakeKueue, queues=("batch",)) -> GPUCuller:
+    app = make(
+        ["--log-level=INFO"], kueue_cluster_queues=list(queues), catalog_file=str(KUEUE_CATALOG)
+    )
+    app.pods = object()  # as if Kubernetes were read: Kueue comes through the fake
+    app.kueue = fake
+    return app
+
+
+async def test_the_head_of_each_named_cluster_queue_is_demand_and_nothing_behind_it():
+    fake = FakeKueue(
+        {"batch": [entry("train", 0), entry("next", 1)]},
+        {"train": job_workload("train", 4), "next": job_workload("next", 8)},
+    )
+    app = kueue_culler(fake)
+    requests = await app._kueue_demand(app.catalog())
+    assert requests == (policy.Request("a100", 4, "kueue"),)
+    assert fake.reads == ["flavors", "cq batch", "pending batch", "workload batch/train"]
+    app._record_pressure([], policy.Pressure(requests), [])
+    labels = {"gpu_type": "a100", "source": "kueue"}
+    assert app.metrics.registry.get_sample_value("gpuspawner_culler_demand_gpus", labels) == 4
+
+
+async def test_a_head_admitted_or_gone_since_the_list_is_no_demand():
+    fake = FakeKueue({"batch": [entry("gone", 0)]}, {})
+    app = kueue_culler(fake)
+    assert await app._kueue_demand(app.catalog()) == ()
+
+
+def logged(capfd, text: str) -> list[str]:
+    return [line for line in capfd.readouterr().err.splitlines() if text in line]
+
+
+async def test_kueue_failures_are_logged_once_counted_and_the_pass_goes_on(capfd):
+    fake = FakeKueue({}, {}, fail=Refused("clusterqueues is forbidden", 403))
+    app = kueue_culler(fake)
+    for _ in range(3):
+        assert await app._kueue_demand(app.catalog()) == ()
+    errors = app.metrics.registry.get_sample_value(
+        "gpuspawner_culler_errors_total", {"source": "kueue"}
+    )
+    assert errors == 3
+    warned = logged(capfd, "Kueue's queue could not")
+    assert len(warned) == 1 and "config/rbac-kueue.yaml" in warned[0]
+    # a queue that does not exist is a failure of the read too, not an empty queue
+    app = kueue_culler(FakeKueue({}, {}), queues=("nope",))
+    assert await app._kueue_demand(app.catalog()) == ()
+    assert app._kueue_warned
+
+
+async def test_without_the_setting_or_a_catalog_kueue_is_not_read(capfd):
+    fake = FakeKueue({"batch": [entry("train", 0)]}, {"train": job_workload("train", 4)})
+    app = kueue_culler(fake, queues=())
+    assert await app._kueue_demand(app.catalog()) == ()
+    app = kueue_culler(fake)
+    assert await app._kueue_demand(None) == ()
+    assert await app._kueue_demand(None) == ()
+    assert fake.reads == []
+    assert len(logged(capfd, "catalog cannot be read")) == 1
+
+
+async def test_a_head_no_catalog_type_serves_is_said_once(capfd):
+    v100 = job_workload("v100", 2)
+    v100["spec"]["podSets"][0]["template"]["spec"]["nodeSelector"] = {
+        "nvidia.com/gpu.product": "Tesla-V100"
+    }
+    app = kueue_culler(FakeKueue({"batch": [entry("v100", 0)]}, {"v100": v100}))
+    for _ in range(2):
+        assert await app._kueue_demand(app.catalog()) == ()
+    said = [line[line.index("Kueue demand:") :] for line in logged(capfd, "Kueue demand:")]
+    assert said == [
+        "Kueue demand: The head of ClusterQueue 'batch' ('Job' 'batch/v100'), pod set 'main', "
+        "asks for 2 'nvidia.com/gpu' per pod, and ClusterQueue 'batch' has no flavor for it: "
+        "not counted."
+    ]
+
+
+async def test_a_head_in_a_namespace_whose_workloads_may_not_be_read_leaves_the_others(capfd):
+    notebook = job_workload("pod-ada", 1)
+    notebook["metadata"]["namespace"] = "jupyterhub"
+    fake = FakeKueue(
+        {
+            "batch": [entry("train", 0)],
+            "notebooks": [entry("pod-ada", 0, kind="Pod", namespace="jupyterhub")],
+        },
+        {"train": job_workload("train", 4), "pod-ada": notebook},
+    )
+    fake.refused = {"batch"}
+    app = kueue_culler(fake, queues=("batch", "notebooks"))
+    assert await app._kueue_demand(app.catalog()) == (policy.Request("a100", 1, "kueue"),)
+    errors = app.metrics.registry.get_sample_value(
+        "gpuspawner_culler_errors_total", {"source": "kueue"}
+    )
+    assert errors == 1
+    (said,) = logged(capfd, "Kueue demand:")
+    assert "The Workload 'batch/train' at a queue's head may not be read" in said

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
+from gpuspawner.core import kueue
 from gpuspawner.culler.pods import pods_by_server, waiting_requests, with_pods
 from gpuspawner.culler.policy import Request, Server
 
@@ -18,6 +20,27 @@ def test_waiting_requests_are_pods_unschedulable_for_their_gpu_resource_one_each
         Request("a100", 1, "pending"),
         Request("a100-1g", 1, "pending"),
     ]
+
+
+def test_a_pod_kueue_gates_is_not_pending_demand_it_waits_in_kueues_queue():
+    """Kueue's pending list counts it (culler.kueuedemand): never twice."""
+    waiting = [p for p in PODS if waiting_requests([p])]
+    gated = copy.deepcopy(waiting)
+    for pod in gated:
+        pod["spec"]["schedulingGates"] = [{"name": kueue.ADMISSION_GATE}]
+    assert len(waiting_requests(waiting)) == 3
+    assert waiting_requests(gated) == []
+    # as the API shows a gated pod: the scheduler has not tried it
+    for pod in gated:
+        for condition in pod["status"]["conditions"]:
+            if condition["type"] == "PodScheduled":
+                condition.update(reason="SchedulingGated", message="Scheduling is blocked")
+    assert waiting_requests(gated) == []
+    # another gate than Kueue's leaves a pod the scheduler found no GPUs for counted
+    other = copy.deepcopy(waiting)
+    for pod in other:
+        pod["spec"]["schedulingGates"] = [{"name": "example.com/other"}]
+    assert len(waiting_requests(other)) == 3
 
 
 def test_pods_by_server_reads_kubespawner_annotations_and_gpuspawner_labels():

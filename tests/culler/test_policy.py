@@ -272,6 +272,59 @@ def test_queued_requests_are_served_before_refused_ones():
     ]
 
 
+def test_a_kueue_head_frees_exactly_what_it_needs_on_one_node():
+    """A 4-GPU Job at the head of a ClusterQueue: n0 has 2 free and two idle 1-GPU servers;
+    n1 has idle servers enough for it too, but needs 4 freed, not 2."""
+    servers = [
+        server("k1", gpus=1, gpu_type="a100", idle=3 * H, node="n0"),
+        server("k2", gpus=1, gpu_type="a100", idle=2 * H, node="n0"),
+        server("k3", gpus=1, gpu_type="a100", idle=1 * H, node="n0"),
+        *(server(f"m{i}", gpus=1, gpu_type="a100", idle=9 * H, node="n1") for i in range(4)),
+    ]
+    gpus = gpu_view(*((s.user, None) for s in servers))
+    result = P.decide_pass(
+        servers,
+        NOW,
+        PRESSURE,
+        gpu=gpus,
+        pressure=wait((4, "a100", "kueue"), free={"a100": {"n0": 2, "n1": 0}}),
+    )
+    assert [d.server.user for d in result.decisions if d.action == P.CULL] == ["k1", "k2"]
+    (outcome,) = result.pressure
+    assert (outcome.node, set(outcome.freed)) == ("n0", {("k1", ""), ("k2", "")})
+    assert "for 4 a100 GPUs (kueue) start" in result.decisions[0].detail
+    # one pod of 2 GPUs fits in n0's 2 free: nothing is stopped for it
+    result = P.decide_pass(
+        servers,
+        NOW,
+        PRESSURE,
+        gpu=gpus,
+        pressure=wait((2, "a100", "kueue"), free={"a100": {"n0": 2, "n1": 0}}),
+    )
+    assert [d for d in result.decisions if d.action == P.CULL] == []
+    assert result.pressure[0].node == "n0"
+
+
+def test_kueues_head_is_served_after_pending_pods_and_before_refused_requests():
+    only_b = [FLEET[1], FLEET[4]]
+    culled, outcomes = pressure_pass(
+        (3, "a100", "refused"), (3, "a100", "kueue"), (1, "a100", "pending"), servers=only_b
+    )
+    # n0's 1 free goes to the pending pod; b's 2 alone are not 3 for anyone after it
+    assert culled == []
+    assert [(o.request.source, o.served) for o in outcomes] == [
+        ("pending", True),
+        ("kueue", False),
+        ("refused", False),
+    ]
+    culled, outcomes = pressure_pass((3, "a100", "refused"), (3, "a100", "kueue"), servers=only_b)
+    assert culled == ["b"]
+    assert [(o.request.source, o.served) for o in outcomes] == [
+        ("kueue", True),
+        ("refused", False),
+    ]
+
+
 def test_pressure_never_touches_busy_young_unknown_or_other_type_servers():
     culled, _ = pressure_pass((4, "a100"), free={"a100": {}})
     assert "busy" not in culled and "d" not in culled and "missing" not in culled
