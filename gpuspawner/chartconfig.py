@@ -59,12 +59,18 @@ def setup_arguments(settings: Mapping[str, Any], config_dir: Path = CONFIG_DIR) 
     """The keyword arguments of :func:`gpuspawner.setup` for the chart's ``settings.json``."""
     admin = settings.get("admin") or {}
     users = admin.get("users")
+    # the command line wins over admin_config.json: the chart's own value, when set
+    queues = [f"--GPUAdmin.kueue_cluster_queues={q}" for q in admin.get("kueueClusterQueues") or ()]
+    culler = settings.get("culler") or {}
+    culler_queues = [
+        f"--GPUCuller.kueue_cluster_queues={q}" for q in culler.get("kueueClusterQueues") or ()
+    ]
     return {
         **{argument: _enabled(settings, key) for _, argument, key in PARTS},
         **{f"{argument}_url": f"http://{HUB_SERVICE}:{PORTS[name]}" for name, argument, _ in PARTS},
         "ip": "0.0.0.0",
-        "culler_args": [f"--config={config_dir / 'culler_config.json'}"],
-        "admin_args": [f"--config={config_dir / 'admin_config.json'}"],
+        "culler_args": [f"--config={config_dir / 'culler_config.json'}", *culler_queues],
+        "admin_args": [f"--config={config_dir / 'admin_config.json'}", *queues],
         "prometheus_url": settings.get("prometheusUrl") or "",
         "warning_url": WARNING_URL,
         "admin_users": None if users is None else tuple(users),

@@ -8,7 +8,9 @@ Two ways to get the figures:
 - directly (``--catalog FILE``): the hub's API for users and servers (a token
   with ``list:users``, ``read:users``, ``read:servers``), the cluster through
   the kubeconfig (``$KUBECONFIG``) for nodes and pods, and the catalog file
-  for limits — no admin service needed.
+  for limits — no admin service needed; ``--kueue-cluster-queue NAME`` (again
+  for each) adds those Kueue ClusterQueues, as ``GPUAdmin.kueue_cluster_queues``
+  does for the service.
 
 ``--json`` prints the report for scripts; ``--user NAME`` explains the limit
 in effect for that user and the rule it came from, and which catalog images
@@ -78,15 +80,23 @@ def fetch_from_service(hub_url: str, token: str, user: str | None = None) -> Poo
 
 
 async def fetch_direct(
-    hub_url: str, token: str, catalog: str, namespace: str, user: str | None
+    hub_url: str,
+    token: str,
+    catalog: str,
+    namespace: str,
+    user: str | None,
+    cluster_queues: tuple[str, ...] = (),
 ) -> PoolReport:
-    from .admin.collect import Collector, KubeReader
+    from .admin.collect import Collector, KubeReader, KueueReader
     from .clients.hubapi import HubClient
     from .clients.kube import KubeClient, kubernetes_available
 
     hub = HubClient(f"{hub_url.rstrip('/')}/hub/api", token, max_retries=1)
     kube = KubeReader(KubeClient(namespace)) if kubernetes_available() else None
-    collector = Collector(hub, kube, catalog, cache_seconds=0)
+    queues = None
+    if cluster_queues:
+        queues = KueueReader(cluster_queues, kube=kube.client if kube else None)
+    collector = Collector(hub, kube, catalog, cache_seconds=0, kueue=queues)
     try:
         return await collector.report((user,) if user else ())
     finally:
@@ -217,6 +227,14 @@ def main(argv: list[str] | None = None) -> int:
         "the hub's gpuspawner-admin service",
     )
     status.add_argument(
+        "--kueue-cluster-queue",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --catalog: also show this Kueue ClusterQueue's GPU quota, usage and pending "
+        "work per flavor (again for each; the service shows GPUAdmin.kueue_cluster_queues)",
+    )
+    status.add_argument(
         "--namespace",
         default=os.environ.get("POD_NAMESPACE", "jupyterhub"),
         help="the notebook pods' namespace, with --catalog (default jupyterhub)",
@@ -234,7 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.catalog:
             report = asyncio.run(
-                fetch_direct(args.hub_url, args.token, args.catalog, args.namespace, args.user)
+                fetch_direct(
+                    args.hub_url,
+                    args.token,
+                    args.catalog,
+                    args.namespace,
+                    args.user,
+                    tuple(args.kueue_cluster_queue),
+                )
             )
         else:
             report = fetch_from_service(args.hub_url, args.token, args.user)

@@ -55,11 +55,25 @@ def values_schema() -> dict[str, Any]:
     gpuspawner = _closed(
         {
             "catalog": catalog_schema(),
-            "culler": _switch(config=_traitlets_config("culler")),
+            "culler": _switch(
+                config=_traitlets_config("culler"),
+                kueueClusterQueues={
+                    "type": "array",
+                    "items": {"type": "string", "minLength": 1},
+                    "description": "Kueue ClusterQueues whose head counts as demand in "
+                    "pressure mode (GPUCuller.kueue_cluster_queues); naming any grants Kueue read.",
+                },
+            ),
             "admin": _switch(
                 users={"type": ["array", "null"], "items": {"type": "string"}},
                 groups={"type": "array", "items": {"type": "string"}},
                 config=_traitlets_config("GPU page"),
+                kueueClusterQueues={
+                    "type": "array",
+                    "items": {"type": "string", "minLength": 1},
+                    "description": "Kueue ClusterQueues the GPU page shows "
+                    "(GPUAdmin.kueue_cluster_queues); naming any grants Kueue read.",
+                },
             ),
             "userService": _switch(),
             "prometheus": _closed({"url": {"type": "string"}}),

@@ -54,6 +54,18 @@ def test_admin_users_and_groups_are_passed_as_given():
     assert args["admin_users"] == () and args["admin_groups"] == ("gpu-admins",)
 
 
+def test_the_cullers_kueue_cluster_queues_reach_its_command_line():
+    """They win over culler_config.json, and the culler reads them (GPUCuller's trait)."""
+    from .culler.test_app import make
+
+    args = chartconfig.setup_arguments({"culler": {"kueueClusterQueues": ["notebooks", "batch"]}})
+    assert args["culler_args"][1:] == [
+        "--GPUCuller.kueue_cluster_queues=notebooks",
+        "--GPUCuller.kueue_cluster_queues=batch",
+    ]
+    assert make(args["culler_args"][1:]).kueue_cluster_queues == ["notebooks", "batch"]
+
+
 def test_configure_adds_the_services_turned_on_and_drops_the_others(tmp_path):
     c = z2jh_config()
     config_dir = write_settings(

@@ -1,4 +1,4 @@
-"""Gather what the report needs: the hub's users, the cluster's nodes and pods, Prometheus.
+"""Gather what the report needs: the hub's users, the cluster's nodes and pods, Prometheus, Kueue.
 
 A thin I/O layer around :func:`gpuspawner.admin.report.build_report`: each
 source that fails becomes a one-sentence note on the report, never an error
@@ -7,14 +7,16 @@ page, so the page still shows what the other sources said.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
 from ..clients.hubapi import HubClient, HubError
-from ..clients.kube import KubeClient
+from ..clients.kube import KubeClient, KubeError, NotFound, Refused
+from ..clients.kueue import KueueClient
 from ..clients.prometheus import PrometheusClient, PrometheusError
 from ..core.catalog import Catalog, CatalogError, CatalogFile
 from ..core.podspec import gpu_resource_names
@@ -22,10 +24,25 @@ from ..core.refusals import shown
 from ..core.serverpod import is_managed
 from ..inventory.figures import catalog_availability
 from ..inventory.model import inventory_from
-from .report import PoolReport, build_report
+from .report import KueueData, PoolReport, build_report
 
 #: Utilisation is the mean over this many seconds.
 UTILISATION_WINDOW = 300
+
+#: Pending Workloads read per ClusterQueue and pass (the first in the queue's order), one GET
+#: each: their pod sets say what GPUs they wait for. Beyond, the pending GPUs shown are a
+#: lower bound. A bound, because a queue of thousands would cost thousands of requests a
+#: page view; GETs of named Workloads, because a cluster-wide Workload list would also read
+#: every running one (docs/security.md).
+MAX_PENDING_READ = 100
+#: Workload GETs in flight at once.
+PARALLEL_READS = 8
+
+#: Where the admin service's Kueue rights are explained.
+KUEUE_RIGHTS = (
+    "config/rbac-kueue.yaml grants it, as the chart does with gpuspawner.admin.kueueClusterQueues; "
+    "docs/security.md"
+)
 
 
 class KubeReader:
@@ -51,6 +68,114 @@ class KubeReader:
         await self.client.close()
 
 
+def kueue_problem(what: str, error: Exception) -> str:
+    """The page's sentence for a Kueue read that failed: what is not shown, and why."""
+    text = " ".join(str(error).split()).rstrip(".")
+    if isinstance(error, Refused):
+        return f"{what}: the admin service may not read it ({KUEUE_RIGHTS}): {text}."
+    return f"{what}: {text}."
+
+
+class KueueReader:
+    """Kueue as the report needs it: the named ClusterQueues, the ResourceFlavors, the pending
+    Workloads of each queue.
+
+    ``client``: a :class:`~gpuspawner.clients.kueue.KueueClient` (or one like it); else one
+    is made from ``kube`` on the first read, sharing its API client.
+    """
+
+    def __init__(
+        self,
+        cluster_queues: Iterable[str],
+        *,
+        client: Any = None,
+        kube: KubeClient | None = None,
+        max_pending: int = MAX_PENDING_READ,
+    ):
+        self.names = tuple(dict.fromkeys(cluster_queues))
+        self._client = client
+        self._kube = kube
+        self.max_pending = max_pending
+
+    async def client(self) -> Any:
+        if self._client is None:
+            if self._kube is None:
+                raise KubeError("Kubernetes is not configured")
+            self._client = await KueueClient.from_kube(self._kube)
+        return self._client
+
+    async def read(self) -> tuple[KueueData, list[str]]:
+        """What was read, and one sentence for each thing that could not be.
+
+        A ClusterQueue that does not exist or cannot be read is a sentence and no rows;
+        ResourceFlavors that cannot be read leave the GPU types unknown; a pending list
+        (Kueue's visibility API) or Workload that cannot be read leaves that queue's
+        pending GPUs unknown. A Workload gone or admitted since the list was read is
+        simply not pending any more.
+        """
+        problems: list[str] = []
+        try:
+            client = await self.client()
+        except Exception as e:  # no configuration: the rest of the page stands
+            return KueueData(self.names), [kueue_problem("Kueue's ClusterQueues are not shown", e)]
+        queues: dict[str, Mapping[str, Any]] = {}
+        for name in self.names:
+            try:
+                queues[name] = await client.cluster_queue(name)
+            except NotFound:
+                problems.append(
+                    f"The ClusterQueue {shown(name)} does not exist "
+                    "(GPUAdmin.kueue_cluster_queues names it)."
+                )
+            except KubeError as e:
+                problems.append(kueue_problem(f"The ClusterQueue {shown(name)} is not shown", e))
+        flavors: list[Mapping[str, Any]] = []
+        if queues:
+            try:
+                flavors = await client.resource_flavors()
+            except KubeError as e:
+                problems.append(
+                    kueue_problem(
+                        "Kueue's ResourceFlavors could not be read, so the GPU types of the "
+                        "ClusterQueues' flavors and their pending GPUs are not known",
+                        e,
+                    )
+                )
+        pending: dict[str, list[Mapping[str, Any]]] = {}
+        partial: set[str] = set()
+        for name in queues:
+            what = f"The pending GPUs of the ClusterQueue {shown(name)} are not shown"
+            try:
+                entries = await client.pending_in_cluster_queue(name)
+            except KubeError as e:
+                problems.append(kueue_problem(f"{what} (Kueue's visibility API)", e))
+                continue
+            if len(entries) > self.max_pending:
+                partial.add(name)
+            try:
+                pending[name] = await self.workloads(client, entries[: self.max_pending])
+            except KubeError as e:
+                problems.append(kueue_problem(what, e))
+        return (
+            KueueData(self.names, queues, tuple(flavors), pending, frozenset(partial)),
+            problems,
+        )
+
+    async def workloads(self, client: Any, entries: list[Any]) -> list[Mapping[str, Any]]:
+        """The Workloads of these pending entries that still exist, in the entries' order."""
+        turns = asyncio.Semaphore(PARALLEL_READS)
+
+        async def get(entry: Any) -> Mapping[str, Any] | None:
+            async with turns:
+                try:
+                    return await client.workload(entry.namespace, entry.name)
+                except NotFound:  # admitted and finished, or deleted, since the list
+                    return None
+
+        found = await asyncio.gather(*(get(e) for e in entries))
+        return [w for w in found if w is not None]
+
+
 class Collector:
     """Builds reports; keeps the last one for ``cache_seconds`` so many admins cost one pass."""
 
@@ -62,9 +187,11 @@ class Collector:
         prometheus: PrometheusClient | None = None,
         cache_seconds: float = 10,
         log: logging.Logger | None = None,
+        kueue: KueueReader | None = None,
     ):
         self.hub = hub
         self.kube = kube
+        self.kueue = kueue
         self.catalog_source = CatalogFile(catalog_file) if catalog_file else None
         self.prometheus = prometheus
         self.cache_seconds = cache_seconds
@@ -119,6 +246,23 @@ class Collector:
                 "something that is not a query result."
             )
 
+    async def queues(self) -> tuple[KueueData, list[str]]:
+        """Kueue's named ClusterQueues; whatever goes wrong, a sentence and the rest of the page."""
+        reader = self.kueue
+        if reader is None:
+            return KueueData(()), []
+        try:
+            return await reader.read()
+        except Exception as e:  # an answer of a shape no client check caught
+            self.log.warning(
+                "Kueue's ClusterQueues could not be read: %s",
+                shown(f"{type(e).__name__}: {e}", 200),
+            )
+            return KueueData(reader.names), [
+                "Kueue's ClusterQueues are not shown: the API server answered something that "
+                "is not a Kueue object."
+            ]
+
     async def report(self, extra_users: tuple[str, ...] = (), fresh: bool = False) -> PoolReport:
         """The report; the last one if younger than ``cache_seconds``, unless ``fresh``."""
         now = time.time()
@@ -162,6 +306,10 @@ class Collector:
             utilisation, problem = await self.utilisation(self.prometheus, now)
             if problem:
                 problems.append(problem)
+        queues: KueueData | None = None
+        if self.kueue is not None:
+            queues, more = await self.queues()
+            problems += more
         report = build_report(
             users=users,
             pods=pods,
@@ -171,6 +319,7 @@ class Collector:
             utilisation=utilisation,
             problems=problems,
             utilisation_failed=bool(problem),
+            queues=queues,
         )
         if not extra_users:
             self._last = (now, report)

@@ -28,13 +28,22 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template, sel
 
 from ..core.limits import format_units
 from ..core.usage import DIMENSIONS
-from .report import PoolReport, UserRow, format_duration, format_utilisation, type_table
+from .report import (
+    PoolReport,
+    UserRow,
+    format_duration,
+    format_utilisation,
+    kueue_table,
+    type_table,
+)
 from .usage import BY_TITLES, HOLDER_HEAD, IdleHolder, UsageQuery, UsageTable, holder_cells
 
 TEMPLATES = Path(__file__).with_name("templates")
 
 #: Columns of the type table shown right-aligned (the figures).
 _NUMERIC_TYPE_COLUMNS = frozenset({1, 2, 3, 4})
+#: Columns of the ClusterQueue table shown right-aligned: nominal to pending GPUs.
+_NUMERIC_KUEUE_COLUMNS = frozenset(range(5, 11))
 
 
 @dataclass(frozen=True)
@@ -91,10 +100,18 @@ def _user_view(u: UserRow, utilisation_source: str) -> UserView:
 def page_view(report: PoolReport) -> dict[str, Any]:
     """What the template shows of the report, all of it plain text."""
     head, rows = type_table(report)
+    # ClusterQueue, cohort and flavor names come from the cluster: text like the rest
+    kueue_head, kueue_rows = kueue_table(report)
     return {
         "type_head": head,
         "type_rows": [
             [(cell, i in _NUMERIC_TYPE_COLUMNS) for i, cell in enumerate(row)] for row in rows
+        ],
+        "kueue_shown": bool(report.kueue_cluster_queues),
+        "kueue_head": kueue_head,
+        "kueue_rows": [
+            [(cell, i in _NUMERIC_KUEUE_COLUMNS) for i, cell in enumerate(row)]
+            for row in kueue_rows
         ],
         "users": [_user_view(u, report.utilisation_source) for u in report.users],
         "problems": list(report.problems),

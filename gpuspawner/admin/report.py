@@ -3,23 +3,27 @@
 In: the hub's user models (``GET /users``), GPUSpawner's pods, the figures
 per GPU type (:class:`~gpuspawner.inventory.model.Availability`), the catalog
 (for display names and limits) and, when Prometheus is configured, the GPU
-utilisation per pod. Out: a :class:`PoolReport`, which the admin page renders
-as HTML, ``gpuspawner status`` as text, and both as JSON.
+utilisation per pod; with ``kueue_cluster_queues`` set, Kueue's ClusterQueues,
+ResourceFlavors and pending Workloads (:class:`KueueData`). Out: a
+:class:`PoolReport`, which the admin page renders as HTML, ``gpuspawner status``
+as text, and both as JSON.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ..core import kueue
 from ..core.catalog import Catalog
 from ..core.limits import effective_limit, format_units
 from ..core.options import OPTION_GPU_TYPE, OPTION_GPUS, OPTION_PROFILE, parse_count
-from ..core.refusals import escape_unprintable, listing
-from ..core.serverpod import ServerPod, server_pods
+from ..core.podspec import gpu_resource_names
+from ..core.refusals import escape_unprintable, listing, shown
+from ..core.serverpod import ServerPod, is_gpu_resource, server_pods
 from ..inventory.model import Availability
 
 
@@ -77,6 +81,46 @@ class UserRow:
 
 
 @dataclass(frozen=True)
+class KueueQueueRow:
+    """One GPU resource of one flavor in a Kueue ClusterQueue's quota, and the work waiting for it.
+
+    Quantities are in the resource's units (GPUs, MIG slices).
+    """
+
+    cluster_queue: str
+    cohort: str  # "" when the ClusterQueue is in no cohort
+    flavor: str
+    gpu_type: str  # the catalog's GPU type the flavor's nodes are; "" when none matches
+    gpu_type_name: str  # its display name, else ""
+    resource: str
+    nominal: float
+    borrowing_limit: float | None  # None: it may borrow whatever its cohort lends
+    in_use: float  # admitted workloads (status.flavorsUsage)
+    reserved: float  # quota reserved, admitted or not yet (status.flavorsReservation)
+    pending_workloads: int  # the ClusterQueue's, every flavor (status.pendingWorkloads)
+    # the GPUs of this resource the pending Workloads read would take in this flavor; None: not read
+    pending_gpus: float | None
+    # True: more Workloads were pending than were read, so pending_gpus is a lower bound
+    pending_partial: bool = False
+
+
+@dataclass(frozen=True)
+class KueueData:
+    """What the collector read of Kueue for the named ClusterQueues (plain objects, as the API gave them).
+
+    ``cluster_queues``: the ClusterQueue objects read, by name (a name not here was not read,
+    and the collector said why). ``pending``: per ClusterQueue, the pending Workloads read
+    (absent: not read); ``partial``: the ClusterQueues with more pending Workloads than read.
+    """
+
+    names: tuple[str, ...]
+    cluster_queues: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    flavors: Sequence[Mapping[str, Any]] = ()
+    pending: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
+    partial: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class PoolReport:
     generated: float
     types: tuple[TypeRow, ...]
@@ -84,10 +128,14 @@ class PoolReport:
     # "prometheus": utilisation known; "unavailable": Prometheus failed; "": not configured
     utilisation_source: str = ""
     problems: tuple[str, ...] = field(default_factory=tuple)
+    # the ClusterQueues the admin named (GPUAdmin.kueue_cluster_queues); (): Kueue not read
+    kueue_cluster_queues: tuple[str, ...] = ()
+    kueue: tuple[KueueQueueRow, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (``gpuspawner status --json`` and the service's ``api/status``)."""
         data = asdict(self)
+        data["kueue_cluster_queues"] = list(self.kueue_cluster_queues)
         for user in data["users"]:
             user["groups"] = None if user["groups"] is None else list(user["groups"])
             user["limit_per_type"] = dict(user["limit_per_type"])
@@ -132,6 +180,9 @@ def report_from_dict(data: Mapping[str, Any]) -> PoolReport:
         users=tuple(users),
         utilisation_source=data.get("utilisation_source") or "",
         problems=tuple(data.get("problems") or ()),
+        # a service older than the Kueue table sends neither
+        kueue_cluster_queues=tuple(data.get("kueue_cluster_queues") or ()),
+        kueue=tuple(KueueQueueRow(**r) for r in data.get("kueue") or ()),
     )
 
 
@@ -170,6 +221,107 @@ def type_rows(
     return tuple(rows)
 
 
+def pending_amounts(
+    workloads: Iterable[Mapping[str, Any]] | None,
+    queue: kueue.ClusterQueueStatus,
+    flavor_labels: Mapping[str, Mapping[str, str]],
+    gpu_resources: Iterable[str] = (),
+) -> dict[tuple[str, str], float] | None:
+    """Per (flavor, GPU resource): what ``workloads`` pending in ``queue`` ask for; None: not read.
+
+    Each pod set's GPUs (per pod × count) go to the flavor Kueue would try first
+    for them (:func:`~gpuspawner.core.kueue.request_flavor`); a pod set no flavor
+    of the queue can take is counted nowhere. A Workload admitted since the
+    pending list was read is no longer pending and is left out.
+    """
+    if workloads is None:
+        return None
+    extra = tuple(gpu_resources)
+    amounts: dict[tuple[str, str], float] = {}
+    for workload in workloads:
+        if not kueue.workload_is_pending(workload):
+            continue
+        for request in kueue.workload_requests(workload):
+            for resource, amount in request.gpu_resources(extra).items():
+                flavor = kueue.request_flavor(request, resource, queue, flavor_labels)
+                if flavor is not None:
+                    key = (flavor, resource)
+                    amounts[key] = amounts.get(key, 0.0) + amount * request.count
+    return amounts
+
+
+def kueue_rows(
+    data: KueueData, catalog: Catalog | None
+) -> tuple[tuple[KueueQueueRow, ...], tuple[str, ...]]:
+    """The rows of each ClusterQueue read, in the order named, and a note for each shown without rows.
+
+    One row per GPU resource per flavor of a ClusterQueue's quota (cpu and memory
+    are not the GPU page's); the GPU type is the catalog's type of that resource
+    whose node selector the flavor's node labels satisfy
+    (:func:`~gpuspawner.core.kueue.flavor_gpu_types`).
+    """
+    extra = tuple(gpu_resource_names(catalog)) if catalog is not None else ()
+    flavor_labels = kueue.flavor_node_labels(data.flavors)
+    selectors = kueue.catalog_type_selectors(catalog) if catalog is not None else {}
+    types_by_resource: dict[str, dict[str, str]] = {}
+
+    def gpu_type(flavor: str, resource: str) -> tuple[str, str]:
+        if catalog is None:
+            return "", ""
+        if resource not in types_by_resource:
+            # a MIG type and the full GPU of the same nodes match the same flavor: the
+            # resource tells them apart
+            of_resource = {
+                key: wanted
+                for key, wanted in selectors.items()
+                if catalog.gpu_types[key].resource == resource
+            }
+            types_by_resource[resource] = kueue.flavor_gpu_types(flavor_labels, of_resource)
+        key = types_by_resource[resource].get(flavor, "")
+        return key, catalog.gpu_types[key].display_name if key in catalog.gpu_types else ""
+
+    rows: list[KueueQueueRow] = []
+    notes: list[str] = []
+    for name in dict.fromkeys(data.names):
+        obj = data.cluster_queues.get(name)
+        if obj is None:
+            continue
+        queue = kueue.cluster_queue_status(obj)
+        if queue is None:
+            notes.append(
+                f"The ClusterQueue {shown(name)} is not shown: what Kueue answered is not a "
+                "ClusterQueue."
+            )
+            continue
+        quotas = [q for q in queue.quotas if is_gpu_resource(q.resource, extra)]
+        if not quotas:
+            notes.append(f"The ClusterQueue {shown(name)} has no GPU resource in its quota.")
+            continue
+        pending = pending_amounts(data.pending.get(name), queue, flavor_labels, extra)
+        for quota in quotas:
+            key, display_name = gpu_type(quota.flavor, quota.resource)
+            rows.append(
+                KueueQueueRow(
+                    cluster_queue=name,
+                    cohort=queue.cohort,
+                    flavor=quota.flavor,
+                    gpu_type=key,
+                    gpu_type_name=display_name,
+                    resource=quota.resource,
+                    nominal=quota.nominal,
+                    borrowing_limit=quota.borrowing_limit,
+                    in_use=quota.used,
+                    reserved=quota.reserved,
+                    pending_workloads=queue.pending,
+                    pending_gpus=None
+                    if pending is None
+                    else pending.get((quota.flavor, quota.resource), 0.0),
+                    pending_partial=pending is not None and name in data.partial,
+                )
+            )
+    return tuple(rows), tuple(notes)
+
+
 def _server_state(model: Mapping[str, Any]) -> str:
     pending = model.get("pending")
     if pending == "stop":
@@ -189,9 +341,11 @@ def build_report(
     utilisation: Mapping[tuple[str, str], float] | None = None,
     problems: Iterable[str] = (),
     utilisation_failed: bool = False,
+    queues: KueueData | None = None,
 ) -> PoolReport:
     """The whole report. ``utilisation`` is keyed by (namespace, pod); None: not configured,
-    or, with ``utilisation_failed``, configured but not read.
+    or, with ``utilisation_failed``, configured but not read. ``queues``: what was read of
+    Kueue's named ClusterQueues (None: none named).
 
     Servers are taken from the hub; a pod of a server the hub does not know
     (it lost track of it, or the server was removed) is listed as "pod only",
@@ -288,6 +442,11 @@ def build_report(
                 image_text=image_text,
             )
         )
+    problems = list(problems)
+    queue_rows: tuple[KueueQueueRow, ...] = ()
+    if queues is not None:
+        queue_rows, notes = kueue_rows(queues, catalog)
+        problems += notes
     return PoolReport(
         generated=now,
         types=type_rows(figures, active, catalog),
@@ -298,6 +457,8 @@ def build_report(
         if utilisation_failed
         else "",
         problems=tuple(problems),
+        kueue_cluster_queues=tuple(queues.names) if queues is not None else (),
+        kueue=queue_rows,
     )
 
 
@@ -349,6 +510,51 @@ def type_table(report: PoolReport) -> tuple[list[str], list[list[str]]]:
             ]
         )
     return head, rows
+
+
+KUEUE_HEAD = (
+    "cluster queue",
+    "cohort",
+    "flavor",
+    "GPU type",
+    "resource",
+    "nominal",
+    "borrowing limit",
+    "in use",
+    "reserved",
+    "pending workloads",
+    "pending GPUs",
+)
+
+
+def format_pending(row: KueueQueueRow) -> str:
+    """The pending GPUs: "3", "at least 3" (not every pending Workload read), "unknown"."""
+    if row.pending_gpus is None:
+        return "unknown"
+    amount = format_units(row.pending_gpus)
+    return f"at least {amount}" if row.pending_partial else amount
+
+
+def kueue_table(report: PoolReport) -> tuple[list[str], list[list[str]]]:
+    """The ClusterQueues' GPU quota per flavor, beside the pool figures."""
+    rows = []
+    for r in report.kueue:
+        rows.append(
+            [
+                r.cluster_queue,
+                r.cohort or "-",
+                r.flavor,
+                f"{r.gpu_type_name or r.gpu_type} ({r.gpu_type})" if r.gpu_type else "-",
+                r.resource,
+                format_units(r.nominal),
+                "none" if r.borrowing_limit is None else format_units(r.borrowing_limit),
+                format_units(r.in_use),
+                format_units(r.reserved),
+                str(r.pending_workloads),
+                format_pending(r),
+            ]
+        )
+    return list(KUEUE_HEAD), rows
 
 
 def server_table(report: PoolReport) -> tuple[list[str], list[list[str]]]:
@@ -421,6 +627,11 @@ def text_table(head: list[str], rows: list[list[str]]) -> str:
 def format_text(report: PoolReport, user: str | None = None) -> str:
     """The terminal view: the pool by type, every server, and with ``user`` their limit explained."""
     parts = ["GPU pool", text_table(*type_table(report)), ""]
+    if report.kueue_cluster_queues:
+        parts += ["Cluster queues (Kueue)", text_table(*kueue_table(report))]
+        if not report.kueue:
+            parts.append("No GPU quota of the named ClusterQueues was read (see the notes).")
+        parts.append("")
     if user is None:
         parts += ["Servers", text_table(*server_table(report))]
     else:

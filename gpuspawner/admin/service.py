@@ -27,7 +27,7 @@ import os
 import time
 from typing import Any
 
-from traitlets import Bool, Float, Integer, default
+from traitlets import Bool, Float, Integer, List, Unicode, default
 from traitlets.config import Application, catch_config_error
 
 from ..accounting.store import UsageStore
@@ -46,7 +46,7 @@ from ..core import labels, serverpod, stopreasons
 from ..core.catalog import BudgetRules
 from ..core.refusals import shown
 from ..core.usage import UsageRow, intervals_csv, rows_csv
-from .collect import Collector, KubeReader
+from .collect import Collector, KubeReader, KueueReader
 from .page import UsageSection, render_page
 from .report import PoolReport
 from .usage import (
@@ -131,6 +131,11 @@ class GPUAdmin(
         help="Count GPUs held by pods in every namespace in the figures per type, not only the hub's own (as GPUSpawner.gpu_inventory_all_namespaces, off by default for the same reason: a cluster-wide pod list holds other workloads' credentials). Turn on only with the opt-in cluster-wide pod read, config/rbac-opt-in-all-namespaces.yaml.",
     ).tag(config=True)
 
+    kueue_cluster_queues = List(
+        Unicode(),
+        help="The Kueue ClusterQueues whose GPU quota, usage and pending work the page and `gpuspawner status` show beside the pool figures, per flavor (e.g. ['notebooks', 'batch'], docs/kueue.md). Empty: Kueue is not read. Needs read rights on Kueue for the service's account: config/rbac-kueue.yaml, or with the chart gpuspawner.admin.kueueClusterQueues, which sets this too (docs/security.md).",
+    ).tag(config=True)
+
     refresh_seconds = Integer(30, help="How often the page reloads itself, in seconds.").tag(
         config=True
     )
@@ -178,6 +183,10 @@ class GPUAdmin(
             client = KubeClient(self.namespace, Reader(logger=self.log))
             kube = KubeReader(client, all_namespaces=self.all_namespaces)
         self.kube = kube
+        queues = None
+        if self.kueue_cluster_queues:
+            # the same connection as the pods' and nodes' (None: the page says it is not read)
+            queues = KueueReader(self.kueue_cluster_queues, kube=kube.client if kube else None)
         try:
             prometheus = self.prometheus_client()
         except ValueError as e:
@@ -190,6 +199,7 @@ class GPUAdmin(
             prometheus,
             cache_seconds=self.cache_seconds,
             log=self.log,
+            kueue=queues,
         )
         self.usage_store = None
         self.usage_problem = ""

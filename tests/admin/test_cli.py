@@ -10,8 +10,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from gpuspawner import cli
-from gpuspawner.admin.report import build_report
+from gpuspawner.admin.report import KueueData, build_report, report_from_dict
 from gpuspawner.core.usage import Interval
+
+from . import kueueobjects
+from .kueueobjects import A100, GPU
 
 
 @pytest.fixture
@@ -91,6 +94,50 @@ def test_no_token_and_no_hub(monkeypatch, capsys):
     assert "needs an API token" in capsys.readouterr().err
     assert cli.main(["status", "--hub-url", "http://127.0.0.1:9", "--token", "t"]) == 1
     assert "could not be reached" in capsys.readouterr().err
+
+
+def test_cluster_queues_beside_the_pool(users, pods, figures, catalog, now, capsys, monkeypatch):
+    """What the service's JSON holds of Kueue comes out as a table after the pool's, and in --json."""
+    notebooks = kueueobjects.cluster_queue(
+        "notebooks", [(A100, GPU, 4, None)], used={(A100, GPU): 3}, pending=1
+    )
+    queues = KueueData(
+        names=("notebooks",),
+        cluster_queues={"notebooks": notebooks},
+        flavors=tuple(kueueobjects.flavors()),
+        pending={"notebooks": [kueueobjects.workload("j", "w", [(2, {GPU: 1}, {})])]},
+    )
+    report = build_report(
+        users=users, pods=pods, figures=figures, catalog=catalog, now=now, queues=queues
+    )
+    # through the JSON, as the service sends it
+    sent = json.loads(json.dumps(report.as_dict()))
+    monkeypatch.setattr(cli, "fetch_from_service", lambda *a: report_from_dict(sent))
+    assert cli.main(["status", "--token", "t"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("Cluster queues (Kueue)")
+    assert lines[start + 1].split()[:3] == ["cluster", "queue", "cohort"]
+    assert lines[start + 3].split() == [
+        "notebooks", "gpus", A100, "NVIDIA", "A100", "(a100)", GPU, "4", "none", "3", "3", "1", "2",
+    ]  # fmt: skip
+    assert cli.main(["status", "--token", "t", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["kueue"][0]["pending_gpus"] == 2 and data["kueue_cluster_queues"] == ["notebooks"]
+
+
+def test_cluster_queues_when_reading_the_cluster_directly(monkeypatch, capsys):
+    asked = []
+
+    async def fetch_direct(*args):
+        asked.append(args)
+        return build_report(users=[], pods=[], figures={}, catalog=None, now=0)
+
+    monkeypatch.setattr(cli, "fetch_direct", fetch_direct)
+    argv = ["status", "--token", "t", "--catalog", "c.yaml", "--kueue-cluster-queue", "notebooks"]
+    assert cli.main([*argv, "--kueue-cluster-queue", "batch"]) == 0
+    assert asked[-1][-1] == ("notebooks", "batch")
+    assert cli.main(argv[:5]) == 0
+    assert asked[-1][-1] == ()
 
 
 # ---------------------------------------------------------------------------

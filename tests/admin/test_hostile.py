@@ -14,14 +14,17 @@ from urllib.parse import quote
 
 import pytest
 
+from gpuspawner.admin.collect import KueueReader
 from gpuspawner.admin.page import UsageSection, environment, render_page
-from gpuspawner.admin.report import build_report
+from gpuspawner.admin.report import KueueData, build_report
 from gpuspawner.admin.usage import IdleHolder, UsageQuery, usage_table
 from gpuspawner.core import labels
+from gpuspawner.core.refusals import shown
 from gpuspawner.core.usage import UsageRow
 
 from ..chromium import LAUNCH, require_chromium
 from ..security.payloads import PAYLOADS, assert_escaped
+from . import kueueobjects
 from .hubapi import ADMIN_TOKEN
 
 STARTED = "2026-11-30T00:29:58.830744Z"
@@ -135,6 +138,34 @@ def test_each_payload_in_each_field_of_the_usage_section(now, name, value):
     assert_escaped(html, value)
     for link in re.findall(r'href="([^"]*)"', html):
         assert unescape(link).startswith("/services/gpuspawner-admin/"), link
+
+
+@pytest.mark.parametrize(("name", "value"), PAYLOADS, ids=[n for n, _ in PAYLOADS])
+def test_each_payload_in_each_field_of_the_cluster_queue_table(now, name, value):
+    """ClusterQueue, cohort, flavor and resource names, and a flavor's node labels, come from
+    the cluster (anyone who may create them), and a ClusterQueue's name from the setting."""
+    queue = kueueobjects.cluster_queue(
+        value, [(value, "nvidia.com/gpu", 4, None), (value, value, 2, 1)], cohort=value
+    )
+    queues = KueueData(
+        names=(value, f"{value}-missing"),
+        cluster_queues={value: queue},
+        flavors=(kueueobjects.flavor(value, {value: value}),),
+        pending={value: [kueueobjects.workload(value, value, [(1, {"nvidia.com/gpu": 1}, {})])]},
+    )
+    report = build_report(
+        users=[],
+        pods=[],
+        figures={},
+        catalog=None,
+        now=now,
+        queues=queues,
+        problems=[f"The ClusterQueue {shown(value + '-missing')} does not exist."],
+    )
+    assert {r.cluster_queue for r in report.kueue} == {value}
+    html = render_page(report, admin="root", stop_url="/stop", xsrf_token="t")
+    assert "kueue-queues" in html
+    assert_escaped(html, value)
 
 
 @pytest.mark.parametrize(("name", "value"), PAYLOADS, ids=[n for n, _ in PAYLOADS])
@@ -276,5 +307,47 @@ async def test_the_usage_table_in_chromium_and_its_csv_download(
             )
             assert {r["gpu_hours"] for r in rows} == {"2"}
             assert await page.evaluate("typeof window.__pwned") == "undefined"
+        finally:
+            await browser.close()
+
+
+async def test_the_cluster_queue_table_in_chromium_runs_nothing(start_service, users, pods):
+    """Kueue objects named with each payload (anyone who may create a ClusterQueue or a
+    ResourceFlavor names them), read by the service and shown in Chromium, with and
+    without the page's Content-Security-Policy."""
+    from playwright.async_api import async_playwright
+
+    require_chromium()
+    service = await start_service(users, pods)
+    values = [value for _, value in PAYLOADS]
+    queues = [
+        kueueobjects.cluster_queue(v, [(f"{v}-flavor", "nvidia.com/gpu", 4, None)], cohort=v)
+        for v in values
+    ]
+    flavors = [kueueobjects.flavor(f"{v}-flavor", {v: v}) for v in values]
+    client = kueueobjects.StandInKueue(queues, flavors)
+    service.admin.collector.kueue = KueueReader(values, client=client)
+    served = (await service.fetch()).body.decode()
+    for value in values:
+        assert_escaped(served, value)
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(**LAUNCH)
+        try:
+            context = await browser.new_context(
+                extra_http_headers={"Authorization": f"token {ADMIN_TOKEN}"}
+            )
+            page = await context.new_page()
+            response = await page.goto(service.url)
+            assert response is not None and response.status == 200
+            text = await page.inner_text("#kueue-queues")
+            for value in values:
+                if value.isprintable():  # the browser shows NUL and CR/LF its own way
+                    assert value in text
+            assert await page.locator("#kueue-queues img, #kueue-queues script").count() == 0
+            assert await page.evaluate("typeof window.__pwned") == "undefined"
+            blank = await context.new_page()
+            await blank.set_content(served)
+            assert await blank.locator("#kueue-queues").count() == 1
+            assert await blank.evaluate("typeof window.__pwned") == "undefined"
         finally:
             await browser.close()

@@ -7,7 +7,10 @@ from html import unescape
 from html.parser import HTMLParser
 
 from gpuspawner.admin.page import render_page
-from gpuspawner.admin.report import build_report
+from gpuspawner.admin.report import KueueData, build_report
+
+from . import kueueobjects
+from .kueueobjects import A100, GPU, H100
 
 
 class Forms(HTMLParser):
@@ -71,3 +74,55 @@ def test_empty_pool(now):
     report = build_report(users=[], pods=[], figures={}, catalog=None, now=now)
     html = render_page(report, admin="root", stop_url="/stop", xsrf_token="t")
     assert "No GPU types known." in html and "No servers." in html
+
+
+def test_the_cluster_queue_table_beside_the_pool(users, pods, figures, catalog, now):
+    queue = kueueobjects.cluster_queue(
+        "notebooks", [(A100, GPU, 4, None), (H100, GPU, 4, 2)], used={(A100, GPU): 3}, pending=1
+    )
+    queues = KueueData(
+        names=("notebooks",),
+        cluster_queues={"notebooks": queue},
+        flavors=tuple(kueueobjects.flavors()),
+        pending={"notebooks": [kueueobjects.workload("j", "w", [(1, {GPU: 2}, {})])]},
+    )
+    report = build_report(
+        users=users, pods=pods, figures=figures, catalog=catalog, now=now, queues=queues
+    )
+    html = render_page(report, admin="admin", stop_url="/stop", xsrf_token="t")
+    # after the pool's figures, before the servers
+    assert (
+        html.index('id="gpu-types"') < html.index('id="kueue-queues"') < html.index('id="servers"')
+    )
+    table = re.search(r'<table id="kueue-queues">(.*?)</table>', html, re.S).group(1)
+    head = re.findall(r"<th>(.*?)</th>", table)
+    assert head[:5] == ["cluster queue", "cohort", "flavor", "GPU type", "resource"]
+    rows = re.findall(r"<tr>(.*?)</tr>", table.split("</thead>")[1])
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in rows]
+    assert cells == [
+        ["notebooks", "gpus", A100, "NVIDIA A100 (a100)", GPU, "4", "none", "3", "3", "1", "2"],
+        ["notebooks", "gpus", H100, "NVIDIA H100 (h100)", GPU, "4", "2", "0", "0", "1", "0"],
+    ]
+    # the figures right-aligned, the names not
+    assert re.findall(r"<td( class=\"num\")?>", rows[0]) == [""] * 5 + [' class="num"'] * 6
+
+
+def test_no_cluster_queue_table_without_the_setting(users, pods, figures, catalog, now):
+    html = page(users, pods, figures, catalog, now)
+    assert "kueue-queues" not in html and "Cluster queues" not in html
+    # named, but none read: the table says so and the note above says why
+    report = build_report(
+        users=[],
+        pods=[],
+        figures={},
+        catalog=None,
+        now=now,
+        problems=[
+            "The ClusterQueue 'nope' does not exist (GPUAdmin.kueue_cluster_queues names it)."
+        ],
+        queues=KueueData(names=("nope",)),
+    )
+    html = render_page(report, admin="root", stop_url="/stop", xsrf_token="t")
+    assert "<h2>Cluster queues (Kueue)</h2>" in html
+    assert "No GPU quota of the named ClusterQueues was read." in html
+    assert "The ClusterQueue &#39;nope&#39; does not exist" in html

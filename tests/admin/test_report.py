@@ -8,16 +8,24 @@ import json
 import pytest
 
 from gpuspawner.admin.report import (
+    KueueData,
+    KueueQueueRow,
     PoolReport,
     build_report,
     explain_limit,
     format_duration,
     format_text,
+    kueue_table,
     parse_time,
+    pending_amounts,
     report_from_dict,
 )
+from gpuspawner.core import kueue
+from gpuspawner.core.catalog import parse_catalog
 
 from ..security.payloads import PAYLOADS
+from . import kueueobjects
+from .kueueobjects import A100, GPU, H100, PRODUCT
 
 
 def report_of(users, pods, figures, catalog, now, **kwargs):
@@ -225,3 +233,185 @@ def test_the_terminal_gets_no_control_characters(users, pods, figures, catalog, 
     assert len(text.splitlines()) == len(format_text(report_with("plain")).splitlines())
     one = format_text(report_with(hostile), hostile)
     assert all(c.isprintable() or c == "\n" for c in one) and "\\x1b" in one
+
+
+# ---------------------------------------------------------------------------
+# Kueue's ClusterQueues beside the pool figures
+# ---------------------------------------------------------------------------
+
+MIG = "nvidia.com/mig-1g.10gb"
+
+
+def queues_of(*objects, pending=None, partial=(), flavors=None) -> KueueData:
+    return KueueData(
+        names=tuple(o["metadata"]["name"] for o in objects),
+        cluster_queues={o["metadata"]["name"]: o for o in objects},
+        flavors=tuple(kueueobjects.flavors() if flavors is None else flavors),
+        pending=pending or {},
+        partial=frozenset(partial),
+    )
+
+
+def test_one_row_per_gpu_resource_of_each_flavor(users, pods, figures, catalog, now):
+    notebooks = kueueobjects.cluster_queue(
+        "notebooks",
+        [(A100, GPU, 4, None), (H100, GPU, 4, 2)],
+        used={(A100, GPU): 3},
+        reserved={(A100, GPU): 4},
+        pending=1,
+    )
+    pending = {"notebooks": [kueueobjects.workload("jupyterhub", "w", [(2, {GPU: 1}, {})])]}
+    queues = queues_of(notebooks, pending=pending)
+    report = report_of(users, pods, figures, catalog, now, queues=queues)
+    assert report.problems == ()
+    # cpu and memory (default-flavor) are not the GPU page's
+    assert [(r.flavor, r.resource) for r in report.kueue] == [(A100, GPU), (H100, GPU)]
+    a100, h100 = report.kueue
+    assert a100 == KueueQueueRow(
+        cluster_queue="notebooks",
+        cohort="gpus",
+        flavor=A100,
+        gpu_type="a100",
+        gpu_type_name="NVIDIA A100",
+        resource=GPU,
+        nominal=4,
+        borrowing_limit=None,
+        in_use=3,
+        reserved=4,
+        pending_workloads=1,
+        pending_gpus=2,
+    )
+    assert (h100.gpu_type, h100.borrowing_limit, h100.in_use, h100.pending_gpus) == (
+        "h100",
+        2,
+        0,
+        0,
+    )
+
+
+def test_a_mig_flavor_is_the_catalogs_mig_type_not_the_full_gpu(users, now):
+    """A100 nodes give full GPUs and MIG slices alike: the resource tells the types apart."""
+    catalog = parse_catalog(
+        {
+            "images": {"x": {"display_name": "X", "image": "example/x:1", "default": True}},
+            "gpu_types": {
+                "a100": {
+                    "display_name": "NVIDIA A100",
+                    "node_selector": {PRODUCT: "NVIDIA-A100-SXM4-80GB"},
+                },
+                "a100-1g": {
+                    "display_name": "A100 MIG 1g.10gb",
+                    "resource": MIG,
+                    "node_selector": {PRODUCT: "NVIDIA-A100-SXM4-80GB"},
+                },
+            },
+        }
+    )
+    queue = kueueobjects.cluster_queue("notebooks", [(A100, GPU, 4, None), (A100, MIG, 14, None)])
+    report = build_report(
+        users=[], pods=[], figures={}, catalog=catalog, now=now, queues=queues_of(queue)
+    )
+    assert [(r.resource, r.gpu_type) for r in report.kueue] == [(GPU, "a100"), (MIG, "a100-1g")]
+    # no catalog: no GPU type, the rows still
+    bare = build_report(
+        users=[], pods=[], figures={}, catalog=None, now=now, queues=queues_of(queue)
+    )
+    assert [(r.resource, r.gpu_type) for r in bare.kueue] == [(GPU, ""), (MIG, "")]
+
+
+def test_a_flavor_of_no_catalog_type(users, pods, figures, catalog, now):
+    queue = kueueobjects.cluster_queue("notebooks", [("l4", GPU, 2, None)])
+    l4 = kueueobjects.flavor("l4", {PRODUCT: "NVIDIA-L4"})
+    report = report_of(users, pods, figures, catalog, now, queues=queues_of(queue, flavors=[l4]))
+    (row,) = report.kueue
+    assert (row.flavor, row.gpu_type, row.gpu_type_name) == ("l4", "", "")
+    head, rows = kueue_table(report)
+    assert rows[0][head.index("GPU type")] == "-"
+
+
+def test_a_queue_without_gpus_or_not_a_queue_is_a_note(users, pods, figures, catalog, now):
+    cpu_only = kueueobjects.cluster_queue("cpu-only", [])
+    nameless = {"kind": "Status", "metadata": {}}
+    queues = KueueData(
+        names=("cpu-only", "odd"), cluster_queues={"cpu-only": cpu_only, "odd": nameless}
+    )
+    report = report_of(users, pods, figures, catalog, now, queues=queues)
+    assert report.kueue == ()
+    assert report.problems == (
+        "The ClusterQueue 'cpu-only' has no GPU resource in its quota.",
+        "The ClusterQueue 'odd' is not shown: what Kueue answered is not a ClusterQueue.",
+    )
+    text = format_text(report)
+    assert "Cluster queues (Kueue)" in text
+    assert "No GPU quota of the named ClusterQueues was read (see the notes)." in text
+
+
+def test_pending_gpus_go_to_the_flavor_kueue_tries_first():
+    """A pod set's node selector rules out flavors whose labels it contradicts; without one,
+    the first flavor of the queue's order takes it; an admitted Workload is not pending."""
+    queue = kueue.cluster_queue_status(
+        kueueobjects.cluster_queue("notebooks", [(A100, GPU, 4, None), (H100, GPU, 4, None)])
+    )
+    labels = kueue.flavor_node_labels(kueueobjects.flavors())
+    on_h100 = {PRODUCT: "NVIDIA-H100-80GB-HBM3"}
+    workloads = [
+        kueueobjects.workload("a", "two-sets", [(2, {GPU: 4}, on_h100), (3, {GPU: 1}, {})]),
+        kueueobjects.workload("a", "cpu", [(5, {"cpu": 2}, {})]),
+        kueueobjects.workload("a", "admitted", [(1, {GPU: 8}, {})], admitted=True),
+        kueueobjects.workload("a", "elsewhere", [(1, {GPU: 1}, {PRODUCT: "NVIDIA-L4"})]),
+    ]
+    assert pending_amounts(workloads, queue, labels) == {(H100, GPU): 8, (A100, GPU): 3}
+    assert pending_amounts(None, queue, labels) is None
+    assert pending_amounts([], queue, labels) == {}
+
+
+def test_kueue_rows_round_trip_through_json(users, pods, figures, catalog, now):
+    queue = kueueobjects.cluster_queue("notebooks", [(A100, GPU, 4, None), (H100, GPU, 4, 2)])
+    queues = queues_of(queue, pending={"notebooks": []}, partial=("notebooks",))
+    report = report_of(users, pods, figures, catalog, now, queues=queues)
+    data = json.loads(json.dumps(report.as_dict(), allow_nan=False))
+    assert data["kueue_cluster_queues"] == ["notebooks"]
+    assert data["kueue"][1]["borrowing_limit"] == 2 and data["kueue"][0]["borrowing_limit"] is None
+    assert report_from_dict(data) == report
+    # a service from before the table sends neither key
+    del data["kueue"], data["kueue_cluster_queues"]
+    older = report_from_dict(data)
+    assert older.kueue == () and "Cluster queues" not in format_text(older)
+
+
+def test_kueue_text_table_beside_the_pool(users, pods, figures, catalog, now):
+    notebooks = kueueobjects.cluster_queue(
+        "notebooks", [(A100, GPU, 4, None), (H100, GPU, 4, 2)], used={(A100, GPU): 3}, pending=2
+    )
+    batch = kueueobjects.cluster_queue("batch", [(A100, GPU, 4, None)], cohort="")
+    pending = {"notebooks": [kueueobjects.workload("j", "w", [(1, {GPU: 2}, {})])]}
+    queues = queues_of(notebooks, batch, pending=pending, partial=("notebooks",))
+    text = format_text(report_of(users, pods, figures, catalog, now, queues=queues))
+    lines = text.splitlines()
+    # after the pool's table, before the servers
+    assert lines.index("Cluster queues (Kueue)") < lines.index("Servers")
+    assert lines.index("GPU pool") < lines.index("Cluster queues (Kueue)")
+    header = next(line for line in lines if line.startswith("cluster queue"))
+    a100 = next(line for line in lines if line.startswith("notebooks") and A100 in line)
+    h100 = next(line for line in lines if line.startswith("notebooks") and H100 in line)
+    assert a100.split() == [
+        "notebooks", "gpus", A100, "NVIDIA", "A100", "(a100)", GPU,
+        "4", "none", "3", "3", "2", "at", "least", "2",
+    ]  # fmt: skip
+    assert header.index("borrowing limit") == h100.index("2  ")  # columns line up
+    assert "at least 0" in h100
+    batch_line = next(line for line in lines if line.startswith("batch "))
+    # no cohort; its pending workloads not read
+    assert batch_line.split()[1] == "-" and batch_line.split()[-1] == "unknown"
+
+
+@pytest.mark.parametrize(("name", "value"), PAYLOADS, ids=[n for n, _ in PAYLOADS])
+def test_kueue_names_reach_the_terminal_escaped(now, name, value):
+    """ClusterQueue, cohort and flavor names come from the cluster."""
+    queue = kueueobjects.cluster_queue(value, [(value, GPU, 1, None)], cohort=value)
+    report = build_report(
+        users=[], pods=[], figures={}, catalog=None, now=now, queues=queues_of(queue)
+    )
+    text = format_text(report)
+    for bad in ("\x1b", "\r", "\x00", "\u202e"):
+        assert bad not in text

@@ -303,6 +303,41 @@ async def test_a_failing_api_server_is_one_sentence_and_the_users_are_still_show
     assert 'data-server="student/notes"' in html
 
 
+async def test_the_named_cluster_queues_are_read_through_the_services_kubernetes_client(
+    start_service, users, pods
+):
+    """GPUAdmin.kueue_cluster_queues: the page gets the table, read with the same
+    connection as the pods; this API server serves no Kueue, so each queue is one
+    sentence and the rest of the page stands."""
+    service = await start_service(
+        users,
+        pods,
+        argv=(
+            "--GPUAdmin.kueue_cluster_queues=notebooks",
+            "--GPUAdmin.kueue_cluster_queues=batch",
+        ),
+    )
+    reader = service.admin.collector.kueue
+    assert reader.names == ("notebooks", "batch")
+    html, found = await page_problems(service)
+    assert found == [
+        "The ClusterQueue 'notebooks' does not exist (GPUAdmin.kueue_cluster_queues names it).",
+        "The ClusterQueue 'batch' does not exist (GPUAdmin.kueue_cluster_queues names it).",
+    ]
+    assert "<h2>Cluster queues (Kueue)</h2>" in html and "NVIDIA A100 (a100)" in html
+    # (the stand-in answers 404 to every Kueue path: "does not exist" is its answer, and
+    # the queues were asked through its kubeconfig, as the pods were)
+    status = json.loads((await service.fetch("api/status")).body)
+    assert status["kueue_cluster_queues"] == ["notebooks", "batch"] and status["kueue"] == []
+
+
+async def test_without_the_setting_the_service_reads_no_kueue(start_service, users, pods):
+    service = await start_service(users, pods)
+    assert service.admin.collector.kueue is None
+    html, _ = await page_problems(service)
+    assert "Cluster queues" not in html
+
+
 # ---------------------------------------------------------------------------
 # GPU usage: the table, its downloads and the idle holders, from a real SQLite store
 # ---------------------------------------------------------------------------

@@ -136,6 +136,98 @@ def test_the_hub_gets_exactly_nodes_read_and_pod_annotations(chart_helm):
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
 
 
+def test_naming_cluster_queues_for_the_gpu_page_grants_exactly_its_kueue_reads(chart_helm):
+    """gpuspawner.admin.kueueClusterQueues: the page's setting, and read-only Kueue rights
+    for it (get by name; flavors listed; no Workload list), only while it names any."""
+    queues = ["notebooks", "batch"]
+    manifests = render(chart_helm, **{"gpuspawner.admin.kueueClusterQueues": queues})
+    plain = rbac(render(chart_helm))
+    added = {key: m for key, m in rbac(manifests).items() if key not in plain}
+    name = "jupyterhub-jhub-gpuspawner-admin-kueue"
+    assert sorted(added) == [("ClusterRole", name), ("ClusterRoleBinding", name)]
+    assert added[("ClusterRole", name)]["rules"] == [
+        {
+            "apiGroups": ["kueue.x-k8s.io"],
+            "resources": ["clusterqueues", "workloads"],
+            "verbs": ["get"],
+        },
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors"], "verbs": ["list"]},
+        {
+            "apiGroups": ["visibility.kueue.x-k8s.io"],
+            "resources": ["clusterqueues/pendingworkloads"],
+            "verbs": ["get"],
+        },
+    ]
+    binding = added[("ClusterRoleBinding", name)]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "hub", "namespace": "jupyterhub"}
+    ]
+    assert binding["roleRef"]["name"] == name
+    # the page is started with them on its command line, which wins over admin.config
+    settings = json.loads(
+        find(manifests, "ConfigMap", "gpuspawner-config")["data"]["settings.json"]
+    )
+    args = chartconfig.setup_arguments(settings)
+    assert args["admin_args"][1:] == [
+        "--GPUAdmin.kueue_cluster_queues=notebooks",
+        "--GPUAdmin.kueue_cluster_queues=batch",
+    ]
+    assert chartconfig.setup_arguments(
+        json.loads(
+            find(render(chart_helm), "ConfigMap", "gpuspawner-config")["data"]["settings.json"]
+        )
+    )["admin_args"] == [f"--config={chartconfig.CONFIG_DIR / 'admin_config.json'}"]
+    # the page turned off: no rights for it
+    off = render(
+        chart_helm,
+        **{"gpuspawner.admin.kueueClusterQueues": queues, "gpuspawner.admin.enabled": False},
+    )
+    assert not [key for key in rbac(off) if key[1] == name]
+
+
+def test_naming_cluster_queues_for_the_culler_grants_exactly_its_kueue_reads(chart_helm):
+    """gpuspawner.culler.kueueClusterQueues: the culler's setting, and read-only Kueue rights
+    for its demand (get by name; flavors listed; no Workload list), only while it names any."""
+    queues = ["notebooks", "batch"]
+    manifests = render(chart_helm, **{"gpuspawner.culler.kueueClusterQueues": queues})
+    plain = rbac(render(chart_helm))
+    added = {key: m for key, m in rbac(manifests).items() if key not in plain}
+    name = "jupyterhub-jhub-gpuspawner-culler-kueue"
+    assert sorted(added) == [("ClusterRole", name), ("ClusterRoleBinding", name)]
+    assert added[("ClusterRole", name)]["rules"] == [
+        {
+            "apiGroups": ["kueue.x-k8s.io"],
+            "resources": ["clusterqueues", "workloads"],
+            "verbs": ["get"],
+        },
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors"], "verbs": ["list"]},
+        {
+            "apiGroups": ["visibility.kueue.x-k8s.io"],
+            "resources": ["clusterqueues/pendingworkloads"],
+            "verbs": ["get"],
+        },
+    ]
+    binding = added[("ClusterRoleBinding", name)]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "hub", "namespace": "jupyterhub"}
+    ]
+    assert binding["roleRef"]["name"] == name
+    # the culler is started with them on its command line, which wins over culler.config
+    settings = json.loads(
+        find(manifests, "ConfigMap", "gpuspawner-config")["data"]["settings.json"]
+    )
+    assert chartconfig.setup_arguments(settings)["culler_args"][1:] == [
+        "--GPUCuller.kueue_cluster_queues=notebooks",
+        "--GPUCuller.kueue_cluster_queues=batch",
+    ]
+    # the culler turned off: no rights for it
+    off = render(
+        chart_helm,
+        **{"gpuspawner.culler.kueueClusterQueues": queues, "gpuspawner.culler.enabled": False},
+    )
+    assert not [key for key in rbac(off) if key[1] == name]
+
+
 def test_the_charts_own_objects_render_the_same_every_time(chart_helm):
     """Only z2jh's generated secrets differ between renders (Helm's randAlphaNum)."""
     assert ours(render(chart_helm)) == ours(render(chart_helm))
