@@ -111,4 +111,8 @@ def configure(c: Config, config_dir: Path = CONFIG_DIR) -> dict[str, dict[str, A
     c.GPUSpawner.accounting_enabled = bool(accounting.get("enabled", True))
     if accounting.get("dbUrl"):
         c.GPUSpawner.accounting_db_url = str(accounting["dbUrl"])
+    kueue = settings.get("kueue") or {}
+    if kueue.get("queue"):
+        c.GPUSpawner.kueue_queue = str(kueue["queue"])
+        c.GPUSpawner.kueue_priority_class = str(kueue.get("priorityClass") or "")
     return setup(c, **setup_arguments(settings, config_dir))

@@ -79,6 +79,20 @@ def values_schema() -> dict[str, Any]:
             "prometheus": _closed({"url": {"type": "string"}}),
             "inventory": _closed({"allNamespaces": {"type": "boolean"}}),
             "accounting": _switch(dbUrl={"type": "string"}),
+            "kueue": _closed(
+                {
+                    "queue": {
+                        "type": "string",
+                        "description": "The Kueue LocalQueue GPU servers wait in "
+                        "(GPUSpawner.kueue_queue); naming one grants Kueue read. Empty: off.",
+                    },
+                    "priorityClass": {
+                        "type": "string",
+                        "description": "Their WorkloadPriorityClass "
+                        "(GPUSpawner.kueue_priority_class).",
+                    },
+                }
+            ),
             "prePuller": _switch(
                 pullPolicy={"enum": ["Always", "IfNotPresent", "Never"]},
                 pause=_closed({"image": _image()}),

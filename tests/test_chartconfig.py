@@ -108,3 +108,18 @@ def test_accounting_settings_reach_the_spawner(tmp_path):
     chartconfig.configure(c, write_settings(tmp_path, accounting={"enabled": False, "dbUrl": url}))
     assert c.GPUSpawner.accounting_enabled is False
     assert c.GPUSpawner.accounting_db_url == url
+
+
+def test_a_kueue_queue_puts_gpuspawner_on_kueue(tmp_path):
+    c = z2jh_config()
+    config_dir = write_settings(
+        tmp_path, kueue={"queue": "gpu-notebooks", "priorityClass": "interactive"}
+    )
+    chartconfig.configure(c, config_dir)
+    assert c.GPUSpawner.kueue_queue == "gpu-notebooks"
+    assert c.GPUSpawner.kueue_priority_class == "interactive"
+    # no queue named: Kueue stays off (the trait's default, not set here)
+    c = z2jh_config()
+    (tmp_path / "off").mkdir()
+    chartconfig.configure(c, write_settings(tmp_path / "off", kueue={"queue": ""}))
+    assert "kueue_queue" not in c.GPUSpawner

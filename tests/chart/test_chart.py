@@ -330,3 +330,55 @@ def test_the_example_values_are_the_documented_catalog_and_culler_settings():
     py = PyFileConfigLoader("gpuspawner_culler_config.py", str(REPO / "config")).load_config()
     assert example["culler"]["config"]["GPUCuller"] == dict(py.GPUCuller)
     assert example["prometheus"]["url"] == py.PrometheusSettings.prometheus_url
+
+
+def test_naming_a_kueue_queue_puts_the_hub_on_kueue_with_exactly_its_reads(chart_helm):
+    """gpuspawner.kueue.queue: GPUSpawner.kueue_queue, and the hub's read-only Kueue rights:
+    its LocalQueue and Workloads in the release's namespace (Role), the ClusterQueues and
+    flavors cluster-wide (no Workloads of other namespaces), only while a queue is named."""
+    manifests = render(chart_helm, **{"gpuspawner.kueue.queue": "gpu-notebooks"})
+    plain = rbac(render(chart_helm))
+    added = {key: m for key, m in rbac(manifests).items() if key not in plain}
+    role, cluster = "jhub-gpuspawner-hub-kueue", "jupyterhub-jhub-gpuspawner-hub-kueue"
+    assert sorted(added) == [
+        ("ClusterRole", cluster),
+        ("ClusterRoleBinding", cluster),
+        ("Role", role),
+        ("RoleBinding", role),
+    ]
+    assert added[("Role", role)]["metadata"]["namespace"] == "jupyterhub"
+    assert added[("Role", role)]["rules"] == [
+        {
+            "apiGroups": ["kueue.x-k8s.io"],
+            "resources": ["localqueues", "workloads"],
+            "verbs": ["get", "list", "watch"],
+        },
+        {
+            "apiGroups": ["visibility.kueue.x-k8s.io"],
+            "resources": ["localqueues/pendingworkloads"],
+            "verbs": ["get"],
+        },
+    ]
+    assert added[("ClusterRole", cluster)]["rules"] == [
+        {
+            "apiGroups": ["kueue.x-k8s.io"],
+            "resources": ["clusterqueues", "resourceflavors"],
+            "verbs": ["get", "list"],
+        },
+        {
+            "apiGroups": ["visibility.kueue.x-k8s.io"],
+            "resources": ["clusterqueues/pendingworkloads"],
+            "verbs": ["get"],
+        },
+    ]
+    for key in (("RoleBinding", role), ("ClusterRoleBinding", cluster)):
+        assert added[key]["subjects"] == [
+            {"kind": "ServiceAccount", "name": "hub", "namespace": "jupyterhub"}
+        ]
+    settings = json.loads(
+        find(manifests, "ConfigMap", "gpuspawner-config")["data"]["settings.json"]
+    )
+    assert settings["kueue"] == {
+        "queue": "gpu-notebooks",
+        "priorityClass": "gpuspawner-interactive",
+    }
