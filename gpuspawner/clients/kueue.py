@@ -115,7 +115,7 @@ class KueueClient:
 
     async def workloads(self, namespace: str | None) -> list[dict]:
         """The Workloads of ``namespace`` (None: every namespace)."""
-        if namespace is not None:
+        if namespace:
             what = f"Listing Workloads in namespace {namespace!r}"
             listing = await self.reader.list_all(
                 self.custom.list_namespaced_custom_object,
