@@ -70,6 +70,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# With Kueue (gpuspawner-sandbox demo --kueue): the culler's demand and the GPU page's
+# table read these ClusterQueues.
+_kueue_queues = [
+    q for q in os.environ.get("GPUSPAWNER_SANDBOX_KUEUE_CLUSTER_QUEUES", "").split(",") if q
+]
 _culler_url = f"http://{_hub_address}:{_free_port()}"
 gpuspawner.setup(
     c,
@@ -77,8 +82,10 @@ gpuspawner.setup(
     admin_url=f"http://127.0.0.1:{_free_port()}",
     user_service_url=f"http://127.0.0.1:{_free_port()}",
     culler_args=[
-        "--config=" + os.environ.get("GPUSPAWNER_CULLER_CONFIG", str(here / "culler_config.py"))
+        "--config=" + os.environ.get("GPUSPAWNER_CULLER_CONFIG", str(here / "culler_config.py")),
+        *(f"--GPUCuller.kueue_cluster_queues={q}" for q in _kueue_queues),
     ],
+    admin_args=[f"--GPUAdmin.kueue_cluster_queues={q}" for q in _kueue_queues],
     prometheus_url=os.environ.get("GPUSPAWNER_SANDBOX_PROMETHEUS_URL", ""),
     environment={
         k: os.environ[k] for k in ("GPUSPAWNER_DEMO_PRESSURE_TIMEOUT",) if k in os.environ

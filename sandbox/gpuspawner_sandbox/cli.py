@@ -22,6 +22,7 @@ from .controlplane import (
     recorded_status,
     stop_recorded,
 )
+from .kueue import KueueError
 
 DEFAULT_STATE_DIR = build.REPO_ROOT / ".cache" / "sandbox" / "state"
 # -- commands ------------------------------------------------------------------
@@ -36,6 +37,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(
             "error: real nodes need root (mount namespaces, cgroups, bridges): run it with sudo, "
             "or with --no-kubelet for the control plane alone.",
+            file=sys.stderr,
+        )
+        return 1
+    if args.kueue and args.no_kubelet:
+        print(
+            "error: Kueue runs on the nodes: --kueue needs them (drop --no-kubelet).",
             file=sys.stderr,
         )
         return 1
@@ -59,6 +66,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"Control plane ready in {time.monotonic() - started:.1f}s at {cp.api_url}")
     if real is not None:
         start_real_nodes(real, cp, args)
+        if args.kueue:
+            start_kueue(real, cp, args)
 
     print(f"Logs: {cp.log_dir}")
     print("\n".join(kubectl.usage_lines(cp.admin_kubeconfig)))
@@ -125,6 +134,27 @@ def start_real_nodes(real: nodes.RealNodes, cp: ControlPlane, args: argparse.Nam
         print(
             f"  {name} Ready in {real.started_in[name]:.1f}s (node IP {real.node_ip(name)}{metrics})"
         )
+
+
+def start_kueue(real: nodes.RealNodes, cp: ControlPlane, args: argparse.Namespace) -> None:
+    """Kueue and its queues on the started nodes (gpuspawner_sandbox.kueue); on failure
+    the nodes and the control plane stop. Nothing of it is on the host: `down` stops
+    it with the nodes."""
+    from . import kueue
+    from .demo import HUB_NAMESPACE
+
+    print("Starting Kueue (building it first if needed)…", flush=True)
+    try:
+        running = kueue.deploy_kueue(real, HUB_NAMESPACE, preemption=args.kueue_preemption)
+    except BaseException:
+        real.stop()
+        cp.stop()
+        raise
+    print(
+        f"  Kueue {kueue.VERSION}: ClusterQueues {' and '.join(running.cluster_queues)} "
+        f"(cohort {kueue.COHORT}), LocalQueue {running.local_queue} in {HUB_NAMESPACE}, "
+        f"LocalQueue {running.batch_local_queue} in {running.batch_namespace}"
+    )
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -199,6 +229,18 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--foreground", action="store_true", help="stay attached; Ctrl-C stops everything"
     )
+    up.add_argument(
+        "--kueue",
+        action="store_true",
+        help="also run Kueue with one ResourceFlavor per GPU type and the ClusterQueues "
+        "notebooks and batch (docs/sandbox.md, 'Kueue')",
+    )
+    up.add_argument(
+        "--kueue-preemption",
+        action="store_true",
+        help="with --kueue: the ClusterQueues preempt lower priorities and reclaim their "
+        "cohort's quota (off by default)",
+    )
     sub.add_parser("down", help="stop everything `up` started")
     sub.add_parser("status", help="say what runs")
     sub.add_parser(
@@ -216,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"up": cmd_up, "down": cmd_down, "status": cmd_status}
     try:
         return handlers[args.command](args)
-    except (build.BuildError, ControlPlaneError, nodes.NodeError) as e:
+    except (build.BuildError, ControlPlaneError, nodes.NodeError, KueueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 

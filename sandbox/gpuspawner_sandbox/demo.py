@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from . import build, kubectl, nodebuild, nodeconfig, notebookimage, validationimage
+from . import build, kubectl, kueue, nodebuild, nodeconfig, notebookimage, validationimage
 from .controlplane import ControlPlane, ControlPlaneError
 from .hubprocess import REPO, Hub, proxy_command, start_hub
 from .kubeapi import ApiError
@@ -38,6 +38,10 @@ RBAC_MANIFEST = REPO / "config" / "rbac.yaml"
 #: The opt-in cluster-wide pod read (with c.GPUSpawner.gpu_inventory_all_namespaces = True);
 #: only SandboxStack.opt_in_all_namespaces applies it.
 ALL_NAMESPACES_RBAC_MANIFEST = REPO / "config" / "rbac-opt-in-all-namespaces.yaml"
+#: The hub's and its services' Kueue reads (with kueue=True).
+KUEUE_RBAC_MANIFEST = REPO / "config" / "rbac-kueue.yaml"
+#: Tells config/sandbox/jupyterhub_config.py the ClusterQueues the culler and the GPU page read.
+KUEUE_QUEUES_ENV = "GPUSPAWNER_SANDBOX_KUEUE_CLUSTER_QUEUES"
 SANDBOX_HUB_CONFIG = REPO / "config" / "sandbox" / "jupyterhub_config.py"
 SANDBOX_CATALOG = REPO / "config" / "sandbox" / "catalog.yaml"
 #: Where the notebook image's layers (the private engine's data root) and archive are cached.
@@ -54,6 +58,10 @@ PROMETHEUS_URL_ENV = "GPUSPAWNER_SANDBOX_PROMETHEUS_URL"
 PROMETHEUS_SCRAPE_INTERVAL = "10s"
 DEMO_CULLER_CONFIG = REPO / "config" / "sandbox" / "demo_culler_config.py"
 DEMO_PASSWORD = "gpu"
+#: With --kueue: the hub's GPU servers wait in Kueue's LocalQueue (gpuspawner_sandbox.kueue).
+KUEUE_HUB_CONFIG = f"""
+c.GPUSpawner.kueue_queue = {kueue.NOTEBOOK_LOCAL_QUEUE!r}
+"""
 
 # The story the demo tells (docs/culler.md, "Pressure"): idle servers hold every
 # A100; whoever asks for A100s waits in the hub's queue ("1st in line for 2 ×
@@ -113,10 +121,16 @@ class SandboxStack:
         hub_env: dict[str, str] | None = None,
         machine_wait: float = 0,
         scrape_interval: str = PROMETHEUS_SCRAPE_INTERVAL,
+        kueue: bool = False,
+        kueue_preemption: bool = False,
         emit=print,
     ):
         self.state_dir = state_dir.resolve()
         self.scrape_interval = scrape_interval
+        #: Whether start_cluster() also starts Kueue and its queues (with preemption).
+        self.kueue = kueue
+        self.kueue_preemption = kueue_preemption
+        self.running_kueue: kueue.Kueue | None = None
         self.topology = topology
         self.catalog = catalog
         self.extra_hub_config = extra_hub_config
@@ -187,6 +201,13 @@ class SandboxStack:
         self.hub_env.setdefault(HUB_ADDRESS_ENV, nodeconfig.HUB_ADDRESS)
         self._start_prometheus()
         self._hub_account(cp)
+        if self.kueue:
+            self.emit("Starting Kueue and its queues…")
+            self.running_kueue = kueue.deploy_kueue(
+                self.nodes, HUB_NAMESPACE, preemption=self.kueue_preemption, emit=self.emit
+            )
+            cp.apply_manifests(KUEUE_RBAC_MANIFEST)
+            self.hub_env.setdefault(KUEUE_QUEUES_ENV, ",".join(self.running_kueue.cluster_queues))
 
     def _start_prometheus(self) -> None:
         """A real Prometheus over every GPU node's DCGM exporter, for the culler and admin page."""
@@ -288,6 +309,8 @@ class SandboxStack:
         if self.prometheus is not None:
             self.prometheus.stop()
             self.prometheus = None
+        # Kueue runs on the nodes: it stops with them.
+        self.running_kueue = None
         if self.nodes is not None:
             self.nodes.stop()
             self.nodes = None
@@ -365,6 +388,17 @@ def main(argv: list[str] | None = None) -> int:
         default=120,
         help="seconds an idle server holds GPUs others wait for before the culler stops it",
     )
+    parser.add_argument(
+        "--kueue",
+        action="store_true",
+        help="queue GPU servers in Kueue (ClusterQueues notebooks and batch, LocalQueue "
+        f"{kueue.NOTEBOOK_LOCAL_QUEUE} in the hub's namespace; docs/sandbox.md, 'Kueue')",
+    )
+    parser.add_argument(
+        "--kueue-preemption",
+        action="store_true",
+        help="with --kueue: Kueue preempts lower priorities and reclaims its cohort's quota",
+    )
     args = parser.parse_args(argv)
 
     # Ctrl-C, and `kill` from another terminal, stop everything in order
@@ -381,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         topology=args.topology,
         catalog=args.catalog,
         public_port=args.port,
-        extra_hub_config=STORY_HUB_CONFIG if story else "",
+        extra_hub_config=(STORY_HUB_CONFIG if story else "")
+        + (KUEUE_HUB_CONFIG if args.kueue else ""),
         hub_env={
             "GPUSPAWNER_CULLER_CONFIG": str(DEMO_CULLER_CONFIG),
             "GPUSPAWNER_DEMO_PRESSURE_TIMEOUT": str(args.pressure_timeout),
@@ -389,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         if story
         else {},
         machine_wait=args.machine_wait,
+        kueue=args.kueue,
+        kueue_preemption=args.kueue_preemption,
         emit=lambda line: print(line, flush=True),
     )
     started = time.monotonic()
@@ -410,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         NodeError,
         notebookimage.NotebookImageError,
         PrometheusMissing,
+        kueue.KueueError,
     ) as e:
         print(f"The demo could not start: {e}", file=sys.stderr)
         stack.stop()

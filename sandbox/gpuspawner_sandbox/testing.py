@@ -183,6 +183,35 @@ def running_real_nodes(
         nodes.stop()
 
 
+@contextlib.contextmanager
+def running_kueue(nodes, hub_namespace: str, pytestconfig=None, *, preemption: bool = False):
+    """Kueue and its queues (:mod:`gpuspawner_sandbox.kueue`) on running real nodes with
+    the cluster network, removed afterwards: yields a :class:`~gpuspawner_sandbox.kueue.Kueue`.
+
+    Builds Kueue first if needed (progress shown); skips (fails in CI) without Go.
+    ``preemption``: the ClusterQueues preempt lower priorities and reclaim their cohort's
+    quota (off by default).
+    """
+    from . import kueue
+
+    with capture_disabled(pytestconfig):
+        try:
+            kueue.build_kueue(out=sys.stderr)
+        except build.GoMissing as e:
+            sandbox_unavailable(str(e))
+        running = kueue.deploy_kueue(
+            nodes,
+            hub_namespace,
+            preemption=preemption,
+            emit=lambda line: sys.__stderr__.write(line + "\n"),
+            out=sys.stderr,
+        )
+    try:
+        yield running
+    finally:
+        kueue.remove_kueue(running)
+
+
 def failed_start(running, match: str | None = None, timeout: float = 120) -> Exception:
     """Start real nodes that must fail; check the host is then as before; return the error.
 

@@ -118,6 +118,29 @@ def pytest_collection_modifyitems(items):
     items[:] = rest[:first] + sorted(e2e, key=order) + rest[first:]
 
 
+@pytest.fixture(scope="module")
+def kueue(stack, pytestconfig):
+    """Kueue and its queues on the stack's cluster for one test module, removed after it
+    (gpuspawner_sandbox.kueue; docs/sandbox.md, "Kueue"): a ``kueue.Kueue`` with ``api``
+    (the admin's KubeApi), ``hub_namespace`` (jupyterhub), ``local_queue``
+    (gpu-notebooks), ``cluster_queues`` (notebooks, batch), ``batch_namespace`` and
+    ``batch_local_queue`` (batch), ``flavors``, ``pending(cq)``. Preemption off."""
+    from gpuspawner_sandbox.demo import HUB_NAMESPACE
+
+    with testing.running_kueue(stack.nodes, HUB_NAMESPACE, pytestconfig) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def kueue_preemption(stack, pytestconfig):
+    """As :func:`kueue`, with preemption on (LowerPriority within a ClusterQueue, reclaim
+    within the cohort). A module uses one of the two."""
+    from gpuspawner_sandbox.demo import HUB_NAMESPACE
+
+    with testing.running_kueue(stack.nodes, HUB_NAMESPACE, pytestconfig, preemption=True) as k:
+        yield k
+
+
 @pytest.fixture
 def hub(stack):
     return stack.hub
