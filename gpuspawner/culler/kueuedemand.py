@@ -23,9 +23,9 @@ from typing import Any
 from ..core import kueue
 from ..core.catalog import GPUType
 from ..core.refusals import shown
-from .policy import Request
+from .policy import KUEUE_SOURCE, Request
 
-SOURCE = "kueue"
+SOURCE = KUEUE_SOURCE
 #: The most pods of one head counted: a bound on the pass's work whatever a Workload
 #: says (a pod set's ``count`` is anyone's to write); a head asking for more is left out.
 MAX_HEAD_PODS = 1000

@@ -645,6 +645,8 @@ def stop_at(
 # the scheduler cannot place (they hold their quota already), the heads of Kueue's
 # ClusterQueues (culler.kueuedemand), then requests the hub refused lately.
 SOURCES = ("queued", "pending", "kueue", "refused")
+#: The source of a request waiting in Kueue's queue (gpuspawner.culler.kueuedemand).
+KUEUE_SOURCE = "kueue"
 
 
 @dataclass(frozen=True)
@@ -744,23 +746,31 @@ def apply_pressure(
     freed for the request: stopping servers that cannot make it fit would
     help nobody. A server its user keeps (``keep_until`` after ``now``) is freed too,
     unless the policy's ``keep_overrides_pressure``.
+
+    A request from Kueue's queue (source ``kueue``) waits for quota, which the
+    nodes' free GPUs do not show (nor do they count other namespaces' pods): only
+    GPUs this pass frees count for it.
     """
     result = list(decisions)
     free: dict[str, dict[str, int]] = {t: dict(nodes) for t, nodes in pressure.free.items()}
+    # What this pass frees, per type and node: all that counts for a request from Kueue.
+    freed_now: dict[str, dict[str, int]] = {}
     for d in result:
         if d.action == CULL and d.server.gpus > 0 and d.server.gpu_type and d.server.node:
-            nodes = free.setdefault(d.server.gpu_type, {})
-            nodes[d.server.node] = nodes.get(d.server.node, 0) + d.server.gpus
+            for counted in (free, freed_now):
+                nodes = counted.setdefault(d.server.gpu_type, {})
+                nodes[d.server.node] = nodes.get(d.server.node, 0) + d.server.gpus
     taken: set[int] = set()
     outcomes: list[PressureOutcome] = []
     for request in sorted(pressure.requests, key=_request_order):
         if request.gpus <= 0:
             continue
-        nodes = free.setdefault(request.gpu_type, {})
+        from_kueue = request.source == KUEUE_SOURCE
+        nodes = (freed_now if from_kueue else free).setdefault(request.gpu_type, {})
         fitting = [n for n, f in nodes.items() if f >= request.gpus]
         if fitting:
             node = min(fitting, key=lambda n: (nodes[n], n))
-            nodes[node] -= request.gpus
+            _take(free, freed_now, request.gpu_type, node, request.gpus)
             outcomes.append(PressureOutcome(request, node))
             continue
         timeout = policy.pressure_timeout_for(request.gpu_type)
@@ -799,7 +809,10 @@ def apply_pressure(
             )
             continue
         _, node, chosen, have = best
-        nodes[node] = have - request.gpus
+        for counted in (free, freed_now):
+            counted.setdefault(request.gpu_type, {}).setdefault(node, 0)
+            counted[request.gpu_type][node] += sum(result[i].server.gpus for i in chosen)
+        _take(free, freed_now, request.gpu_type, node, request.gpus)
         for i in chosen:
             taken.add(i)
             d = result[i]
@@ -818,6 +831,19 @@ def apply_pressure(
             PressureOutcome(request, node, freed=tuple(result[i].server.key for i in chosen))
         )
     return result, outcomes
+
+
+def _take(
+    free: dict[str, dict[str, int]],
+    freed_now: dict[str, dict[str, int]],
+    gpu_type: str,
+    node: str,
+    gpus: int,
+) -> None:
+    """A request takes ``gpus`` on ``node``: first of what this pass freed there."""
+    now_there = freed_now.setdefault(gpu_type, {}).get(node, 0)
+    freed_now[gpu_type][node] = max(now_there - gpus, 0)
+    free.setdefault(gpu_type, {})[node] = free[gpu_type].get(node, 0) - gpus
 
 
 @dataclass(frozen=True)
