@@ -235,6 +235,10 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         then gets the CPU it needs and the first users are served early, instead
         of every user waiting for the last one. Unlike JupyterHub's
         ``concurrent_spawn_limit``, nobody is refused.
+
+        With ``kueue_queue``, GPU servers take no turn: they wait in Kueue,
+        which admits them, and a turn held while a pod waits there would keep
+        the requests behind it out of Kueue's queue (and the culler's sight).
         """,
     ).tag(config=True)
 
@@ -1000,6 +1004,8 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         return f"{self.user.name}/{self.name}"
 
     async def _take_start_turn(self) -> None:
+        if self.kueue_queue and self._selection is not None and self._selection.is_gpu:
+            return  # Kueue admits it (concurrent_starts' help says why)
         await self.hub_state.start_gate.enter(self._start_key(), self.concurrent_starts)
 
     def _start_turn_message(self) -> str | None:
@@ -1015,6 +1021,7 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         )
 
     async def _load_and_admit(self) -> None:
+        self._selection = None  # this start's own, once admitted
         try:
             self.user_options = request_options(self.user_options)
         except Refusal as refusal:

@@ -597,3 +597,26 @@ async def test_a_poll_has_the_hubs_view_listen_to_the_pods_watch_once(kube_poll)
     finally:
         view.cancel()
         hubstate.current()._inventory = None
+
+
+async def test_a_gpu_request_waits_in_kueue_not_for_a_start_turn():
+    """A turn held while the pod waits in Kueue would keep the requests behind it out of
+    Kueue's queue (found by benchmarks/kueue_spawn.py): GPU servers take none; CPU ones do."""
+    from gpuspawner.hub import state as hubstate
+
+    gate = hubstate.current().start_gate
+    await gate.enter("someone/else", 1)  # every turn is taken
+    client = FakeKueue()
+    client.cqs = [cluster_queue("notebooks", nominal=4), cluster_queue("batch", nominal=4)]
+    spawner = alice_spawner(client, concurrent_starts=1)
+    spawner.user_options = dict(A100)
+    await asyncio.wait_for(spawner.load_user_options(), 5)
+    assert gate.ahead_of("alice/") is None and gate.starting == 1
+    cpu = make_spawner(kueue_config(concurrent_starts=1), user=User("bea"))
+    cpu.user_options = {"profile": "pytorch", "gpus": "0"}
+    waiting = asyncio.ensure_future(cpu.load_user_options())
+    await asyncio.sleep(0.2)
+    assert not waiting.done() and gate.ahead_of("bea/") == 0  # waits: next in line
+    gate.leave("someone/else")
+    await asyncio.wait_for(waiting, 5)
+    gate.leave("bea/")
