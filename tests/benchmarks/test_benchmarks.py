@@ -55,6 +55,15 @@ STEPS = {
     "inventory.py": ["inventory", "forms", "naive", "api-loaded", "api"],
     "real_nodes.py": ["control-plane", "nodes", "idle", "pods"],
     "sandbox_spawn.py": ["cluster", "hubs", "warm-up", "rounds", "burst-sent", "burst"],
+    "kueue_spawn.py": [
+        "cluster",
+        "hubs",
+        "warm-up",
+        "rounds",
+        "burst-hub-queue",
+        "burst-sent",
+        "burst-kueue",
+    ],
     "jupyter_start_cpu.py": ["engine", "hub", "runs"],
     "admin_usage.py": ["build", "measured"],
     "usage_store.py": ["build", "sqlite", "postgres"],
@@ -338,6 +347,34 @@ def test_sandbox_spawn(bench, pytestconfig):
     assert_nothing_left(run, before, roots)
 
 
+def test_kueue_spawn(bench, pytestconfig):
+    """Kueue's admission latency and a burst through it, against the hub's own queue (issue 31)."""
+    testing.node_binaries(pytestconfig)
+    require_prometheus()
+    roots = default_topology_roots()
+    before = host_snapshot(roots)
+    run = bench("kueue_spawn.py", "--machine-wait", str(testing.MACHINE_WAIT))
+    assert_smoke_run(
+        run,
+        "kueue_spawn.py",
+        [
+            "Added by Kueue's admission (median Kueue - median hub's queue):",
+            "4 users at once on each hub in turn, 1 GPU each",
+        ],
+    )
+    rows = table_rows(run.stdout)
+    assert rows["hub's own queue (gpu_queue_enabled)"][2] == "1", run.explain()
+    assert rows["Kueue (kueue_queue = gpu-notebooks)"][2] == "1", run.explain()
+    # Kueue gated the Kueue hub's pod and lifted the gate: the watch timed it.
+    gate = rows["Kueue's admission alone: pod created -> admission gate removed"]
+    assert gate[2] == "1" and float(gate[0]) > 0, run.explain()
+    # Every user of both hubs is accounted for, and each got a server.
+    assert rows["ready"] == ["4", "4"], run.explain()
+    assert rows["refused"] == ["0", "0"] and rows["failed"] == ["0", "0"], run.explain()
+    assert float(rows["CPU-s per start: Kueue's manager pod"][1]) > 0, run.explain()
+    assert_nothing_left(run, before, roots)
+
+
 def test_usage_store(bench):
     """The usage store's budget reads and summaries on SQLite and a real PostgreSQL, measured."""
     run = bench("usage_store.py", "--postgres")
@@ -388,6 +425,8 @@ def matrix_jupyter_image() -> str:
         # burst's requests are in flight: pods starting, threads waiting on the hub.
         pytest.param("sandbox_spawn.py", [], "burst-sent", "sigterm", id="sandbox_spawn-sigterm"),
         pytest.param("real_nodes.py", [], "nodes", "error", id="real_nodes-error"),
+        # Kueue deployed on the nodes and both hubs up: all of it goes with the nodes.
+        pytest.param("kueue_spawn.py", [], "hubs", "error", id="kueue_spawn-error"),
         pytest.param("culler_pass.py", [], "hub", "sigint", id="culler_pass-sigint"),
         pytest.param("inventory.py", ["--api"], "api-loaded", "error", id="inventory-error"),
         # The private dockerd and the stand-in hub up.
@@ -396,7 +435,7 @@ def matrix_jupyter_image() -> str:
 )
 def test_a_run_cut_short_leaves_nothing_running(bench, pytestconfig, script, args, step, how):
     roots: list[str] | None = None  # the real nodes' cgroups, where the run starts nodes
-    if script == "sandbox_spawn.py":
+    if script in ("sandbox_spawn.py", "kueue_spawn.py"):
         roots = default_topology_roots()
     elif script == "real_nodes.py":
         roots = [nodeconfig.cgroup_root("bench-0")]
@@ -405,7 +444,7 @@ def test_a_run_cut_short_leaves_nothing_running(bench, pytestconfig, script, arg
         args = [*args, "--machine-wait", str(testing.MACHINE_WAIT)]
     if script == "inventory.py":
         testing.control_plane_binary(pytestconfig)
-    if script in ("sandbox_spawn.py", "culler_pass.py"):
+    if script in ("sandbox_spawn.py", "kueue_spawn.py", "culler_pass.py"):
         require_prometheus()
     before = host_snapshot(roots) if roots is not None else None
     run = bench(script, *args, "--fail-after", step, "--fail-with", how)
