@@ -320,16 +320,9 @@ def build_image(cache_dir: Path | None = None, binary: str | None = None) -> tup
         architecture=go_arch(),
         labels={"org.opencontainers.image.title": f"prometheus (Debian package, {ref})"},
     )
-    cache = (cache_dir or build.cache_dir()) / "images"
-    cache.mkdir(parents=True, exist_ok=True)
-    archive = cache / f"prometheus-{ociimage.image_id(spec).split(':', 1)[1][:16]}.tar"
-    if not archive.is_file():
-        for stale in cache.glob("prometheus-*.tar"):
-            stale.unlink()
-        tmp = archive.with_suffix(".tmp")
-        tmp.write_bytes(ociimage.image_archive(spec))
-        tmp.replace(archive)
-    return archive, ref
+    return ociimage.cached_archive(
+        spec, (cache_dir or build.cache_dir()) / "images", "prometheus"
+    ), ref
 
 
 def load_image(nodes: RealNodes, archive: Path, names: Sequence[str] | None = None) -> None:

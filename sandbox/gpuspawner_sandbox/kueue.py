@@ -705,16 +705,7 @@ def build_image(binary: Path, cache_dir: Path | None = None) -> tuple[Path, str]
         architecture=nodebuild.go_arch(),
         labels={"org.opencontainers.image.title": f"kueue {VERSION} (built from {MODULE})"},
     )
-    cache = (cache_dir or build.cache_dir()) / "images"
-    cache.mkdir(parents=True, exist_ok=True)
-    archive = cache / f"kueue-{ociimage.image_id(spec).split(':', 1)[1][:16]}.tar"
-    if not archive.is_file():
-        for stale in cache.glob("kueue-*.tar"):
-            stale.unlink()
-        tmp = archive.with_suffix(".tmp")
-        tmp.write_bytes(ociimage.image_archive(spec))
-        tmp.replace(archive)
-    return archive, ref
+    return ociimage.cached_archive(spec, (cache_dir or build.cache_dir()) / "images", "kueue"), ref
 
 
 # -- I/O: deploy, wait, remove ---------------------------------------------------------

@@ -16,6 +16,7 @@ import json
 import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 MEDIA_LAYER = "application/vnd.oci.image.layer.v1.tar"
@@ -168,3 +169,20 @@ def image_archive(spec: ImageSpec) -> bytes:
         for blob in sorted((layer, config, manifest), key=_digest):
             _add(tar, "blobs/sha256/" + _digest(blob).split(":", 1)[1], blob, 0o644)
     return buf.getvalue()
+
+
+def cached_archive(spec: ImageSpec, cache: Path, stem: str) -> Path:
+    """The image's archive in ``cache`` (``<stem>-<id>.tar``), written when missing.
+
+    An older archive of the same stem is removed: one image of a name is kept. The
+    write goes through a temporary file, so a crash never leaves half an archive.
+    """
+    cache.mkdir(parents=True, exist_ok=True)
+    archive = cache / f"{stem}-{image_id(spec).split(':', 1)[1][:16]}.tar"
+    if not archive.is_file():
+        for stale in cache.glob(f"{stem}-*.tar"):
+            stale.unlink()
+        tmp = archive.with_suffix(".tmp")
+        tmp.write_bytes(image_archive(spec))
+        tmp.replace(archive)
+    return archive

@@ -184,6 +184,50 @@ def running_real_nodes(
 
 
 @contextlib.contextmanager
+def running_networked_cluster(pytestconfig, topology, prefix: str) -> Iterator:
+    """A control plane on the pods' side and ``topology``'s nodes as real nodes with the
+    cluster network (kube-proxy, CoreDNS); stopped afterwards, and the host checked to be
+    as it was before. Yields the :class:`~gpuspawner_sandbox.nodes.RealNodes`.
+
+    The state lives outside pytest's basetemp: other pytest runs on this machine rotate
+    old basetemps away, and with them a running cluster's record that teardown needs.
+    """
+    import shutil
+    import tempfile
+
+    from . import hoststate, nodeconfig
+    from .nodes import RealNodes
+
+    binaries = node_binaries(pytestconfig)
+    state_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    names = [n.name for n in topology.nodes]
+    roots = [nodeconfig.cgroup_root(n) for n in names]
+    before = hoststate.snapshot(state_dir / "nodes", roots)
+    control = ControlPlane(state_dir, binaries.k8s, api_address=nodeconfig.API_ADDRESS)
+    running = RealNodes(
+        state_dir,
+        control,
+        binaries,
+        names,
+        specs={n.name: n for n in topology.nodes},
+        cluster_network=True,
+        machine_wait=MACHINE_WAIT,
+        emit=lambda line: sys.__stderr__.write(line + "\n"),
+    )
+    try:
+        with capture_disabled(pytestconfig):
+            running.prepare()
+            control.start()
+            running.start()
+        yield running
+    finally:
+        running.stop()
+        control.stop()
+    assert hoststate.differences(before, hoststate.snapshot(state_dir / "nodes", roots)) == []
+    shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def running_kueue(nodes, hub_namespace: str, pytestconfig=None, *, preemption: bool = False):
     """Kueue and its queues (:mod:`gpuspawner_sandbox.kueue`) on running real nodes with
     the cluster network, removed afterwards: yields a :class:`~gpuspawner_sandbox.kueue.Kueue`.

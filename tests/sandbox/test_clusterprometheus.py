@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import functools
 import re
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 import yaml
 
 from gpuspawner_sandbox import clusterprometheus as cp_mod
-from gpuspawner_sandbox import hoststate, nodeconfig, nodes, testing
-from gpuspawner_sandbox.controlplane import ControlPlane
+from gpuspawner_sandbox import nodeconfig, nodes, testing
 from gpuspawner_sandbox.prometheus import DCGM_JOB, prometheus_binary, server_args
 from gpuspawner_sandbox.topology import GPU_RESOURCE, parse_topology
 
@@ -160,39 +156,14 @@ wait_for = functools.partial(testing.wait_for, timeout=120, interval=0.5)
 @pytest.fixture(scope="module")
 def cluster(pytestconfig):
     """Control plane on the pods' side + a GPU and a CPU node with kube-proxy and CoreDNS."""
-    binaries = testing.node_binaries(pytestconfig)
     if prometheus_binary() is None:
         from tests.culler.promserver import require_prometheus
 
         require_prometheus()  # skips loudly, fails in CI
-    # Not under pytest's basetemp: other pytest runs on this machine rotate old basetemps
-    # away, and with them a running cluster's record that teardown needs.
-    state_dir = Path(tempfile.mkdtemp(prefix="gs-clusterprometheus-"))
-    names = [n.name for n in TOPOLOGY.nodes]
-    roots = [nodeconfig.cgroup_root(n) for n in names]
-    before = hoststate.snapshot(state_dir / "nodes", roots)
-    control = ControlPlane(state_dir, binaries.k8s, api_address=nodeconfig.API_ADDRESS)
-    running = nodes.RealNodes(
-        state_dir,
-        control,
-        binaries,
-        names,
-        specs={n.name: n for n in TOPOLOGY.nodes},
-        cluster_network=True,
-        machine_wait=testing.MACHINE_WAIT,
-        emit=lambda line: sys.__stderr__.write(line + "\n"),
-    )
-    try:
-        with testing.capture_disabled(pytestconfig):
-            running.prepare()
-            control.start()
-            running.start()
+    with testing.running_networked_cluster(
+        pytestconfig, TOPOLOGY, "gs-clusterprometheus-"
+    ) as running:
         yield running
-    finally:
-        running.stop()
-        control.stop()
-    assert hoststate.differences(before, hoststate.snapshot(state_dir / "nodes", roots)) == []
-    shutil.rmtree(state_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

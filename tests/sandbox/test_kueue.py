@@ -13,17 +13,14 @@ import copy
 import functools
 import json
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-from gpuspawner_sandbox import hoststate, nodeconfig, nodes, testing
 from gpuspawner_sandbox import kueue as kq
-from gpuspawner_sandbox.controlplane import ControlPlane
+from gpuspawner_sandbox import nodeconfig, testing
 from gpuspawner_sandbox.topology import parse_topology
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -358,33 +355,8 @@ wait_for = functools.partial(testing.wait_for, timeout=120, interval=0.5)
 @pytest.fixture(scope="module")
 def cluster(pytestconfig):
     """Control plane on the pods' side + two GPU nodes (A100, H100) and a CPU node."""
-    binaries = testing.node_binaries(pytestconfig)
-    state_dir = Path(tempfile.mkdtemp(prefix="gs-kueue-"))
-    names = [n.name for n in TOPOLOGY.nodes]
-    roots = [nodeconfig.cgroup_root(n) for n in names]
-    before = hoststate.snapshot(state_dir / "nodes", roots)
-    control = ControlPlane(state_dir, binaries.k8s, api_address=nodeconfig.API_ADDRESS)
-    running = nodes.RealNodes(
-        state_dir,
-        control,
-        binaries,
-        names,
-        specs={n.name: n for n in TOPOLOGY.nodes},
-        cluster_network=True,
-        machine_wait=testing.MACHINE_WAIT,
-        emit=lambda line: sys.__stderr__.write(line + "\n"),
-    )
-    try:
-        with testing.capture_disabled(pytestconfig):
-            running.prepare()
-            control.start()
-            running.start()
+    with testing.running_networked_cluster(pytestconfig, TOPOLOGY, "gs-kueue-") as running:
         yield running
-    finally:
-        running.stop()
-        control.stop()
-    assert hoststate.differences(before, hoststate.snapshot(state_dir / "nodes", roots)) == []
-    shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def _queued_pod(name: str, gpus: int, product: str, queue: str = "gpu-notebooks") -> dict:

@@ -114,3 +114,28 @@ def test_docker_archive_is_the_same_image_for_docker_load():
     (layer,) = manifest["Layers"]
     assert docker[layer] == _blob(oci, oci_manifest["layers"][0]["digest"])
     assert ociimage.docker_archive(SPEC) == ociimage.docker_archive(SPEC)  # deterministic
+
+
+def test_cached_archive_is_written_once_and_replaces_an_older_one(tmp_path):
+    first = ociimage.ImageSpec(
+        ref="gpuspawner.invalid/x:1", files={"a": (b"one", 0o644)}, entrypoint=["/a"]
+    )
+    archive = ociimage.cached_archive(first, tmp_path / "images", "x")
+    assert archive.read_bytes() == ociimage.image_archive(first)
+    stamp = archive.stat().st_mtime_ns
+    assert ociimage.cached_archive(first, tmp_path / "images", "x") == archive
+    assert archive.stat().st_mtime_ns == stamp  # not written again
+    other = ociimage.cached_archive(
+        ociimage.ImageSpec(
+            ref="gpuspawner.invalid/y:1", files={"b": (b"", 0o644)}, entrypoint=["/b"]
+        ),
+        tmp_path / "images",
+        "y",
+    )
+    second = ociimage.ImageSpec(
+        ref="gpuspawner.invalid/x:2", files={"a": (b"two", 0o644)}, entrypoint=["/a"]
+    )
+    newer = ociimage.cached_archive(second, tmp_path / "images", "x")
+    assert newer != archive and not archive.exists() and newer.is_file()
+    assert other.is_file()  # another stem's archive is left alone
+    assert not list((tmp_path / "images").glob("*.tmp"))
