@@ -18,7 +18,7 @@ from typing import Any
 
 from .catalog import Catalog, quantity_bytes
 from .refusals import REASON_NEVER, Refusal, refuse
-from .serverpod import is_gpu_resource
+from .serverpod import effective_requests, is_gpu_resource
 
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta2"
@@ -429,38 +429,11 @@ def _container_resources(container: Mapping[str, Any]) -> dict[str, float]:
     return found
 
 
-def _add(total: dict[str, float], more: Mapping[str, float]) -> None:
-    for name, value in more.items():
-        total[name] = total.get(name, 0.0) + value
-
-
 def pod_resources(pod_spec: Mapping[str, Any]) -> dict[str, float]:
-    """A pod's effective request, as Kubernetes (and Kueue, through its resource helpers) counts it.
-
-    The containers' sum plus the sidecars' (init containers with ``restartPolicy:
-    Always`` keep running beside them), or a regular init container with the sidecars
-    started before it when that is more; plus the pod's ``overhead``.
-    """
+    """A pod's effective request, every resource, as Kueue counts it (:func:`effective_requests`)."""
     pod_spec = _mapping(pod_spec)
-    apps: dict[str, float] = {}
-    for container in _list(pod_spec.get("containers")):
-        _add(apps, _container_resources(container))
-    sidecars: dict[str, float] = {}
-    init_peak: dict[str, float] = {}
-    for container in _list(pod_spec.get("initContainers")):
-        requests = _container_resources(container)
-        if container.get("restartPolicy") == "Always":
-            _add(sidecars, requests)
-            continue
-        for name in set(requests) | set(sidecars):
-            need = requests.get(name, 0.0) + sidecars.get(name, 0.0)
-            init_peak[name] = max(init_peak.get(name, 0.0), need)
-    _add(apps, sidecars)
-    total = {
-        name: max(apps.get(name, 0.0), init_peak.get(name, 0.0)) for name in {*apps, *init_peak}
-    }
-    _add(total, {str(k): amount(v) for k, v in _mapping(pod_spec.get("overhead")).items()})
-    return total
+    overhead = {str(k): amount(v) for k, v in _mapping(pod_spec.get("overhead")).items()}
+    return effective_requests(pod_spec, _container_resources, overhead)
 
 
 def workload_requests(workload: Any) -> list[PodSetRequest]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property
@@ -52,6 +52,45 @@ def _items(value: Any) -> list[Mapping[str, Any]]:
 def is_gpu_resource(name: str, extra: Iterable[str] = ()) -> bool:
     """Whether a Kubernetes resource name is a GPU: one of ``extra`` (the catalog's) or a known prefix."""
     return name in extra or name.startswith(GPU_RESOURCE_PREFIXES)
+
+
+def _add(total: dict[str, Any], more: Mapping[str, Any]) -> None:
+    for name, value in more.items():
+        total[name] = total.get(name, 0) + value
+
+
+def effective_requests(
+    pod_spec: Mapping[str, Any],
+    container_requests: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+    overhead: Mapping[str, Any],
+) -> dict[str, Any]:
+    """A pod's effective request as the scheduler (and Kueue) counts it, per resource.
+
+    The containers' sum plus the sidecars' (init containers with ``restartPolicy:
+    Always`` keep running beside everything started after them), or a regular init
+    container with the sidecars started before it when that is more; plus the pod's
+    ``overhead``. ``container_requests`` reads one container (which resources, parsed
+    how: the inventory keeps accelerators only, as whole numbers); ``overhead`` is
+    the pod's, read the same way.
+    """
+    apps: dict[str, Any] = {}
+    for container in _items(pod_spec.get("containers")):
+        _add(apps, container_requests(container))
+    sidecars: dict[str, Any] = {}
+    init_peak: dict[str, Any] = {}
+    for container in _items(pod_spec.get("initContainers")):
+        requests = container_requests(container)
+        if container.get("restartPolicy") == "Always":
+            _add(sidecars, requests)
+            continue
+        # A regular init container runs alone with the sidecars started before it.
+        for name in set(requests) | set(sidecars):
+            need = requests.get(name, 0) + sidecars.get(name, 0)
+            init_peak[name] = max(init_peak.get(name, 0), need)
+    _add(apps, sidecars)
+    total = {name: max(apps.get(name, 0), init_peak.get(name, 0)) for name in {*apps, *init_peak}}
+    _add(total, overhead)
+    return total
 
 
 def pod_is_active(pod: Mapping[str, Any]) -> bool:

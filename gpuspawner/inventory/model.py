@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.availability import Availability, NodeFigures
-from ..core.serverpod import is_gpu_resource, pod_is_active
+from ..core.serverpod import effective_requests, is_gpu_resource, pod_is_active
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?)([kMGTPE]?|[KMGTPE]i|m)?$")
 _SUFFIX = {
@@ -147,38 +147,16 @@ def _container_requests(container: Mapping[str, Any], extra: frozenset[str]) -> 
     }
 
 
-def _add(total: dict[str, int], more: Mapping[str, int]) -> None:
-    for name, value in more.items():
-        total[name] = total.get(name, 0) + value
-
-
 def pod_requests(pod: Mapping[str, Any], extra_resources: Iterable[str] = ()) -> dict[str, int]:
     """The accelerators a pod occupies on its node, as the scheduler computes them."""
     spec = pod.get("spec") or {}
     extra = frozenset(extra_resources)
-    apps: dict[str, int] = {}
-    for container in spec.get("containers") or []:
-        _add(apps, _container_requests(container, extra))
-    sidecars: dict[str, int] = {}
-    init_peak: dict[str, int] = {}
-    for container in spec.get("initContainers") or []:
-        requests = _container_requests(container, extra)
-        if container.get("restartPolicy") == "Always":
-            # A sidecar keeps running beside everything started after it.
-            _add(sidecars, requests)
-            continue
-        # A regular init container runs alone with the sidecars started before it.
-        for name in set(requests) | set(sidecars):
-            need = requests.get(name, 0) + sidecars.get(name, 0)
-            init_peak[name] = max(init_peak.get(name, 0), need)
-    _add(apps, sidecars)
-    total = {name: max(apps.get(name, 0), init_peak.get(name, 0)) for name in {*apps, *init_peak}}
     overhead = {
         k: parse_quantity(v)
         for k, v in (spec.get("overhead") or {}).items()
         if is_gpu_resource(k, extra)
     }
-    _add(total, overhead)
+    total = effective_requests(spec, lambda c: _container_requests(c, extra), overhead)
     return {k: v for k, v in total.items() if v > 0}
 
 
