@@ -113,8 +113,9 @@ class KueueClient:
             what=what,
         )
 
-    async def workloads(self, namespace: str | None) -> list[dict]:
-        """The Workloads of ``namespace`` (None: every namespace)."""
+    async def workloads(self, namespace: str | None, selector: str = "") -> list[dict]:
+        """The Workloads of ``namespace`` (None: every namespace), matching a label selector."""
+        extra = {"label_selector": selector} if selector else {}
         if namespace:
             what = f"Listing Workloads in namespace {namespace!r}"
             listing = await self.reader.list_all(
@@ -124,6 +125,7 @@ class KueueClient:
                 _checked(namespace, what),
                 "workloads",
                 what=what,
+                **extra,
             )
         else:
             listing = await self.reader.list_all(
@@ -132,6 +134,7 @@ class KueueClient:
                 kueue.VERSION,
                 "workloads",
                 what="Listing Workloads in all namespaces",
+                **extra,
             )
         return listing.items
 

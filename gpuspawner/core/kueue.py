@@ -31,6 +31,8 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 #: The scheduling gate Kueue's webhook puts on a queued pod until it is admitted.
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
+#: The label Kueue puts on a Workload: the uid of the object it was made for (a pod, a Job).
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 #: The WorkloadPriorityClass of notebooks unless the admin names another.
 DEFAULT_PRIORITY_CLASS = "gpuspawner-interactive"
 #: The condition Kueue sets on a pod it stops, and the reason it gives when it evicts one.
@@ -478,6 +480,23 @@ def blocking_reason(workload: Any) -> str:
     if reserved is None or reserved.get("status") == "True":
         return ""
     return _one_line(_text(reserved.get("message")))
+
+
+def workloads_selector(owner_uids: Iterable[str]) -> str:
+    """The label selector of the Workloads made for these pods (or Jobs); "" for none.
+
+    Uids are the API server's (hex and dashes); one that is no valid label value
+    (letters, digits, ``-``, ``_``, ``.``, at most 63) is left out, so no text reaches
+    the selector's syntax.
+    """
+    uids = sorted(
+        {
+            u
+            for u in owner_uids
+            if 0 < len(u) <= 63 and u.isascii() and all(c.isalnum() or c in "-_." for c in u)
+        }
+    )
+    return f"{JOB_UID_LABEL} in ({','.join(uids)})" if uids else ""
 
 
 def workload_owner_uid(workload: Any) -> str:

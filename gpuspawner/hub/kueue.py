@@ -139,9 +139,12 @@ class KueueView:
                     "progress pages count this hub's queue only",
                     self._cluster_queue,
                 )
+        # Only the waiting pods' Workloads (Kueue labels each with its pod's uid), not
+        # every running notebook's.
+        selector = kueue.workloads_selector(self._waiters)
         blocking = {
             kueue.workload_owner_uid(w): kueue.blocking_reason(w)
-            for w in await self.client.workloads(self.namespace)
+            for w in (await self.client.workloads(self.namespace, selector) if selector else [])
         }
         places = {}
         for uid in self._waiters:

@@ -207,6 +207,9 @@ async def test_workloads_of_one_namespace_or_all(server, client):
     ours = await client.workloads("jupyterhub")
     assert [w["metadata"]["name"] for w in ours] == ["pod-jupyter-alice-1"]
     assert server.paths == [f"{KUEUE}/workloads"] * 3 + [f"{KUEUE}/namespaces/jupyterhub/workloads"]
+    await client.workloads("jupyterhub", "kueue.x-k8s.io/job-uid in (a,b)")
+    assert server.seen[-1][1]["labelSelector"] == "kueue.x-k8s.io/job-uid in (a,b)"
+    assert "labelSelector" not in server.seen[-2][1]
 
 
 async def test_pending_workloads_from_the_visibility_api(server, client):

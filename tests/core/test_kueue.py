@@ -1219,3 +1219,10 @@ def test_recorded_pending_workloads():
         assert len(entries) == len(obj.get("items") or [])
         for entry in entries:
             assert entry.owner_uid and entry.owner_kind and entry.local_queue
+
+
+def test_the_workloads_selector_names_only_valid_uids():
+    assert kueue.workloads_selector([]) == ""
+    assert kueue.workloads_selector(["b-2", "a-1", "a-1"]) == "kueue.x-k8s.io/job-uid in (a-1,b-2)"
+    hostile = ["x) , other in (y", "a b", "é", "", "z" * 64, "ok"]
+    assert kueue.workloads_selector(hostile) == "kueue.x-k8s.io/job-uid in (ok)"

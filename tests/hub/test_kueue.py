@@ -106,6 +106,7 @@ class FakeKueue:
 
     def __init__(self):
         self.calls = []
+        self.selectors = []
         self.local_queues = {
             "gpu-notebooks": {
                 "kind": "LocalQueue",
@@ -148,7 +149,8 @@ class FakeKueue:
     async def resource_flavors(self):
         return self._answer("resource_flavors", self.flavors)
 
-    async def workloads(self, namespace):
+    async def workloads(self, namespace, selector=""):
+        self.selectors.append(selector)
         result = self._answer("workloads", self.workload_list)
         self.read.set()  # the last read of a refresh
         return result
@@ -230,6 +232,8 @@ async def test_a_place_counts_notebooks_and_jobs_ahead_in_the_cluster_queue(view
     # the LocalQueue names its ClusterQueue: read once, not on every refresh
     await view.refresh()
     assert client.calls.count("local_queue") == 1
+    # only the waiting pods' Workloads are read (by Kueue's label of their pod's uid)
+    assert client.selectors[-1] == "kueue.x-k8s.io/job-uid in (uid-carol,uid-dave)"
 
 
 async def test_a_pod_not_listed_or_not_followed_has_no_place(view, client):
