@@ -105,7 +105,7 @@ def running(pod):
     pod["spec"]["nodeName"] = "gpu-a-1"
     pod["status"] = {
         "phase": "Running",
-        "podIP": "10.0.0.7",
+        "podIP": "10.244.1.7",
         "conditions": [{"type": "Ready", "status": "True"}],
         "containerStatuses": [{"name": "notebook", "ready": True, "state": {"running": {}}}],
     }
