@@ -1491,12 +1491,18 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             pod = reflector.pods.get(key)
             if pod is None or not serverpod.pod_is_active(pod):
                 return True
-            if self._kueue_overdue(pod) is not None:
+            waited = self._kueue_overdue(pod)
+            if waited is not None:
                 self.log.warning(
                     "%s waited longer than %.0f s in Kueue; the hub stops it",
                     self._log_name,
                     self.gpu_queue_timeout,
                 )
+                # as a wait that ends during a spawn: its user's page says why it stopped
+                notice = stopreasons.StopNotice(
+                    stopreasons.REASON_STUCK_PENDING, time.time(), seconds=waited
+                )
+                self._keep_stop_notice(notice, self._held_by_pod(pod))
                 return False
             if not kueue.is_gated(pod):
                 admitted_by = admitted_by or time.monotonic() + self.start_timeout
@@ -1607,6 +1613,21 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
         if selection is None or not selection.is_gpu or selection.gpu_type is None:
             return ""
         return stopreasons.held_text(selection.gpus, selection.gpu_type.display_name)
+
+    def _held_by_pod(self, pod: dict) -> str:
+        """What a pod of this server asks for (``2 × NVIDIA A100``), before a start chose it.
+
+        The catalog names the type; "" for a pod without GPUs or a catalog that cannot be read.
+        """
+        server_pod = serverpod.ServerPod.from_pod(pod)
+        if server_pod.gpu_type is None:
+            return ""
+        try:
+            gpu_type = self.load_catalog().gpu_types.get(server_pod.gpu_type)
+        except CatalogError:
+            gpu_type = None
+        name = gpu_type.display_name if gpu_type is not None else server_pod.gpu_type
+        return stopreasons.held_text(server_pod.gpus, name)
 
     def _failed_start(self, reason: str, **fields: Any) -> None:
         """Keep the notice of a start GPUSpawner itself gave up on."""

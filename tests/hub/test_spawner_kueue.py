@@ -17,7 +17,7 @@ import pytest
 from kubespawner import KubeSpawner
 from traitlets.config import Config
 
-from gpuspawner.core import kueue, refusals, stopreasons
+from gpuspawner.core import kueue, labels, refusals, stopreasons
 from gpuspawner.core.catalog import parse_catalog
 from gpuspawner.core.refusals import Refusal
 from gpuspawner.hub.capacity import Capacity, QueueSettings, Requester
@@ -119,9 +119,9 @@ def running(pod):
 
 async def test_a_gpu_servers_pod_goes_to_the_local_queue_with_its_priority_class():
     pod = await build(make_spawner(kueue_config()), A100)
-    labels = pod["metadata"]["labels"]
-    assert labels[kueue.QUEUE_LABEL] == "gpu-notebooks"
-    assert labels[kueue.PRIORITY_CLASS_LABEL] == "gpuspawner-interactive"
+    pod_labels = pod["metadata"]["labels"]
+    assert pod_labels[kueue.QUEUE_LABEL] == "gpu-notebooks"
+    assert pod_labels[kueue.PRIORITY_CLASS_LABEL] == "gpuspawner-interactive"
 
 
 async def test_the_priority_class_is_the_admins_and_may_be_none():
@@ -514,8 +514,22 @@ async def test_at_the_hubs_start_a_queued_server_is_kept_until_it_runs(kube_poll
 async def test_at_the_hubs_start_a_server_waiting_past_the_queue_timeout_is_stopped(kube_poll):
     spawner = restarted_spawner(gpu_queue_timeout=300)
     pod = queued_pod(spawner, created=time.time() - 400)
+    pod["metadata"]["labels"].update({labels.LABEL_GPU_TYPE: "a100", labels.LABEL_GPUS: "2"})
     kube_poll["pods"][f"{spawner.namespace}/{spawner.pod_name}"] = pod
     assert await asyncio.wait_for(spawner.poll(), 10) == 1
+    # its user is told why, as when the wait ends during a spawn; the hub saves it as it stops
+    notice = spawner.stop_notice()
+    assert notice.reason == stopreasons.REASON_STUCK_PENDING
+    assert notice.held == "2 × NVIDIA A100"
+    assert 400 <= notice.seconds < 410
+    assert stopreasons.StopNotice.from_state(
+        spawner.get_state()[stopreasons.STATE_KEY]
+    ) == notice.for_server(spawner.name, notice.held)
+    assert re.fullmatch(
+        r"Your server \(2 × NVIDIA A100\) was stopped at \d\d:\d\d UTC because no node had "
+        r"free GPUs for it for 6 minutes\.",
+        notice.sentence(),
+    ), notice.sentence()
 
 
 async def test_at_the_hubs_start_a_running_server_is_polled_as_ever(kube_poll, caplog):
