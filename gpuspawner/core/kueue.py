@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from .catalog import Catalog, quantity_bytes
+from .catalog import Catalog, GPUType, quantity_bytes
 from .refusals import REASON_NEVER, Refusal, refuse
 from .serverpod import effective_requests, is_gpu_resource
 
@@ -330,17 +330,19 @@ def flavor_node_labels(flavors: Iterable[Any]) -> dict[str, dict[str, str]]:
 TypeSelector = Mapping[str, "str | Collection[str]"]
 
 
+def gpu_type_selector(gpu_type: GPUType) -> dict[str, str | frozenset[str]]:
+    """A GPU type's node labels: its node selector and its ``In`` affinity terms."""
+    wanted: dict[str, str | frozenset[str]] = dict(gpu_type.node_selector)
+    for expression in gpu_type.node_affinity:
+        values = expression.get("values") or []
+        if expression.get("operator") == "In" and isinstance(expression.get("key"), str):
+            wanted[expression["key"]] = frozenset(str(v) for v in values)
+    return wanted
+
+
 def catalog_type_selectors(catalog: Catalog) -> dict[str, dict[str, str | frozenset[str]]]:
-    """Each catalog GPU type's node labels: its node selector and its ``In`` affinity terms."""
-    found: dict[str, dict[str, str | frozenset[str]]] = {}
-    for key, gpu_type in catalog.gpu_types.items():
-        wanted: dict[str, str | frozenset[str]] = dict(gpu_type.node_selector)
-        for expression in gpu_type.node_affinity:
-            values = expression.get("values") or []
-            if expression.get("operator") == "In" and isinstance(expression.get("key"), str):
-                wanted[expression["key"]] = frozenset(str(v) for v in values)
-        found[key] = wanted
-    return found
+    """Each catalog GPU type's node labels (:func:`gpu_type_selector`), in catalog order."""
+    return {key: gpu_type_selector(t) for key, t in catalog.gpu_types.items()}
 
 
 def _label_matches(have: str | None, wanted: str | Collection[str]) -> bool:

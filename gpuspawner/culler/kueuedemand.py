@@ -6,7 +6,7 @@ of each (position 0: the next one Kueue tries to admit), the ClusterQueues' flav
 and the ResourceFlavors' node labels. Here that becomes
 :class:`~gpuspawner.culler.policy.Request` entries of source ``kueue``: one per pod
 of each pod set of the head asking for a GPU resource, for the GPU type of the
-catalog whose node selector the flavor's node labels satisfy (the flavor Kueue
+catalog whose node labels (selector and ``In`` affinity terms) the flavor's satisfy (the flavor Kueue
 would try first for that pod set: :func:`gpuspawner.core.kueue.request_flavor`).
 Notebooks and Jobs count alike. Only the head counts: freeing for the whole queue
 at once would stop more than what the next admission needs.
@@ -49,9 +49,17 @@ def heads(pending: Mapping[str, Sequence[kueue.PendingEntry]]) -> dict[str, kueu
     return found
 
 
-def type_selectors(gpu_types: Mapping[str, GPUType], resource: str) -> dict[str, dict[str, str]]:
-    """The node selectors of the catalog's GPU types requested as ``resource``, in catalog order."""
-    return {key: dict(t.node_selector) for key, t in gpu_types.items() if t.resource == resource}
+def type_selectors(
+    gpu_types: Mapping[str, GPUType], resource: str
+) -> dict[str, dict[str, str | frozenset[str]]]:
+    """The node labels of the catalog's GPU types requested as ``resource``, in catalog order.
+
+    As the hub reads them (:func:`gpuspawner.core.kueue.gpu_type_selector`): the node
+    selector and the ``In`` terms of the node affinity.
+    """
+    return {
+        key: kueue.gpu_type_selector(t) for key, t in gpu_types.items() if t.resource == resource
+    }
 
 
 def flavor_type(
@@ -62,8 +70,8 @@ def flavor_type(
 ) -> str | None:
     """The catalog GPU type a pod gets asking for ``resource`` in ``flavor``; None: none.
 
-    The type whose node selector the flavor's node labels satisfy
-    (:func:`gpuspawner.core.kueue.flavor_gpu_types`); else, where the catalog has one
+    The type whose node labels (selector and ``In`` affinity terms) the flavor's node
+    labels satisfy (:func:`gpuspawner.core.kueue.flavor_gpu_types`); else, where the catalog has one
     type only of that resource and it selects no nodes (a MIG slice), that type: the
     resource alone names it.
     """

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpuspawner.core import kueue
-from gpuspawner.core.catalog import load_catalog_file
+from gpuspawner.core.catalog import load_catalog_file, parse_catalog
 from gpuspawner.culler import kueuedemand as K
 from gpuspawner.culler import policy as P
 
@@ -279,6 +279,24 @@ def test_a_gpu_type_is_found_by_its_resource_among_the_catalogs_types():
     # a MIG flavor's node labels never make its slices full GPUs, nor the reverse
     assert K.flavor_type("nvidia-a100-mig", "nvidia.com/gpu", FLAVORS, TYPES) is None
     assert K.flavor_type(A100.lower(), "nvidia.com/mig-1g.5gb", FLAVORS, TYPES) == "a100-1g"
+
+
+def test_a_gpu_type_chosen_by_node_affinity_alone_maps_to_its_flavor_as_in_the_hub():
+    types = parse_catalog(
+        {
+            "images": {"pytorch": {"image": "example/pytorch:2.9"}},
+            "gpu_types": {
+                "a100": {"node_selector": {PRODUCT: A100}},
+                "h100": {"node_affinity": [{"key": PRODUCT, "operator": "In", "values": [H100]}]},
+                "anything": {"node_affinity": [{"key": PRODUCT, "operator": "Exists"}]},
+            },
+        }
+    ).gpu_types
+    assert K.type_selectors(types, "nvidia.com/gpu")["h100"] == {PRODUCT: frozenset({H100})}
+    assert K.flavor_type(H100.lower(), "nvidia.com/gpu", FLAVORS, types) == "h100"
+    assert K.flavor_type(A100.lower(), "nvidia.com/gpu", FLAVORS, types) == "a100"
+    # an Exists term names no value: it cannot tell flavors apart, so it maps none
+    assert K.flavor_type("other-gpus", "nvidia.com/gpu", FLAVORS, types) is None
 
 
 def test_pressure_frees_for_the_head_of_the_queue_only_what_it_needs():
