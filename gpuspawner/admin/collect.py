@@ -146,7 +146,8 @@ class KueueReader:
         for name in queues:
             what = f"The pending GPUs of the ClusterQueue {shown(name)} are not shown"
             try:
-                entries = await client.pending_in_cluster_queue(name)
+                # one more than shown: enough to tell the list is partial
+                entries = await client.pending_in_cluster_queue(name, limit=self.max_pending + 1)
             except KubeError as e:
                 problems.append(kueue_problem(f"{what} (Kueue's visibility API)", e))
                 continue

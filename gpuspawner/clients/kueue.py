@@ -15,6 +15,10 @@ from urllib.parse import quote
 from ..core import kueue
 from . import kube
 
+#: The most pending workloads read from one queue when all are asked for: a bound on a
+#: reader's work however long the queue (Kueue's own default answer is 1000).
+MAX_PENDING = 10_000
+
 
 def _checked(name: str, what: str) -> str:
     """``name``, unless no object can have it and asking would read another path.
@@ -58,15 +62,40 @@ class KueueClient:
 
         return await self.reader.retry.run(attempt, self.reader.logger)
 
-    async def _get_path(self, path: str, what: str) -> dict:
+    async def _get_path(
+        self, path: str, what: str, query: list[tuple[str, str]] | None = None
+    ) -> dict:
         return await self._one(
             self.api_client.call_api,
             path,
             "GET",
             what=what,
+            query_params=query or [],
             header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],
         )
+
+    async def _pending(self, path: str, what: str, limit: int | None) -> list[kueue.PendingEntry]:
+        """The pending workloads at ``path``, the first ``limit`` (None: up to :data:`MAX_PENDING`).
+
+        Read in pages of the reader's page size with Kueue's ``offset``/``limit``
+        options. Each page is the queue as it is when asked: a workload admitted
+        between two pages shifts the rest, so one may be seen twice (kept once) or
+        not at all; the positions are Kueue's of that moment.
+        """
+        wanted = MAX_PENDING if limit is None else max(0, limit)
+        found: dict[tuple[str, str], kueue.PendingEntry] = {}
+        offset = 0
+        while offset < wanted:
+            page = min(self.reader.page_size, wanted - offset)
+            query = [("limit", str(page)), ("offset", str(offset))]
+            summary = await self._get_path(path, what, query)
+            for entry in kueue.pending_entries(summary):
+                found.setdefault((entry.namespace, entry.name), entry)
+            if kueue.pending_page_length(summary) < page:
+                break
+            offset += page
+        return sorted(found.values(), key=lambda e: e.position_in_cluster_queue)[:wanted]
 
     # -- Kueue's own objects ---------------------------------------------------
 
@@ -152,23 +181,25 @@ class KueueClient:
 
     # -- the visibility API (an aggregated API) ---------------------------------
 
-    async def pending_in_cluster_queue(self, name: str) -> list[kueue.PendingEntry]:
-        """The ClusterQueue's pending workloads in order (every namespace's)."""
+    async def pending_in_cluster_queue(
+        self, name: str, limit: int | None = None
+    ) -> list[kueue.PendingEntry]:
+        """The ClusterQueue's pending workloads in order (every namespace's); the first ``limit``."""
         what = f"Reading the pending workloads of ClusterQueue {name!r}"
         path = (
             f"/apis/{kueue.VISIBILITY_GROUP}/{kueue.VISIBILITY_VERSION}"
             f"/clusterqueues/{_segment(name, what)}/pendingworkloads"
         )
-        summary = await self._get_path(path, what)
-        return kueue.pending_entries(summary)
+        return await self._pending(path, what, limit)
 
-    async def pending_in_local_queue(self, namespace: str, name: str) -> list[kueue.PendingEntry]:
-        """The LocalQueue's pending workloads in order."""
+    async def pending_in_local_queue(
+        self, namespace: str, name: str, limit: int | None = None
+    ) -> list[kueue.PendingEntry]:
+        """The LocalQueue's pending workloads in order; the first ``limit``."""
         what = f"Reading the pending workloads of LocalQueue {namespace!r}/{name!r}"
         path = (
             f"/apis/{kueue.VISIBILITY_GROUP}/{kueue.VISIBILITY_VERSION}"
             f"/namespaces/{_segment(namespace, what)}"
             f"/localqueues/{_segment(name, what)}/pendingworkloads"
         )
-        summary = await self._get_path(path, what)
-        return kueue.pending_entries(summary)
+        return await self._pending(path, what, limit)

@@ -182,6 +182,12 @@ class PendingEntry:
         return self.owner_kind == "Pod"
 
 
+def pending_page_length(summary: Any) -> int:
+    """How many items a ``PendingWorkloadsSummary`` holds, readable or not (for paging)."""
+    items = _mapping(summary).get("items")
+    return len(items) if isinstance(items, list) else 0
+
+
 def pending_entries(summary: Any) -> list[PendingEntry]:
     """The items of a ``PendingWorkloadsSummary``, by position in the ClusterQueue.
 

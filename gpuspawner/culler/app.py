@@ -658,7 +658,8 @@ class GPUCuller(
             if status is None:
                 continue
             queues[name] = status
-            pending[name] = await client.pending_in_cluster_queue(name)
+            # only the head counts (kueuedemand): one entry, however long the queue
+            pending[name] = await client.pending_in_cluster_queue(name, limit=1)
         workloads = {}
         refused: list[str] = []
         for namespace, name in head_keys(pending):

@@ -206,9 +206,12 @@ class StandInKueue:
         self._call("resource_flavors")
         return self.flavors
 
-    async def pending_in_cluster_queue(self, name: str) -> list[kueue.PendingEntry]:
+    async def pending_in_cluster_queue(
+        self, name: str, limit: int | None = None
+    ) -> list[kueue.PendingEntry]:
         self._call("pending_in_cluster_queue", name)
-        return list(self.pending.get(name, []))
+        entries = sorted(self.pending.get(name, []), key=lambda e: e.position_in_cluster_queue)
+        return entries if limit is None else entries[:limit]
 
     async def workload(self, namespace: str, name: str) -> dict:
         self._call("workload", namespace, name)

@@ -11,6 +11,7 @@ policy).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import pytest
 from aiohttp import web
@@ -73,8 +74,16 @@ class KueueStandIn(StandInApi):
         self.answers = answers
         #: (raw path, query, Authorization header) of every request, in order
         self.seen: list[tuple[str, dict[str, str], str | None]] = []
+        #: called with each request once it is answered: the cluster moving on meanwhile
+        self.after_answer: Callable[[web.Request], None] | None = None
 
     async def _get(self, request: web.Request) -> web.Response:
+        response = await self._answer(request)
+        if self.after_answer is not None:
+            self.after_answer(request)
+        return response
+
+    async def _answer(self, request: web.Request) -> web.Response:
         self.seen.append(
             (
                 request.raw_path.split("?")[0],
@@ -99,6 +108,11 @@ class KueueStandIn(StandInApi):
             )
         if isinstance(answer, str):
             return web.Response(text=answer, content_type="application/json")
+        if isinstance(answer, dict) and answer.get("kind") == "PendingWorkloadsSummary":
+            # the visibility API's options, as Kueue applies them (default limit 1000)
+            offset = int(request.query.get("offset") or 0)
+            limit = int(request.query.get("limit") or 1000)
+            return web.json_response({**answer, "items": answer["items"][offset : offset + limit]})
         if isinstance(answer, dict):
             return web.json_response(answer)
         start = int(request.query.get("continue") or 0)
@@ -222,9 +236,58 @@ async def test_pending_workloads_from_the_visibility_api(server, client):
     assert local == [
         kueue.PendingEntry("jupyterhub", "pod-b", "Pod", "uid-b", "gpu-notebooks", 1000, 0, 0)
     ]
+    # the cluster queue's 2 fill a page of 2: a second (empty) page tells it ends
     assert server.paths == [
         "/apis/visibility.kueue.x-k8s.io/v1beta2/clusterqueues/notebooks/pendingworkloads",
+        "/apis/visibility.kueue.x-k8s.io/v1beta2/clusterqueues/notebooks/pendingworkloads",
         "/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/jupyterhub/localqueues/gpu-notebooks/pendingworkloads",
+    ]
+
+
+async def test_pending_workloads_are_read_in_pages_up_to_a_limit(server, client):
+    path = f"{VISIBILITY}/clusterqueues/long/pendingworkloads"
+    server.answers[path] = pending(*(item(f"w-{i}", f"uid-{i}", "Job", i) for i in range(5)))
+    everything = await client.pending_in_cluster_queue("long")
+    assert [e.name for e in everything] == [f"w-{i}" for i in range(5)]
+    # pages of the reader's size (2 here) by Kueue's offset; a short page ends the list
+    assert [(q["offset"], q["limit"]) for _, q, _ in server.seen] == [
+        ("0", "2"),
+        ("2", "2"),
+        ("4", "2"),
+    ]
+    server.seen.clear()
+    head = await client.pending_in_cluster_queue("long", limit=1)
+    assert [e.name for e in head] == ["w-0"]
+    assert [(q["offset"], q["limit"]) for _, q, _ in server.seen] == [("0", "1")]
+    server.seen.clear()
+    assert [e.name for e in await client.pending_in_cluster_queue("long", limit=3)] == [
+        "w-0",
+        "w-1",
+        "w-2",
+    ]
+    assert [(q["offset"], q["limit"]) for _, q, _ in server.seen] == [("0", "2"), ("2", "1")]
+
+
+async def test_a_queue_moving_between_pages_gives_each_workload_once(server, client):
+    """A higher-priority workload queued between two pages shifts the rest back: the
+    second page starts with one already read, kept once (its first position)."""
+    path = f"{VISIBILITY}/clusterqueues/moving/pendingworkloads"
+    server.answers[path] = pending(*(item(f"w-{i}", f"uid-{i}", "Job", i) for i in range(4)))
+
+    def urgent_job_queued(request):
+        if request.raw_path.startswith(path) and request.query.get("offset") == "0":
+            items = [item("urgent", "uid-urgent", "Job", 0), *server.answers[path]["items"]]
+            server.answers[path] = pending(
+                *({**it, "positionInClusterQueue": i} for i, it in enumerate(items))
+            )
+
+    server.after_answer = urgent_job_queued
+    entries = await client.pending_in_cluster_queue("moving")
+    assert [(e.name, e.position_in_cluster_queue) for e in entries] == [
+        ("w-0", 0),
+        ("w-1", 1),
+        ("w-2", 3),
+        ("w-3", 4),
     ]
 
 
@@ -234,7 +297,7 @@ async def test_the_bearer_token_is_sent_on_every_request(server, client):
     await client.workloads(None)
     await client.pending_in_cluster_queue("notebooks")
     await client.pending_in_local_queue("jupyterhub", "gpu-notebooks")
-    assert len(server.seen) == 8  # 1 + 2 pages + 3 pages + 1 + 1
+    assert len(server.seen) == 9  # 1 + 2 pages + 3 pages + 2 pages + 1
     assert {auth for _, _, auth in server.seen} == {f"Bearer {TOKEN}"}
 
 
@@ -266,7 +329,8 @@ async def test_a_hostile_name_is_one_escaped_path_segment(server, client, name, 
         f"{VISIBILITY}/clusterqueues/{segment}/pendingworkloads",
         f"{VISIBILITY}/namespaces/{segment}/localqueues/{segment}/pendingworkloads",
     ]
-    assert all(not q for _, q, _ in server.seen)  # nothing reached the query string
+    # nothing reached the query string: it holds the page options alone
+    assert [q for _, q, _ in server.seen] == [{}] * 3 + [{"limit": "2", "offset": "0"}] * 2
 
 
 @pytest.mark.parametrize("name", ["..", ".", ""])
@@ -317,7 +381,7 @@ async def test_server_errors_are_retried(server, client, caplog):
     with caplog.at_level(logging.WARNING, logger="gpuspawner.clients.kube"):
         cluster = await client.pending_in_cluster_queue("notebooks")
     assert [e.name for e in cluster] == ["job-a", "pod-b"]
-    assert len(server.seen) == 4
+    assert len(server.seen) == 5  # 3 failures, the first page, the second (empty) page
     assert len(caplog.records) == 3
     assert (
         "Reading the pending workloads of ClusterQueue 'notebooks'"

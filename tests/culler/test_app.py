@@ -150,6 +150,8 @@ class FakeKueue:
     def __init__(self, pending: dict, workloads: dict, fail: Exception | None = None):
         self.pending, self.workloads, self.fail = pending, workloads, fail
         self.reads: list[str] = []
+        #: the ``limit`` of each read of pending workloads
+        self.limits: list[int | None] = []
         #: namespaces whose Workloads may not be read (a namespaced Role only)
         self.refused: set[str] = set()
 
@@ -168,9 +170,11 @@ class FakeKueue:
             raise NotFound(f"ClusterQueue {name!r} not found", 404)
         return gpu_queue(name)
 
-    async def pending_in_cluster_queue(self, name):
+    async def pending_in_cluster_queue(self, name, limit=None):
         self._read(f"pending {name}")
-        return self.pending[name]
+        self.limits.append(limit)
+        entries = sorted(self.pending[name], key=lambda e: e.position_in_cluster_queue)
+        return entries if limit is None else entries[:limit]
 
     async def workload(self, namespace, name):
         self._read(f"workload {namespace}/{name}")
@@ -199,6 +203,7 @@ async def test_the_head_of_each_named_cluster_queue_is_demand_and_nothing_behind
     requests = await app._kueue_demand(app.catalog())
     assert requests == (policy.Request("a100", 4, "kueue"),)
     assert fake.reads == ["flavors", "cq batch", "pending batch", "workload batch/train"]
+    assert fake.limits == [1]  # the head alone is read, however long the queue
     app._record_pressure([], policy.Pressure(requests), [])
     labels = {"gpu_type": "a100", "source": "kueue"}
     assert app.metrics.registry.get_sample_value("gpuspawner_culler_demand_gpus", labels) == 4

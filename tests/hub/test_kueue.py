@@ -155,11 +155,13 @@ class FakeKueue:
         self.read.set()  # the last read of a refresh
         return result
 
-    async def pending_in_local_queue(self, namespace, name):
-        return kueue.pending_entries(self._answer("pending_local", self.local_pending))
+    async def pending_in_local_queue(self, namespace, name, limit=None):
+        entries = kueue.pending_entries(self._answer("pending_local", self.local_pending))
+        return entries if limit is None else entries[:limit]
 
-    async def pending_in_cluster_queue(self, name):
-        return kueue.pending_entries(self._answer("pending_cluster", self.cluster_pending))
+    async def pending_in_cluster_queue(self, name, limit=None):
+        entries = kueue.pending_entries(self._answer("pending_cluster", self.cluster_pending))
+        return entries if limit is None else entries[:limit]
 
 
 class Clock:
