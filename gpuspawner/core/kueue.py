@@ -19,6 +19,7 @@ from typing import Any
 from .catalog import Catalog, GPUType, quantity_bytes
 from .refusals import REASON_NEVER, Refusal, refuse
 from .serverpod import effective_requests, is_gpu_resource
+from .stopreasons import PREEMPTED_FOR_FAIR_SHARING, PREEMPTED_FOR_PRIORITY, PREEMPTED_TO_RECLAIM
 
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta2"
@@ -156,6 +157,25 @@ def was_preempted(pod: Mapping[str, Any] | None) -> bool:
     if reason == PREEMPTED_REASON:
         return True
     return reason == EVICTED_REASON and "preempt" in _text(condition.get("message")).lower()
+
+
+#: The words of Kueue's preemption message for each cause ("Preempted to accommodate a
+#: workload (...) due to <words>; preemptor path: ..."): v0.17's
+#: ``preemption.HumanReadablePreemptionReasons``, "while borrowing" included in reclaim.
+_CAUSE_WORDS = (
+    ("due to prioritization in the clusterqueue", PREEMPTED_FOR_PRIORITY),
+    ("due to reclamation within the cohort", PREEMPTED_TO_RECLAIM),
+    ("due to fair sharing within the cohort", PREEMPTED_FOR_FAIR_SHARING),
+)
+
+
+def preemption_cause(pod: Mapping[str, Any] | None) -> str:
+    """Why Kueue preempted the pod: a key of :data:`~gpuspawner.core.stopreasons.PREEMPTION_WORDS`
+    (``priority``, ``reclaim``, ``fair-sharing``); "" when unknown or not preempted."""
+    if not was_preempted(pod):
+        return ""
+    message = _text((termination(pod) or {}).get("message")).lower()
+    return next((cause for words, cause in _CAUSE_WORDS if words in message), "")
 
 
 # ---------------------------------------------------------------------------

@@ -256,7 +256,9 @@ def pod_stop_notice(pod: Mapping[str, Any]) -> StopNotice | None:
     condition = kueue.termination(pod) or {}
     at = parse_timestamp(condition.get("lastTransitionTime"))
     at = at if at is not None else deletion_requested_at(pod)
-    return StopNotice(REASON_PREEMPTED, at) if at is not None else None
+    if at is None:
+        return None
+    return StopNotice(REASON_PREEMPTED, at, detail=kueue.preemption_cause(pod))
 
 
 def _text(value: Any) -> str:

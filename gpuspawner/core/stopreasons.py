@@ -53,9 +53,23 @@ REASON_NODE_LOST = "node-lost"
 REASON_BUDGET = "budget"
 #: The culler stopped it at its image's or GPU type's ``max_runtime`` (``seconds``).
 REASON_MAX_RUNTIME = "max-runtime"
-#: Kueue evicted its pod to admit higher-priority work (preemption, where admins turn it
-#: on): the pod's ``TerminationTarget`` condition says so (:func:`gpuspawner.core.kueue.was_preempted`).
+#: Kueue evicted its pod to admit other work (preemption, where admins turn it on): the
+#: pod's ``TerminationTarget`` condition says so (:func:`gpuspawner.core.kueue.was_preempted`);
+#: ``detail`` names why (:func:`gpuspawner.core.kueue.preemption_cause`).
 REASON_PREEMPTED = "preempted"
+#: Why Kueue preempted a server (its notice's ``detail``, read from Kueue's message by
+#: :func:`gpuspawner.core.kueue.preemption_cause`): to admit higher-priority work in the
+#: same ClusterQueue, to give back quota borrowed from another ClusterQueue of the
+#: cohort, or by fair sharing between them.
+PREEMPTED_FOR_PRIORITY = "priority"
+PREEMPTED_TO_RECLAIM = "reclaim"
+PREEMPTED_FOR_FAIR_SHARING = "fair-sharing"
+#: Each cause's words in the notice's sentence.
+PREEMPTION_WORDS = {
+    PREEMPTED_FOR_PRIORITY: "Kueue gave its GPUs to higher-priority work",
+    PREEMPTED_TO_RECLAIM: "its GPUs were borrowed from another queue, which took them back",
+    PREEMPTED_FOR_FAIR_SHARING: "Kueue's fair sharing gave its GPUs to another queue",
+}
 
 REASONS: tuple[str, ...] = (
     REASON_IDLE,
@@ -216,7 +230,8 @@ class StopNotice:
                 return f"it reached the maximum running time of {span}"
             return "it reached its maximum running time"
         if self.reason == REASON_PREEMPTED:
-            return "it was preempted for queued work (Kueue gave its GPUs to higher-priority work)"
+            why = PREEMPTION_WORDS.get(self.detail, "Kueue gave its GPUs to other work")
+            return f"it was preempted for queued work ({why})"
         return "it was stopped by the hub"
 
     def sentence(self) -> str:

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from ..clients import kube
 from ..clients.kueue import KueueClient
 from ..core import kueue
-from ..core.serverpod import parse_timestamp
+from ..core.serverpod import pod_stop_notice
+from ..core.stopreasons import REASON_PREEMPTED, StopNotice
 
 #: How long the quotas read for the "never fits" check are reused, in seconds.
 QUOTA_TTL = 30.0
@@ -72,7 +73,8 @@ class KueueView:
         self._quotas: Quotas | None = None
         self._quotas_read: float | None = None
         self._quotas_refused = False
-        self._preempted: dict[str, tuple[float, float]] = {}
+        #: ``namespace/name`` -> (the pod's preemption notice, when it was heard of)
+        self._preempted: dict[str, tuple[StopNotice, float]] = {}
         #: The inventory reflector whose pod watch tells :meth:`note_pod` (set by the spawner).
         self.listening_to: object | None = None
 
@@ -221,18 +223,19 @@ class KueueView:
 
     def note_pod(self, kind: str, pod: dict) -> None:
         """An inventory pod listener: remember pods Kueue preempted, by ``namespace/name``."""
-        condition = kueue.termination(pod)
-        if condition is None or not kueue.was_preempted(pod):
+        if not kueue.was_preempted(pod):
             return
+        notice = pod_stop_notice(pod)  # the one reading of why a pod stops: when and why
+        if notice is None:
+            notice = StopNotice(REASON_PREEMPTED, time.time(), detail=kueue.preemption_cause(pod))
         meta = pod.get("metadata") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-        when = parse_timestamp(condition.get("lastTransitionTime")) or time.time()
         now = self.clock()
         self._preempted = {k: v for k, v in self._preempted.items() if now - v[1] < PREEMPTED_TTL}
-        self._preempted[key] = (when, now)
+        self._preempted[key] = (notice, now)
 
-    def preempted_at(self, pod_key: str) -> float | None:
-        """When Kueue preempted the pod ``namespace/name`` (epoch seconds), once; None if it did not."""
+    def preemption_notice(self, pod_key: str) -> StopNotice | None:
+        """Why and when Kueue preempted the pod ``namespace/name``, once; None if it did not."""
         found = self._preempted.pop(pod_key, None)
         return found[0] if found else None
 

@@ -1454,9 +1454,8 @@ class GPUSpawner(CapacityConfig, KubeSpawner):
             notice = serverpod.ServerPod.from_pod(pod).stop_notice if pod else None
             if notice is None and pod is None:
                 view = self.kueue_view()
-                preempted = view.preempted_at(f"{self.namespace}/{self.pod_name}") if view else None
-                if preempted is not None:
-                    notice = stopreasons.StopNotice(stopreasons.REASON_PREEMPTED, preempted)
+                if view is not None:
+                    notice = view.preemption_notice(f"{self.namespace}/{self.pod_name}")
             if notice is None and running.get("node") and await self._node_lost(running["node"]):
                 notice = stopreasons.StopNotice(
                     stopreasons.REASON_NODE_LOST, time.time(), detail=running["node"]

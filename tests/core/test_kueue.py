@@ -19,7 +19,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuspawner.core import kueue
+from gpuspawner.core import kueue, stopreasons
 from gpuspawner.core.kueue import (
     ClusterQueueStatus,
     FlavorQuota,
@@ -36,6 +36,7 @@ from gpuspawner.core.kueue import (
     pending_entries,
     place_of,
     pod_labels,
+    preemption_cause,
     progress_message,
     queue_of,
     request_flavor,
@@ -449,6 +450,36 @@ def test_a_plain_workload_evicted_reason_counts_when_the_message_says_preempted(
     assert not was_preempted(
         preempted_pod(reason="WorkloadEvicted", message="Workload evicted due to node failures")
     )
+
+
+def _preempted_because(words: str) -> str:
+    """Kueue v0.17's message (preemption.go preemptionMessage) for one of its causes."""
+    return (
+        "Preempted to accommodate a workload (UID: 5f1c, JobUID: 9d3e) due to "
+        f"{words}; preemptor path: /gpus/batch; preemptee path: /gpus/notebooks"
+    )
+
+
+@pytest.mark.parametrize(
+    ("words", "cause"),
+    [
+        # preemption.go HumanReadablePreemptionReasons, every one
+        ("prioritization in the ClusterQueue", stopreasons.PREEMPTED_FOR_PRIORITY),
+        ("reclamation within the cohort", stopreasons.PREEMPTED_TO_RECLAIM),
+        ("reclamation within the cohort while borrowing", stopreasons.PREEMPTED_TO_RECLAIM),
+        ("Fair Sharing within the cohort", stopreasons.PREEMPTED_FOR_FAIR_SHARING),
+        ("UNKNOWN", ""),
+    ],
+)
+def test_why_kueue_preempted_a_pod_is_read_from_its_words(words, cause):
+    assert preemption_cause(preempted_pod(message=_preempted_because(words))) == cause
+    assert preemption_cause(preempted_pod(message=PREEMPTED)) == stopreasons.PREEMPTED_FOR_PRIORITY
+    # a pod that was not preempted has no cause, whatever its message says
+    stopped = preempted_pod(
+        reason="WorkloadEvictedDueToPodsReadyTimeout", message=_preempted_because(words)
+    )
+    assert preemption_cause(stopped) == ""
+    assert preemption_cause(None) == preemption_cause({}) == ""
 
 
 @pytest.mark.parametrize(

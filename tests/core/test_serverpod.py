@@ -214,7 +214,9 @@ def test_a_pod_kueue_preempted_says_so_at_the_time_kueue_marked_it():
 
     notice = ServerPod.from_pod(_stopped_by_kueue()).stop_notice
     assert notice == stopreasons.StopNotice(
-        stopreasons.REASON_PREEMPTED, parse_timestamp("2026-12-01T14:02:00Z")
+        stopreasons.REASON_PREEMPTED,
+        parse_timestamp("2026-12-01T14:02:00Z"),
+        detail=stopreasons.PREEMPTED_FOR_PRIORITY,  # Kueue's words: "due to prioritization"
     )
     # without the condition's time: when its deletion was asked for
     notice = ServerPod.from_pod(_stopped_by_kueue(when="")).stop_notice

@@ -67,8 +67,23 @@ def test_the_issue_example():
             "it reached the maximum running time of 8 hours",
         ),
         (
-            S.StopNotice(S.REASON_PREEMPTED, AT),
+            S.StopNotice(S.REASON_PREEMPTED, AT, detail=S.PREEMPTED_FOR_PRIORITY),
             "it was preempted for queued work (Kueue gave its GPUs to higher-priority work)",
+        ),
+        (
+            S.StopNotice(S.REASON_PREEMPTED, AT, detail=S.PREEMPTED_TO_RECLAIM),
+            "it was preempted for queued work (its GPUs were borrowed from another queue, "
+            "which took them back)",
+        ),
+        (
+            S.StopNotice(S.REASON_PREEMPTED, AT, detail=S.PREEMPTED_FOR_FAIR_SHARING),
+            "it was preempted for queued work (Kueue's fair sharing gave its GPUs to another "
+            "queue)",
+        ),
+        (
+            # a cause Kueue did not say, or a stored one this version does not know
+            S.StopNotice(S.REASON_PREEMPTED, AT, detail="<b>later</b>"),
+            "it was preempted for queued work (Kueue gave its GPUs to other work)",
         ),
     ],
 )
@@ -220,13 +235,20 @@ def test_keep_choices_round_trip_and_junk():
 
 def test_a_preemption_notice_is_kept_and_read_back_like_any_other():
     """The spawner keeps it in its state; the home page and the REST endpoint show it."""
-    notice = S.StopNotice(S.REASON_PREEMPTED, AT, server="train", held="1 × NVIDIA A100")
+    notice = S.StopNotice(
+        S.REASON_PREEMPTED,
+        AT,
+        server="train",
+        held="1 × NVIDIA A100",
+        detail=S.PREEMPTED_FOR_PRIORITY,
+    )
     stored = json.loads(json.dumps(notice.to_state()))
     assert stored == {
         "reason": "preempted",
         "at": AT,
         "server": "train",
         "held": "1 × NVIDIA A100",
+        "detail": "priority",
     }
     assert S.StopNotice.from_state(stored) == notice
     assert notice.as_json()["message"] == (

@@ -14,7 +14,7 @@ import logging
 import pytest
 
 from gpuspawner.clients import kube
-from gpuspawner.core import kueue
+from gpuspawner.core import kueue, stopreasons
 from gpuspawner.hub.kueue import PREEMPTED_TTL, QUOTA_TTL, KueueView
 
 NAMESPACE = "jupyterhub"
@@ -446,17 +446,23 @@ AT = 1796565720.0  # 2026-12-06T14:02:00Z
 
 
 @pytest.mark.parametrize(
-    "reason, message",
+    "reason, message, cause",
     [
-        ("WorkloadEvictedDueToPreempted", "Preempted to accommodate a workload"),
-        ("WorkloadEvicted", "Preempted to accommodate a workload (UID: 1) due to prioritization"),
+        ("WorkloadEvictedDueToPreempted", "Preempted to accommodate a workload", ""),
+        (
+            "WorkloadEvicted",
+            "Preempted to accommodate a workload (UID: 1, JobUID: 2) due to prioritization in "
+            "the ClusterQueue; preemptor path: /gpus/notebooks; preemptee path: /gpus/notebooks",
+            stopreasons.PREEMPTED_FOR_PRIORITY,
+        ),
     ],
 )
-async def test_a_preempted_pod_is_remembered_once(view, reason, message):
+async def test_a_preempted_pod_is_remembered_once(view, reason, message, cause):
     view.note_pod("MODIFIED", pod(reason=reason, message=message))
-    assert view.preempted_at("jupyterhub/jupyter-dave") is None
-    assert view.preempted_at("jupyterhub/jupyter-carol") == AT
-    assert view.preempted_at("jupyterhub/jupyter-carol") is None
+    assert view.preemption_notice("jupyterhub/jupyter-dave") is None
+    notice = view.preemption_notice("jupyterhub/jupyter-carol")
+    assert notice == stopreasons.StopNotice(stopreasons.REASON_PREEMPTED, AT, detail=cause)
+    assert view.preemption_notice("jupyterhub/jupyter-carol") is None
 
 
 @pytest.mark.parametrize(
@@ -470,18 +476,18 @@ async def test_a_preempted_pod_is_remembered_once(view, reason, message):
 )
 async def test_a_pod_kueue_did_not_preempt_is_not_remembered(view, reason, message):
     view.note_pod("DELETED", pod(reason=reason, message=message))
-    assert view.preempted_at("jupyterhub/jupyter-carol") is None
+    assert view.preemption_notice("jupyterhub/jupyter-carol") is None
 
 
 async def test_a_preemption_no_spawner_asked_about_is_forgotten_after_a_while(view, clock):
     view.note_pod("MODIFIED", pod("jupyter-carol", "WorkloadEvictedDueToPreempted"))
     clock.now += PREEMPTED_TTL
     view.note_pod("MODIFIED", pod("jupyter-dave", "WorkloadEvictedDueToPreempted"))
-    assert view.preempted_at("jupyterhub/jupyter-carol") is None
-    assert view.preempted_at("jupyterhub/jupyter-dave") == AT
+    assert view.preemption_notice("jupyterhub/jupyter-carol") is None
+    assert view.preemption_notice("jupyterhub/jupyter-dave").at == AT
 
 
 async def test_pods_of_another_namespace_are_kept_apart(view):
     view.note_pod("DELETED", pod(reason="WorkloadEvictedDueToPreempted", namespace="course"))
-    assert view.preempted_at("jupyterhub/jupyter-carol") is None
-    assert view.preempted_at("course/jupyter-carol") == AT
+    assert view.preemption_notice("jupyterhub/jupyter-carol") is None
+    assert view.preemption_notice("course/jupyter-carol").at == AT

@@ -563,7 +563,9 @@ async def test_a_server_kueue_preempted_says_so_when_its_pod_is_gone(kube_poll):
             "type": "TerminationTarget",
             "status": "True",
             "reason": "WorkloadEvictedDueToPreempted",
-            "message": "Preempted to accommodate a workload (UID: 5) due to prioritization",
+            "message": "Preempted to accommodate a workload (UID: 5, JobUID: 6) due to "
+            "reclamation within the cohort while borrowing; preemptor path: /gpus/batch; "
+            "preemptee path: /gpus/notebooks",
             "lastTransitionTime": "2026-12-06T14:02:00Z",
         }
     )
@@ -571,7 +573,10 @@ async def test_a_server_kueue_preempted_says_so_when_its_pod_is_gone(kube_poll):
     assert await spawner.poll() == 1
     notice = spawner.stop_notice()
     assert notice.reason == stopreasons.REASON_PREEMPTED
-    assert "preempted for queued work" in notice.sentence()
+    assert notice.sentence() == (
+        "Your server (2 × NVIDIA A100) was stopped at 14:02 UTC because it was preempted for "
+        "queued work (its GPUs were borrowed from another queue, which took them back)."
+    )
 
 
 async def test_a_vanished_server_kueue_did_not_preempt_gets_no_such_notice(kube_poll):

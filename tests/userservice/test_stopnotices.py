@@ -183,12 +183,13 @@ def test_only_stopped_servers_with_a_readable_notice_count():
 
 
 def test_a_preemption_notice_is_served_with_its_sentence():
-    notice = {"reason": stopreasons.REASON_PREEMPTED, "at": 1e9}
+    notice = {"reason": stopreasons.REASON_PREEMPTED, "at": 1e9, "detail": "reclaim"}
     model = {"servers": {"a": {"stopped": True, "state": {stopreasons.STATE_KEY: notice}}}}
     (served,) = user_notices(model)
     assert served["reason"] == "preempted"
     assert served["message"].endswith(
-        "because it was preempted for queued work (Kueue gave its GPUs to higher-priority work)."
+        "because it was preempted for queued work (its GPUs were borrowed from another queue, "
+        "which took them back)."
     )
 
 
