@@ -51,6 +51,13 @@ USERS = ("quinn", "ann", "bob", "cid", "rhea", "sven", "hog")
 @pytest.fixture(scope="module")
 def kueue_hub(stack, kueue):
     """The stack's hub on Kueue, with the hub's Kueue rights (config/rbac-kueue.yaml)."""
+    with hub_on_kueue(stack) as hub:
+        yield hub
+
+
+@contextlib.contextmanager
+def hub_on_kueue(stack):
+    """The stack's hub restarted on Kueue with the hub's Kueue rights; both undone after."""
     stack.control_plane.apply_manifests(KUEUE_RBAC)
     try:
         with hub_with(stack, KUEUE_HUB_CONFIG) as hub:
