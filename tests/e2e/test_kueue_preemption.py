@@ -16,7 +16,10 @@ import pytest
 from .conftest import pod_of, server_state, stop_servers, wait_for, wait_ready
 from .test_capacity import browser
 from .test_culler_deadlines import page_text, rest_notices
-from .test_kueue import USERS, hub_on_kueue, job_running, spawn, submit
+from .test_kueue import hub_on_kueue, job_running, spawn, submit
+
+#: users whose limit allows 4 GPUs (tests/fixtures/catalogs/e2e.yaml)
+NOTEBOOK_USERS = ("quinn", "sven")
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +32,7 @@ def preempting_hub(stack, kueue_preemption):
 def clean(preempting_hub, kueue_preemption):
     yield
     kueue = kueue_preemption
-    running = [(u, "") for u in USERS if server_state(preempting_hub, u) is not None]
+    running = [(u, "") for u in NOTEBOOK_USERS if server_state(preempting_hub, u) is not None]
     stop_servers(preempting_hub, running)
     for job in kueue.api.get(f"/apis/batch/v1/namespaces/{kueue.batch_namespace}/jobs")["items"]:
         kueue.api.delete(
@@ -49,10 +52,10 @@ def test_a_batch_job_takes_back_its_lent_gpus_and_the_notebook_says_why(
     hub, kueue = preempting_hub, kueue_preemption
     # two notebooks of 4 A100: the first on notebooks' own quota, the second on the 4
     # that batch lends while it has no work
-    for user in ("quinn", "sven"):
+    for user in NOTEBOOK_USERS:
         assert spawn(hub, user, 4).status in (201, 202)
         wait_ready(hub, user, timeout=240)
-    pods = {user: pod_of(kueue.api, user)["metadata"]["uid"] for user in ("quinn", "sven")}
+    pods = {user: pod_of(kueue.api, user)["metadata"]["uid"] for user in NOTEBOOK_USERS}
 
     # batch's own Job comes: Kueue reclaims batch's quota from the borrowing queue,
     # though the notebooks' priority (interactive, 1000) is above the Job's (none, 0)
@@ -61,12 +64,12 @@ def test_a_batch_job_takes_back_its_lent_gpus_and_the_notebook_says_why(
 
     # exactly one notebook was preempted; the other keeps its pod
     wait_for(
-        lambda: sum(server_state(hub, u) is None for u in ("quinn", "sven")) == 1,
+        lambda: sum(server_state(hub, u) is None for u in NOTEBOOK_USERS) == 1,
         120,
         what="the hub to see the preempted notebook stopped",
     )
-    (preempted,) = [u for u in ("quinn", "sven") if server_state(hub, u) is None]
-    (kept,) = {"quinn", "sven"} - {preempted}
+    (preempted,) = [u for u in NOTEBOOK_USERS if server_state(hub, u) is None]
+    (kept,) = set(NOTEBOOK_USERS) - {preempted}
     assert server_state(hub, kept)["ready"]
     assert pod_of(kueue.api, kept)["metadata"]["uid"] == pods[kept]
     assert pod_of(kueue.api, preempted) is None
