@@ -6,8 +6,9 @@ of each (position 0: the next one Kueue tries to admit), the ClusterQueues' flav
 and the ResourceFlavors' node labels. Here that becomes
 :class:`~gpuspawner.culler.policy.Request` entries of source ``kueue``: one per pod
 of each pod set of the head asking for a GPU resource, for the GPU type of the
-catalog whose node labels (selector and ``In`` affinity terms) the flavor's satisfy (the flavor Kueue
-would try first for that pod set: :func:`gpuspawner.core.kueue.request_flavor`).
+catalog whose node labels (selector and ``In`` affinity terms) the flavor's node
+labels satisfy (the flavor Kueue would try first for that pod set:
+:func:`gpuspawner.core.kueue.request_flavor`).
 Notebooks and Jobs count alike. Only the head counts: freeing for the whole queue
 at once would stop more than what the next admission needs.
 
@@ -71,9 +72,9 @@ def flavor_type(
     """The catalog GPU type a pod gets asking for ``resource`` in ``flavor``; None: none.
 
     The type whose node labels (selector and ``In`` affinity terms) the flavor's node
-    labels satisfy (:func:`gpuspawner.core.kueue.flavor_gpu_types`); else, where the catalog has one
-    type only of that resource and it selects no nodes (a MIG slice), that type: the
-    resource alone names it.
+    labels satisfy (:func:`gpuspawner.core.kueue.flavor_gpu_types`); else, where the
+    catalog has one type only of that resource and it selects no nodes (a MIG slice),
+    that type: the resource alone names it.
     """
     selectors = type_selectors(gpu_types, resource)
     found = kueue.flavor_gpu_types({flavor: flavor_labels.get(flavor, {})}, selectors).get(flavor)
