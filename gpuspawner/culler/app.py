@@ -346,6 +346,10 @@ class GPUCuller(
         #: The servers of the last pass: a warning on their pods is not taken up again.
         self._seen: set[tuple[str, str]] = set()
         self.last_decisions: list[policy.Decision] = []
+        #: Held by a pass from its reads to its acts, and by a keep: a pass that read the
+        #: pods before a keep would otherwise warn or stop the kept server after it, and
+        #: put back its decisions without the keep.
+        self._pass_lock = asyncio.Lock()
         #: When the last pass began (None: none yet); passes follow every cull_every seconds.
         self.last_pass_at: float | None = None
         self.gpu_status: GPUStatusReader | None = None
@@ -513,6 +517,10 @@ class GPUCuller(
 
     async def cull_pass(self) -> list[policy.Decision] | None:
         """One pass; returns the decisions, or None if the hub could not be read."""
+        async with self._pass_lock:
+            return await self._cull_pass()
+
+    async def _cull_pass(self) -> list[policy.Decision] | None:
         started = time.monotonic()
         now = time.time()
         try:
@@ -864,7 +872,12 @@ class GPUCuller(
 
     async def keep(self, model: dict, body) -> KeepAnswer:
         """``POST /api/keep``: check the request, record the keep on the pod, withdraw the
-        standing idle warning."""
+        standing idle warning. A pass under way is waited for (it read the pods before
+        the keep); the next one reads the keep from the pod."""
+        async with self._pass_lock:
+            return await self._keep(model, body)
+
+    async def _keep(self, model: dict, body) -> KeepAnswer:
         now = time.time()
         answer = keep_request(
             model,

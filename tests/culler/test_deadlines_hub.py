@@ -115,6 +115,64 @@ async def test_api_keep_records_the_keep_and_the_culler_honours_it(hub, culler_t
         stop_all(hub)
 
 
+async def test_a_keep_during_a_pass_waits_for_it_so_the_pass_cannot_warn_the_kept_server_again(
+    hub, culler_token, kubeapi
+):
+    """A pass reads the pods, then the GPU figures: a keep asked in between must not let
+    that pass, which saw no keep, warn the kept server anew or drop the keep from the
+    servers that /api/gpu-status shows (it did, at times, in the e2e keep test)."""
+    start_servers(hub, {"keeper": A100})
+    kubeapi.objects["pods"] = [fixture_pod_of("keeper")]
+    await asyncio.sleep(IDLE_TIMEOUT + 0.2)
+    port = free_port()
+    app = make_culler(
+        hub,
+        culler_token,
+        timeout=IDLE_TIMEOUT,
+        warning_period=600,
+        kubernetes="on",
+        metrics_url=f"http://127.0.0.1:{port}",
+    )
+    app._listen()
+    url = f"http://127.0.0.1:{port}/api/keep"
+    try:
+        assert by_name(await app.cull_pass())["keeper"].action == P.WARN
+        own = user_token(hub, "keeper", ["access:servers!server=keeper/", ACCESS])
+
+        # the next pass stops after reading the pods, before its decisions
+        pods_read, go_on = asyncio.Event(), asyncio.Event()
+        gpu_view = app._gpu_view
+
+        async def slow_gpu_view(now):
+            pods_read.set()
+            await go_on.wait()
+            return await gpu_view(now)
+
+        app._gpu_view = slow_gpu_view
+        in_flight = asyncio.ensure_future(app.cull_pass())
+        await asyncio.wait_for(pods_read.wait(), 10)
+        keep = asyncio.ensure_future(post(url, own, {"server": "", "seconds": 3600}))
+        await asyncio.sleep(0.5)
+        assert not keep.done()  # it waits for the pass under way
+        assert labels.ANNOTATION_KEEP_UNTIL not in annotations_of(kubeapi, "keeper")
+        go_on.set()
+        await asyncio.wait_for(in_flight, 10)
+        status, answer = await asyncio.wait_for(keep, 10)
+        assert status == 200, answer
+
+        # the keep came after that pass's acts: no warning stands, on the pod or in memory,
+        # and the servers the culler shows carry the keep until the next pass reads it
+        assert labels.ANNOTATION_CULL_WARNING not in annotations_of(kubeapi, "keeper")
+        assert ("keeper", "") not in app.warned
+        (decision,) = [d for d in app.last_decisions if d.server.user == "keeper"]
+        assert decision.server.keep_until == answer["keep_until"]
+        d = by_name(await app.cull_pass())
+        assert (d["keeper"].action, d["keeper"].reason) == (P.KEEP, P.REASON_KEPT)
+    finally:
+        await app.pods.close()
+        stop_all(hub)
+
+
 def catalog_text(budget_hours: float, now: float) -> str:
     # a daily budget whose day began 12 h ago: no reset falls inside the test
     reset = time.strftime("%H:%M", time.gmtime(now - 12 * 3600))
