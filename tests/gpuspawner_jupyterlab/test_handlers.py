@@ -297,7 +297,13 @@ def stand_in_lab(tmp_path_factory):
         pytest.fail(f"JupyterLab did not start:\n{(workdir / 'lab.log').read_text()[-3000:]}")
     yield base, culler
     process.terminate()
-    process.wait(timeout=30)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        # a slow shutdown on a loaded machine (CI runs these beside the machine tests) is
+        # not what these tests check; leaving no process behind is
+        process.kill()
+        process.wait(timeout=30)
     culler.server.shutdown()
 
 
