@@ -8,10 +8,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # JupyterHub 5.5 + KubeSpawner 7.0, zero-to-jupyterhub 4.4.0's hub (docs/development.md, "Compatibility"):
-# `make test` also runs the unit and hub-level tests in this second virtualenv. The e2e,
-# image, sandbox and z2jh tests run once, on the newest line in $(VENV): what they test (the
-# cluster, Docker, the images) does not depend on the hub's JupyterHub line (the z2jh
-# test's hub runs in the hub image, with z2jh's JupyterHub 5.5).
+# `make test` also runs, in this second virtualenv, the unit and hub-level tests whose
+# answer can depend on the line (tests/jupyterhub_line.py; the pure core's, for one,
+# run once). The e2e, image, sandbox and z2jh tests run once, on the newest line in
+# $(VENV): what they test (the cluster, Docker, the images) does not depend on the hub's
+# JupyterHub line (the z2jh test's hub runs in the hub image, with z2jh's JupyterHub 5.5).
 VENV_JH55 ?= .venv-jh55
 # The tests that run real nodes, Docker engines and Helm take turns on the machine,
 # one at a time; the unit and hub-level tests (each hub on its own free ports and
@@ -90,47 +91,30 @@ lint: setup
 # lines, or anyone else's) could otherwise delete a running cluster's record.
 MACHINE_BASETEMP ?= /tmp/gpuspawner-machine-tests-$(shell id -u)
 
-# Both JupyterHub lines, each run to its end; pytest exits 5 when it collected no
-# test: that is a failure here, never a pass. The whole suite ends with its 30
-# slowest steps (fixtures included), to see where its time goes.
-# The machine tests and the unit and hub-level tests both mostly wait (the machine
-# is idle about half of each), so the unit and hub-level tests of both lines run
-# beside the machine tests as one background job; their output is kept and shown
-# after the machine tests' own. Ctrl-C reaches all three pytest runs (one process
-# group; tests/conftest.py undoes the background's ignored SIGINT): the 5.5 line is
-# not started after an interrupted 6.1 line (pytest's exit status 2), and the
-# recipe waits for the background to end before it reports.
-test: lint docs chart system-packages $(VENV_JH55)/.installed $(VENV_JH55)/.labext-installed
-	@failed=0; \
-	verdict() { rc=$$1; \
-		if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; rc=1; fi; \
-		[ $$rc -eq 0 ] || failed=1; }; \
-	run() { "$$@"; verdict $$?; }; \
-	if [ -n "$(PYTEST_ARGS)" ]; then \
+# The whole suite: scripts/run-suite.sh says how its parts share the 2 cores (the Go
+# programs and images built from the start, beside lint, the docs and the unit and
+# hub-level tests; then the machine tests) and ends with the suite's time table
+# (build/test-times.md, the budget in tests/suite-budget.toml). pytest exits 5 when it
+# collected no test: that is a failure here, never a pass.
+# `make test PYTEST_ARGS="tests/core -x"` runs lint, the docs, the chart and those tests
+# alone, on both JupyterHub lines.
+test: setup system-packages $(VENV_JH55)/.installed $(VENV_JH55)/.labext-installed
+	@if [ -n "$(PYTEST_ARGS)" ]; then \
+		failed=0; \
+		verdict() { rc=$$1; \
+			if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; rc=1; fi; \
+			[ $$rc -eq 0 ] || failed=1; }; \
+		$(MAKE) --no-print-directory lint docs chart || failed=1; \
 		echo "== $(PYTEST_ARGS): JupyterHub 6.1 + KubeSpawner 7.1 ($(VENV)) =="; \
-		run $(VENV)/bin/pytest --durations=30 $(PYTEST_ARGS); \
+		$(VENV)/bin/pytest --durations=30 $(PYTEST_ARGS); verdict $$?; \
 		echo "== unit and hub-level tests: JupyterHub 5.5 + KubeSpawner 7.0 ($(VENV_JH55)) =="; \
-		run $(VENV_JH55)/bin/pytest -rs $(PYTEST_ARGS_JH55); \
+		$(VENV_JH55)/bin/pytest -rs $(PYTEST_ARGS_JH55); verdict $$?; \
+		exit $$failed; \
 	else \
-		beside=$$(mktemp -d); \
-		trap 'failed=1' INT TERM; \
-		( nice -n 10 $(VENV)/bin/pytest --durations=15 -n $(PYTEST_WORKERS) $(UNIT_TESTS) >$$beside/6.1 2>&1; \
-		  rc=$$?; echo $$rc >$$beside/6.1.rc; \
-		  if [ $$rc -ne 2 ]; then \
-		    nice -n 10 $(VENV_JH55)/bin/pytest -rs $(PYTEST_ARGS_JH55) >$$beside/5.5 2>&1; \
-		    echo $$? >$$beside/5.5.rc; \
-		  fi ) & \
-		echo "== JupyterHub 6.1 + KubeSpawner 7.1 ($(VENV)): real nodes, Docker, Helm (the unit and hub-level tests of both lines run beside; their output follows) =="; \
-		run $(VENV)/bin/pytest --durations=30 --basetemp=$(MACHINE_BASETEMP) $(MACHINE_TESTS); \
-		until wait; do :; done; \
-		echo "== unit and hub-level tests: JupyterHub 6.1 + KubeSpawner 7.1 ($(VENV)), run beside =="; \
-		cat $$beside/6.1; verdict $$(cat $$beside/6.1.rc 2>/dev/null || echo 1); \
-		echo "== unit and hub-level tests: JupyterHub 5.5 + KubeSpawner 7.0 ($(VENV_JH55)), run beside =="; \
-		cat $$beside/5.5 2>/dev/null || echo "not run: the 6.1 line was interrupted"; \
-		verdict $$(cat $$beside/5.5.rc 2>/dev/null || echo 1); \
-		rm -rf $$beside; \
-	fi; \
-	exit $$failed
+		VENV=$(VENV) VENV_JH55=$(VENV_JH55) PYTEST_WORKERS=$(PYTEST_WORKERS) \
+		MACHINE_TESTS="$(MACHINE_TESTS)" MACHINE_BASETEMP=$(MACHINE_BASETEMP) \
+		bash scripts/run-suite.sh; \
+	fi
 
 # The local GPU cluster (real control plane built from Go, real nodes over emulated GPUs; root)
 # and JupyterHub with GPUSpawner at http://127.0.0.1:8000/. Ctrl-C stops it all.

@@ -10,6 +10,8 @@ from hypothesis import settings
 
 from gpuspawner.core.catalog import Catalog, load_catalog_file
 
+from . import jupyterhub_line, timetable
+
 # The property tests run beside the machine tests on a shared, noisy machine: an
 # example that takes longer than Hypothesis's default 200 ms deadline is slow, not
 # wrong, and must not fail the run as "flaky".
@@ -20,7 +22,17 @@ FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).parent.parent
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    timetable.pytest_addoption(parser)
+    jupyterhub_line.pytest_addoption(parser)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    jupyterhub_line.select(config, items)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    timetable.configure(config)
     # `make test` runs the unit and hub-level tests as a shell background job, which
     # starts with SIGINT ignored, and an ignored signal stays ignored across exec.
     # JupyterHub stops its local servers and managed services with SIGINT first: each

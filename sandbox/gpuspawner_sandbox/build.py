@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from . import suitecosts
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GO_MODULE_DIR = REPO_ROOT / "sandbox" / "go"
 DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "sandbox"
@@ -270,6 +272,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min"
 
 
+@suitecosts.recorded(suitecosts.GO_BUILD, lambda cmd, cwd, *a, **k: Path(cwd).name)
 def run_go(
     cmd: list[str],
     cwd: Path,

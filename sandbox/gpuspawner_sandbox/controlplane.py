@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from . import build, nodeconfig, pki
+from . import build, nodeconfig, pki, suitecosts
 from .kubeapi import ApiError, KubeApi, kubeconfig
 from .lifetime import dying_with_us
 from .ports import free_port
@@ -146,6 +146,7 @@ class ControlPlane:
     def __exit__(self, *exc_info) -> None:
         self.stop()
 
+    @suitecosts.recorded(suitecosts.CONTROL_PLANE)
     def start(self, timeout: float = 180) -> None:
         """Start every component and return once all of them are healthy.
 

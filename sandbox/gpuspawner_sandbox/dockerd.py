@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from . import machineclaim
+from . import machineclaim, suitecosts
 
 
 class HarnessError(Exception):
@@ -153,6 +153,7 @@ class PrivateEngine:
     def __exit__(self, *exc_info) -> None:
         self.stop()
 
+    @suitecosts.recorded(suitecosts.DOCKER_ENGINE, lambda self, *a, **k: str(self.data_root))
     def start(self, timeout: float = 90) -> None:
         dockerd = need("dockerd")
         if os.geteuid() != 0:

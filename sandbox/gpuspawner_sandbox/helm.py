@@ -23,12 +23,13 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
-from . import build, nodebuild
+from . import build, nodebuild, suitecosts
 
 HELM_MODULE = "helm.sh/helm/v3"
 HELM_VERSION = "v3.22.0"
@@ -137,13 +138,19 @@ class Helm:
     def run(self, *args: str, timeout: float = 600) -> str:
         """Run ``helm ARGS``; its standard output, or HelmError with its own error lines."""
         self.home.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run(
-            [str(self.binary), *args],
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        costly = args[0] in ("install", "upgrade")
+        with (
+            suitecosts.step(suitecosts.HELM_INSTALL, " ".join(args[:2]))
+            if costly
+            else nullcontext()
+        ):
+            proc = subprocess.run(
+                [str(self.binary), *args],
+                env=self.env(),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         if proc.returncode != 0:
             # (`helm lint` writes what it found to stdout, and only a summary to stderr)
             detail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]

@@ -20,6 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import suitecosts
 from .lifetime import dying_with_us
 from .ports import free_port
 
@@ -191,6 +192,7 @@ c.JupyterHub.spawner_class = "gpu"
     return config, f"http://127.0.0.1:{public_port}"
 
 
+@suitecosts.recorded(suitecosts.HUB, lambda workdir, *a, **k: str(workdir))
 def start_hub(
     workdir: Path,
     extra_config: str = "",

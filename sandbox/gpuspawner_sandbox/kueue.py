@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import yaml
 
-from . import build, nodebuild, nodeconfig, ociimage
+from . import build, nodebuild, nodeconfig, ociimage, suitecosts
 from .controlplane import ControlPlaneError, apply_objects
 from .kubeapi import ApiError, KubeApi
 from .testing import wait_for
@@ -867,6 +867,10 @@ def _log_tail(api: KubeApi) -> str:
     return ""
 
 
+@suitecosts.recorded(
+    suitecosts.KUEUE,
+    lambda *a, preemption=False, **k: "preemption on" if preemption else "preemption off",
+)
 def deploy_kueue(
     nodes: RealNodes,
     hub_namespace: str,

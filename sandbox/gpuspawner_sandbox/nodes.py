@@ -57,7 +57,16 @@ from typing import Any
 
 import yaml
 
-from . import cdi, clusterdns, gpudriver, imageseed, machineclaim, nodeconfig, ociimage
+from . import (
+    cdi,
+    clusterdns,
+    gpudriver,
+    imageseed,
+    machineclaim,
+    nodeconfig,
+    ociimage,
+    suitecosts,
+)
 from .controlplane import ControlPlane, log_tail, stop_recorded
 from .controlplane import read_state as read_control_plane
 from .hoststate import cgroup_mounts, read_sysctl, sysctl_path
@@ -278,6 +287,7 @@ class RealNodes:
             self.stop()
             raise
 
+    @suitecosts.recorded(suitecosts.REAL_NODES, lambda self, *a, **k: ", ".join(self.names))
     def start(self, timeout: float = 180) -> None:
         """Start every node and wait until all are Ready; on failure undo everything."""
         if not self.state:

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import suitecosts
 from .dockerd import HarnessError, PrivateEngine, need
 from .imagefacts import ImageFactsError, image_facts
 
@@ -123,6 +124,7 @@ def archive_name(image_id: str) -> str:
 # -- I/O -----------------------------------------------------------------------------
 
 
+@suitecosts.recorded(suitecosts.IMAGE_BUILD, lambda repo, engine, args, *a: " ".join(args))
 def run_image_tool(repo: Path, engine: PrivateEngine, args: list[str], log, emit: Emit) -> None:
     env = {**os.environ, "DOCKER_HOST": engine.host}
     proc = subprocess.Popen(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from gpuspawner.images.matrix import Matrix, load_matrix
-from gpuspawner_sandbox import machineclaim
+from gpuspawner_sandbox import machineclaim, suitecosts
 from gpuspawner_sandbox.dockerd import (
     SHIM_SOCKET_DIRS,
     HarnessError,
@@ -66,20 +67,22 @@ def tool_on_engine(
     Its output goes to the terminal as well (build steps print their progress) and is returned.
     """
     env = {**os.environ, "DOCKER_HOST": engine_host}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuspawner.images.cli", *args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        sys.__stderr__.write(line)
-        lines.append(line)
-    rc = proc.wait(timeout=timeout)
+    costly = args[0] in ("base", "build")
+    with suitecosts.step(suitecosts.IMAGE_BUILD, " ".join(args)) if costly else nullcontext():
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuspawner.images.cli", *args],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        lines = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.__stderr__.write(line)
+            lines.append(line)
+        rc = proc.wait(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, rc, "".join(lines), "")
 
 
