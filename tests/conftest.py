@@ -32,7 +32,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    timetable.configure(config)
+    timetable.pytest_configure(config)
     # `make test` runs the unit and hub-level tests as a shell background job, which
     # starts with SIGINT ignored, and an ignored signal stays ignored across exec.
     # JupyterHub stops its local servers and managed services with SIGINT first: each

@@ -31,7 +31,11 @@ import pytest
 
 from gpuspawner_sandbox import suitecosts
 
-OUT = Path(__file__).resolve().parent.parent / "build" / "test-times"
+#: Where the records go; ``GPUSPAWNER_TEST_TIMES_DIR`` moves them (the time table's own tests).
+OUT = Path(
+    os.environ.get("GPUSPAWNER_TEST_TIMES_DIR")
+    or Path(__file__).resolve().parent.parent / "build" / "test-times"
+)
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -142,8 +146,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def configure(config: pytest.Config) -> None:
-    """Register the time table when ``--time-table`` names a label (tests/conftest.py)."""
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the time table when ``--time-table`` names a label (tests/conftest.py
+    calls this; ``-p tests.timetable`` loads it as a plugin elsewhere)."""
     label = config.getoption("--time-table", default=None)
     if label:
         config.pluginmanager.register(TimeTable(label), "gpuspawner-time-table")
