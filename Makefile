@@ -98,8 +98,9 @@ MACHINE_BASETEMP ?= /tmp/gpuspawner-machine-tests-$(shell id -u)
 # collected no test: that is a failure here, never a pass.
 # `make test PYTEST_ARGS="tests/core -x"` runs lint, the docs, the chart and those tests
 # alone, on both JupyterHub lines.
-test: setup system-packages $(VENV_JH55)/.installed $(VENV_JH55)/.labext-installed
+test: setup system-packages
 	@if [ -n "$(PYTEST_ARGS)" ]; then \
+		$(MAKE) --no-print-directory $(VENV_JH55)/.installed $(VENV_JH55)/.labext-installed || exit 1; \
 		failed=0; \
 		verdict() { rc=$$1; \
 			if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; rc=1; fi; \

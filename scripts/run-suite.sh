@@ -55,8 +55,13 @@ step() {
 }
 
 # 1. Beside everything: the machine tests' Go programs and images.
-"$PY" -m gpuspawner_sandbox.prebuild go >"$logs/prebuild-go" 2>&1 &
-prebuild_go=$!
+# Kueue after the rest: few machine tests need it, and they wait on its build's lock.
+(
+	"$PY" -m gpuspawner_sandbox.prebuild go >"$logs/prebuild-go" 2>&1
+	echo $? >"$logs/prebuild-go.rc"
+	"$PY" -m gpuspawner_sandbox.prebuild kueue >"$logs/prebuild-kueue" 2>&1
+) &
+prebuild_go_and_kueue=$!
 "$PY" -m gpuspawner_sandbox.prebuild images >"$logs/prebuild-images" 2>&1 &
 prebuild_images=$!
 
@@ -67,8 +72,11 @@ prebuild_images=$!
 	rc=$?
 	echo $rc >"$logs/6.1.rc"
 	if [ $rc -ne 2 ]; then  # not after an interrupted first line
+		# the second line's virtualenv, installed here rather than before the run starts
+		make --no-print-directory "$VENV_JH55/.installed" "$VENV_JH55/.labext-installed" \
+			>"$logs/5.5" 2>&1 &&
 		nice -n 10 "$VENV_JH55/bin/pytest" --time-table=unit-5.5 --jupyterhub-line-only -rs \
-			-n "$PYTEST_WORKERS" "${unit_tests[@]}" >"$logs/5.5" 2>&1
+			-n "$PYTEST_WORKERS" "${unit_tests[@]}" >>"$logs/5.5" 2>&1
 		echo $? >"$logs/5.5.rc"
 	fi
 ) &
@@ -82,18 +90,26 @@ step "lint" lint
 echo "== the docs site (Sphinx, warnings are errors) =="
 step "docs" "$VENV/bin/sphinx-build" -W --keep-going -n -q -b html docs build/docs
 
-show_prebuild() {  # show_prebuild PID NAME
-	wait "$1"
-	local rc=$?
+show_prebuild() {  # show_prebuild PID|- NAME (-: the part writes its exit status to NAME.rc)
+	local rc
+	if [ "$1" = - ]; then
+		while [ ! -s "$logs/prebuild-$2.rc" ] && kill -0 $prebuild_go_and_kueue 2>/dev/null; do
+			sleep 2
+		done
+		rc=$(cat "$logs/prebuild-$2.rc" 2>/dev/null || echo 1)
+	else
+		wait "$1"
+		rc=$?
+	fi
 	tail -n 3 "$logs/prebuild-$2"
-	if [ $rc -ne 0 ]; then
+	if [ "$rc" -ne 0 ]; then
 		echo "prebuild $2 failed (exit $rc); its last lines (the machine tests will say it again):"
 		tail -n 40 "$logs/prebuild-$2"
 	fi
 	cp "$logs/prebuild-$2" "build/prebuild-$2.log"
 }
-echo "== waiting for the Go programs (control plane, nodes, Kueue, Helm) =="
-show_prebuild $prebuild_go go
+echo "== waiting for the Go programs (control plane, nodes, Helm; Kueue's build goes on) =="
+show_prebuild - go
 echo "== the chart: its dependency packaged, helm lint --strict, helm package =="
 step "chart" "$PY" -m gpuspawner_sandbox.helm chart --destination build/chart
 echo "== waiting for the images (notebook, GPU check), then the chart's images =="
@@ -108,6 +124,8 @@ step "machine tests" "$VENV/bin/pytest" --time-table=machine --durations=30 \
 	--basetemp="$MACHINE_BASETEMP" $MACHINE_TESTS
 
 until wait $unit; do :; done
+wait $prebuild_go_and_kueue  # long done: the Kueue tests waited for it
+cp "$logs/prebuild-kueue" build/prebuild-kueue.log 2>/dev/null
 echo "== unit and hub-level tests: JupyterHub 6.1 + KubeSpawner 7.1 ($VENV), run beside =="
 cat "$logs/6.1"
 verdict "$(cat "$logs/6.1.rc" 2>/dev/null || echo 1)" "unit and hub-level tests, JupyterHub 6.1"

@@ -15,6 +15,8 @@ while it runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -205,47 +208,68 @@ def build(
         print(f"Control plane binary is up to date: {target}", file=out)
         return target
 
-    go = find_go()
-    version = kubernetes_version((module_dir / "go.mod").read_text())
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    env = dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local")
+    with exclusive(target):
+        if target.exists() and not force:  # built meanwhile by another process
+            return target
+        go = find_go()
+        version = kubernetes_version((module_dir / "go.mod").read_text())
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        env = dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local")
 
-    total = _count_packages(go, module_dir, env)
-    print(
-        f"Building the control plane and kubelet (k8s.io/kubernetes {version} + etcd) into {target}; "
-        f"from a cold Go cache this compiles {total or 'about 2,500'} packages and takes many minutes "
-        f"(Go's cache in {_go_env(go, 'GOCACHE', env)} makes later builds fast).",
-        file=out,
-        flush=True,
-    )
-    cmd = [
-        go,
-        "build",
-        "-v",
-        f"-p={jobs}",
-        "-trimpath",
-        # Our binary's identity is the pin, not the checkout's git state (and a
-        # CI checkout without git, or owned by another user, must still build).
-        "-buildvcs=false",
-        f"-ldflags={version_ldflags(version)}",
-        "-o",
-        str(tmp),
-        ".",
-    ]
-    try:
-        compiled, elapsed = run_go(cmd, module_dir, env, out, total=total, verbose=verbose)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    tmp.replace(target)
-    _prune(target)
-    print(
-        f"Built {target.name} in {elapsed:.0f}s ({compiled} packages compiled).",
-        file=out,
-        flush=True,
-    )
-    return target
+        total = _count_packages(go, module_dir, env)
+        print(
+            f"Building the control plane and kubelet (k8s.io/kubernetes {version} + etcd) into {target}; "
+            f"from a cold Go cache this compiles {total or 'about 2,500'} packages and takes many minutes "
+            f"(Go's cache in {_go_env(go, 'GOCACHE', env)} makes later builds fast).",
+            file=out,
+            flush=True,
+        )
+        cmd = [
+            go,
+            "build",
+            "-v",
+            f"-p={jobs}",
+            "-trimpath",
+            # Our binary's identity is the pin, not the checkout's git state (and a
+            # CI checkout without git, or owned by another user, must still build).
+            "-buildvcs=false",
+            f"-ldflags={version_ldflags(version)}",
+            "-o",
+            str(tmp),
+            ".",
+        ]
+        try:
+            compiled, elapsed = run_go(cmd, module_dir, env, out, total=total, verbose=verbose)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        tmp.replace(target)
+        _prune(target)
+        print(
+            f"Built {target.name} in {elapsed:.0f}s ({compiled} packages compiled).",
+            file=out,
+            flush=True,
+        )
+        return target
+
+
+#: The lock file beside a cached build's target (:func:`exclusive`).
+LOCK_SUFFIX = ".lock"
+
+
+@contextlib.contextmanager
+def exclusive(target: Path) -> Iterator[None]:
+    """Hold the lock of one cached build's target: another process building the same
+    target (the suite's prebuild beside a test that needs the program) waits, then finds it
+    built, instead of compiling it a second time into the same temporary path."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + LOCK_SUFFIX), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def progress_line(compiled: int, total: int | None, elapsed: float) -> str:
@@ -346,7 +370,7 @@ def _go_env(go: str, name: str, env: dict[str, str]) -> str:
 def _prune(current: Path) -> None:
     """Delete binaries built from older sources (each is ~150 MB)."""
     for old in current.parent.glob("k8s-*"):
-        if old != current and not old.name.endswith(".tmp"):
+        if old != current and not old.name.endswith((".tmp", LOCK_SUFFIX)):
             old.unlink(missing_ok=True)
 
 

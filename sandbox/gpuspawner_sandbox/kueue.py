@@ -515,6 +515,14 @@ def _group(
     }
 
 
+def preemption_policy(preemption: bool) -> dict[str, str]:
+    """A ClusterQueue's ``spec.preemption``: lower priorities preempted within the queue
+    and the cohort's lent quota reclaimed, or neither."""
+    if preemption:
+        return {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any"}
+    return {"withinClusterQueue": "Never", "reclaimWithinCohort": "Never"}
+
+
 def cluster_queue(
     name: str, flavors: Sequence[GpuFlavor], share: Callable[[int], int], preemption: bool
 ) -> dict[str, Any]:
@@ -549,11 +557,7 @@ def cluster_queue(
             "cohortName": COHORT,
             "namespaceSelector": {},
             "queueingStrategy": "BestEffortFIFO",
-            "preemption": (
-                {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any"}
-                if preemption
-                else {"withinClusterQueue": "Never", "reclaimWithinCohort": "Never"}
-            ),
+            "preemption": preemption_policy(preemption),
             "resourceGroups": groups,
         },
     }
@@ -739,6 +743,30 @@ class Kueue:
     def pod(self) -> dict[str, Any] | None:
         """Kueue's running manager pod, if any."""
         return _manager_pod(self.api)
+
+    def set_preemption(self, preemption: bool, timeout: float = 60) -> None:
+        """Turn preemption on or off in both ClusterQueues of a running Kueue (what
+        ``deploy_kueue(preemption=...)`` would have made), once they are active again."""
+        for name in self.cluster_queues:
+            self.api.request(
+                "PATCH",
+                f"/apis/{API_VERSION}/clusterqueues/{name}",
+                {"spec": {"preemption": preemption_policy(preemption)}},
+                content_type="application/merge-patch+json",
+            )
+        want = preemption_policy(preemption)
+
+        def applied() -> bool:
+            queues = [
+                self.api.get(f"/apis/{API_VERSION}/clusterqueues/{n}") for n in self.cluster_queues
+            ]
+            return all(q["spec"].get("preemption") == want for q in queues) and _active(
+                self.api, self.cluster_queues
+            )
+
+        wait_for(
+            "the ClusterQueues' new preemption", applied, timeout, interval=0.5, error=KueueError
+        )
 
 
 def _manager_pod(api: KubeApi) -> dict[str, Any] | None:

@@ -213,34 +213,39 @@ def build_tool(tool: GoTool, cache: Path | None = None, *, out: TextIO | None = 
     target = tool_dir(tool, cache)
     if _complete(target, tool.binaries):
         return target
-    go = build.find_go()
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    env = dict(_go_env(tool.cgo), GOBIN=str(tmp))
-    print(
-        f"Building {tool.name} {tool.version} ({', '.join(tool.binaries)}) from {tool.module}; "
-        f"from a cold Go cache this takes {tool.cold_estimate}.",
-        file=out,
-        flush=True,
-    )
-    compiled = 0
-    elapsed = 0.0
-    try:
-        for cmd in install_commands(go, tool):
-            # Outside any module: `go install pkg@version` uses that module's own go.mod.
-            n, t = build.run_go(cmd, tmp, env, out)
-            compiled, elapsed = compiled + n, elapsed + t
-    except BaseException:
+    with build.exclusive(target):
+        if _complete(target, tool.binaries):  # built meanwhile by another process
+            return target
+        go = build.find_go()
+        tmp = target.with_name(target.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
-    _prune(target, tool.name)
-    print(
-        f"Built {tool.name} in {elapsed:.0f}s ({compiled} packages compiled).", file=out, flush=True
-    )
-    return target
+        tmp.mkdir(parents=True)
+        env = dict(_go_env(tool.cgo), GOBIN=str(tmp))
+        print(
+            f"Building {tool.name} {tool.version} ({', '.join(tool.binaries)}) from {tool.module}; "
+            f"from a cold Go cache this takes {tool.cold_estimate}.",
+            file=out,
+            flush=True,
+        )
+        compiled = 0
+        elapsed = 0.0
+        try:
+            for cmd in install_commands(go, tool):
+                # Outside any module: `go install pkg@version` uses that module's own go.mod.
+                n, t = build.run_go(cmd, tmp, env, out)
+                compiled, elapsed = compiled + n, elapsed + t
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+        _prune(target, tool.name)
+        print(
+            f"Built {tool.name} in {elapsed:.0f}s ({compiled} packages compiled).",
+            file=out,
+            flush=True,
+        )
+        return target
 
 
 def build_image_programs(
@@ -251,22 +256,25 @@ def build_image_programs(
     target = images_dir(module_dir, cache)
     if _complete(target, IMAGE_PROGRAMS):
         return target
-    go = build.find_go()
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    print(f"Building the node images' programs ({', '.join(IMAGE_PROGRAMS)})…", file=out)
-    cmd = [go, "build", "-v", "-trimpath", "-ldflags=-s -w", "-o", str(tmp) + "/"]
-    cmd += [f"./{name}" for name in IMAGE_PROGRAMS]
-    try:
-        build.run_go(cmd, module_dir, _go_env(), out)
-    except BaseException:
+    with build.exclusive(target):
+        if _complete(target, IMAGE_PROGRAMS):  # built meanwhile by another process
+            return target
+        go = build.find_go()
+        tmp = target.with_name(target.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
-    _prune(target, "nodeimages")
-    return target
+        tmp.mkdir(parents=True)
+        print(f"Building the node images' programs ({', '.join(IMAGE_PROGRAMS)})…", file=out)
+        cmd = [go, "build", "-v", "-trimpath", "-ldflags=-s -w", "-o", str(tmp) + "/"]
+        cmd += [f"./{name}" for name in IMAGE_PROGRAMS]
+        try:
+            build.run_go(cmd, module_dir, _go_env(), out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+        _prune(target, "nodeimages")
+        return target
 
 
 def smi_ldflags() -> str:
@@ -333,27 +341,30 @@ def build_local(
     target = local_dir(program, cache)
     if _complete(target, (program.binary,)):
         return target / program.binary
-    go = build.find_go()
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    print(program.describe, file=out, flush=True)
-    cmd = [go, "build", "-v", "-trimpath", f"-ldflags={program.ldflags}"]
-    cmd += ["-o", str(tmp / program.binary), program.package]
-    try:
-        compiled, elapsed = build.run_go(cmd, program.module_dir, _go_env(), out)
-    except BaseException:
+    with build.exclusive(target):
+        if _complete(target, (program.binary,)):  # built meanwhile by another process
+            return target / program.binary
+        go = build.find_go()
+        tmp = target.with_name(target.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
-    _prune(target, program.name)
-    print(
-        f"Built {program.name} in {elapsed:.0f}s ({compiled} packages compiled).",
-        file=out,
-        flush=True,
-    )
-    return target / program.binary
+        tmp.mkdir(parents=True)
+        print(program.describe, file=out, flush=True)
+        cmd = [go, "build", "-v", "-trimpath", f"-ldflags={program.ldflags}"]
+        cmd += ["-o", str(tmp / program.binary), program.package]
+        try:
+            compiled, elapsed = build.run_go(cmd, program.module_dir, _go_env(), out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+        _prune(target, program.name)
+        print(
+            f"Built {program.name} in {elapsed:.0f}s ({compiled} packages compiled).",
+            file=out,
+            flush=True,
+        )
+        return target / program.binary
 
 
 #: The emulated DCGM exporter, one per GPU node: its own small binary of our module, so

@@ -7,8 +7,10 @@ Without them the first machine test that needs a program or an image builds it w
 nothing else can use the machine's cores for anything but waiting (a cold Go cache makes
 that half an hour on 2 cores).
 
-``go``: the control plane, every node program (:func:`.nodebuild.build_all`), Kueue and
-Helm. ``images``: the notebook images' Jupyter stage and the GPU check's image;
+``go``: the control plane, every node program (:func:`.nodebuild.build_all`) and Helm;
+``kueue`` (after ``go``): Kueue, which only a few machine tests need, so they start
+without waiting for it (a test that needs it first waits on its build's lock,
+:func:`.build.exclusive`, and never compiles it a second time). ``images``: the notebook images' Jupyter stage and the GPU check's image;
 ``chart-images`` (after both): the hub's and z2jh's images. Each is built once into
 ``.cache/images`` (the tests find them cached). Everything lands in the caches the tests already read, so a test run
 without the prebuild behaves as before, only slower.
@@ -30,11 +32,16 @@ from . import build
 
 
 def build_go() -> None:
-    from . import helm, kueue, nodebuild
+    from . import helm, nodebuild
 
     nodebuild.build_all(out=sys.stderr)
-    kueue.build_kueue(out=sys.stderr)
     helm.build_helm(out=sys.stderr)
+
+
+def build_kueue() -> None:
+    from . import kueue
+
+    kueue.build_kueue(out=sys.stderr)
 
 
 def build_images() -> None:
@@ -58,7 +65,12 @@ def _emit(line: str) -> None:
 
 #: ``chart-images`` needs the control plane's binary (the pause image's programs) and the
 #: images' engine: it runs after both ``go`` and ``images`` have ended.
-PARTS = {"go": build_go, "images": build_images, "chart-images": build_chart_images}
+PARTS = {
+    "go": build_go,
+    "kueue": build_kueue,
+    "images": build_images,
+    "chart-images": build_chart_images,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

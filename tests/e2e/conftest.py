@@ -118,27 +118,98 @@ def pytest_collection_modifyitems(items):
     items[:] = rest[:first] + sorted(e2e, key=order) + rest[first:]
 
 
+class SharedKueue:
+    """Kueue, and the stack's hub on it, for the modules that use them one after another
+    (test_kueue.py, then test_kueue_preemption.py): deployed once, with the ClusterQueues'
+    preemption switched between modules (:meth:`gpuspawner_sandbox.kueue.Kueue.set_preemption`),
+    and removed as soon as the next test needs neither (:func:`pytest_runtest_teardown`), so
+    that the rest of the package runs without Kueue, as before."""
+
+    def __init__(self, stack: SandboxStack, pytestconfig) -> None:
+        self._stack = stack
+        self._pytestconfig = pytestconfig
+        self._held = contextlib.ExitStack()
+        self._kueue = None
+        self._preemption: bool | None = None
+        self._hub = None
+
+    def kueue(self, *, preemption: bool):
+        """The running Kueue (deployed on first use) with preemption on or off."""
+        from gpuspawner_sandbox.demo import HUB_NAMESPACE
+
+        if self._kueue is None:
+            self._kueue = self._held.enter_context(
+                testing.running_kueue(
+                    self._stack.nodes, HUB_NAMESPACE, self._pytestconfig, preemption=preemption
+                )
+            )
+        elif self._preemption != preemption:
+            self._kueue.set_preemption(preemption)
+        self._preemption = preemption
+        return self._kueue
+
+    def hub(self):
+        """The stack's hub restarted on Kueue with the hub's Kueue rights (once)."""
+        from .test_kueue import hub_on_kueue
+
+        if self._hub is None:
+            self._hub = self._held.enter_context(hub_on_kueue(self._stack))
+        return self._hub
+
+    def close(self) -> None:
+        """The hub back off Kueue, then Kueue removed; nothing when nothing was started."""
+        self._kueue = self._hub = self._preemption = None
+        self._held.close()
+
+
+#: The package's :class:`SharedKueue`, for :func:`pytest_runtest_teardown`.
+SHARED_KUEUE = pytest.StashKey[SharedKueue]()
+
+
+@pytest.fixture(scope="package")
+def shared_kueue(stack, pytestconfig):
+    shared = SharedKueue(stack, pytestconfig)
+    pytestconfig.stash[SHARED_KUEUE] = shared
+    try:
+        yield shared
+    finally:
+        del pytestconfig.stash[SHARED_KUEUE]
+        shared.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Kueue goes once the tests that use it have run: after the last of a run of them."""
+    yield
+    shared = item.config.stash.get(SHARED_KUEUE, None)
+    if shared is None or "shared_kueue" not in item.fixturenames:
+        return
+    if nextitem is None or "shared_kueue" not in nextitem.fixturenames:
+        shared.close()
+
+
 @pytest.fixture(scope="module")
-def kueue(stack, pytestconfig):
-    """Kueue and its queues on the stack's cluster for one test module, removed after it
-    (gpuspawner_sandbox.kueue; docs/sandbox.md, "Kueue"): a ``kueue.Kueue`` with ``api``
-    (the admin's KubeApi), ``hub_namespace`` (jupyterhub), ``local_queue``
-    (gpu-notebooks), ``cluster_queues`` (notebooks, batch), ``batch_namespace`` and
-    ``batch_local_queue`` (batch), ``flavors``, ``pending(cq)``. Preemption off."""
-    from gpuspawner_sandbox.demo import HUB_NAMESPACE
-
-    with testing.running_kueue(stack.nodes, HUB_NAMESPACE, pytestconfig) as running:
-        yield running
+def kueue(shared_kueue):
+    """Kueue and its queues on the stack's cluster (gpuspawner_sandbox.kueue; docs/sandbox.md,
+    "Kueue"): a ``kueue.Kueue`` with ``api`` (the admin's KubeApi), ``hub_namespace``
+    (jupyterhub), ``local_queue`` (gpu-notebooks), ``cluster_queues`` (notebooks, batch),
+    ``batch_namespace`` and ``batch_local_queue`` (batch), ``flavors``, ``pending(cq)``.
+    Preemption off. Shared with the next module that uses Kueue (:class:`SharedKueue`)."""
+    return shared_kueue.kueue(preemption=False)
 
 
 @pytest.fixture(scope="module")
-def kueue_preemption(stack, pytestconfig):
+def kueue_preemption(shared_kueue):
     """As :func:`kueue`, with preemption on (LowerPriority within a ClusterQueue, reclaim
     within the cohort). A module uses one of the two."""
-    from gpuspawner_sandbox.demo import HUB_NAMESPACE
+    return shared_kueue.kueue(preemption=True)
 
-    with testing.running_kueue(stack.nodes, HUB_NAMESPACE, pytestconfig, preemption=True) as k:
-        yield k
+
+@pytest.fixture(scope="module")
+def kueue_hub(shared_kueue, kueue):
+    """The stack's hub on Kueue, with the hub's Kueue rights (config/rbac-kueue.yaml);
+    shared like Kueue itself."""
+    return shared_kueue.hub()
 
 
 @pytest.fixture

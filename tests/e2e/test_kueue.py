@@ -1,7 +1,8 @@
 """Kueue as the cluster's GPU queue, on real nodes, through the real hub (issue 31; docs/kueue.md).
 
-Kueue v0.17.0 runs on the stack's nodes for this module only (the ``kueue``
-fixture removes it afterwards, so the rest of the suite runs without it). The
+Kueue v0.17.0 runs on the stack's nodes for this module and test_kueue_preemption.py,
+deployed once for both and removed after them (conftest.SharedKueue), so the rest of
+the suite runs without it. The
 A100 flavor has 8 GPUs on two nodes of 4: ClusterQueue ``notebooks`` has 4 of
 them, ``batch`` the other 4, one cohort. The hub puts its GPU servers in the
 LocalQueue ``gpu-notebooks``; batch Jobs go to LocalQueue ``batch`` in namespace
@@ -46,13 +47,6 @@ c.JupyterHub.tornado_settings.update({"slow_spawn_timeout": 1})
 """
 
 USERS = ("quinn", "ann", "bob", "cid", "rhea", "sven", "hog")
-
-
-@pytest.fixture(scope="module")
-def kueue_hub(stack, kueue):
-    """The stack's hub on Kueue, with the hub's Kueue rights (config/rbac-kueue.yaml)."""
-    with hub_on_kueue(stack) as hub:
-        yield hub
 
 
 @contextlib.contextmanager

@@ -2,7 +2,8 @@
 queue that lent them wants them back, and its user reads why (issue 31; docs/kueue.md).
 
 Kueue runs with preemption on (``kueue_preemption``: ``withinClusterQueue:
-LowerPriority``, ``reclaimWithinCohort: Any``) for this module only. As in
+LowerPriority``, ``reclaimWithinCohort: Any``) for this module only: the Kueue that
+test_kueue.py used, its ClusterQueues' preemption switched on (conftest.SharedKueue). As in
 test_kueue.py the A100 flavor has 8 GPUs on two nodes of 4, ClusterQueue
 ``notebooks`` 4 of them and ``batch`` the other 4, in one cohort.
 """
@@ -16,16 +17,15 @@ import pytest
 from .conftest import pod_of, server_state, stop_servers, wait_for, wait_ready
 from .test_capacity import browser
 from .test_culler_deadlines import page_text, rest_notices
-from .test_kueue import hub_on_kueue, job_running, spawn, submit
+from .test_kueue import job_running, spawn, submit
 
 #: users whose limit allows 4 GPUs (tests/fixtures/catalogs/e2e.yaml)
 NOTEBOOK_USERS = ("quinn", "sven")
 
 
 @pytest.fixture(scope="module")
-def preempting_hub(stack, kueue_preemption):
-    with hub_on_kueue(stack) as hub:
-        yield hub
+def preempting_hub(shared_kueue, kueue_preemption):
+    return shared_kueue.hub()
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,30 @@ def test_progress_says_how_far_and_how_long_is_left():
     assert build.progress_line(3000, 2600, 1000).startswith(
         "  still building… 2600 of at most 2600"
     )
+
+
+def test_a_second_builder_of_the_same_target_waits_for_the_first(tmp_path):
+    """The suite's prebuild and a test needing the same program: one compiles, the other
+    waits on the target's lock and then finds it built."""
+    import threading
+
+    target = tmp_path / "bin" / "kueue-v0.17.0"
+    order: list[str] = []
+    first_holds = threading.Event()
+
+    def first() -> None:
+        with build.exclusive(target):
+            first_holds.set()
+            time.sleep(0.3)
+            order.append("first built")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    first_holds.wait(5)
+    with build.exclusive(target):
+        order.append("second went on")
+    thread.join()
+    assert order == ["first built", "second went on"]
+    # another target is not held up by it
+    with build.exclusive(tmp_path / "bin" / "helm-v3"):
+        pass
