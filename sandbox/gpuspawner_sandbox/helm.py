@@ -16,6 +16,7 @@ and never contacts a repository: the chart is a local directory.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -203,8 +204,38 @@ def package_dependency(
     charts.mkdir(exist_ok=True)
     for stale in charts.glob("jupyterhub-*.tgz"):
         stale.unlink()
-    helm_.run("package", str(released), f"--destination={charts}")
-    return charts / f"jupyterhub-{Z2JH_VERSION}.tgz"
+    archive = charts / f"jupyterhub-{Z2JH_VERSION}.tgz"
+    shutil.copyfile(packaged_release(helm_, released), archive)
+    return archive
+
+
+def tree_digest(root: Path) -> str:
+    """A digest of every file's relative path and bytes under ``root``."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def packaged_release(helm_: Helm, released: Path, cache: Path | None = None) -> Path:
+    """``helm package`` of a released chart, made once per content and Helm binary and
+    kept in the build cache: `make chart`, the chart's tests and each chart install of
+    a run copy the same archive (the suite's time table counts the packagings)."""
+    cache = (cache or build.cache_dir()) / "helm-packages"
+    key = f"{tree_digest(released)}-{helm_.binary.parent.name}"
+    target = cache / key / f"{released.name}-{Z2JH_VERSION}.tgz"
+    with build.exclusive(cache / key):
+        if not target.is_file():
+            tmp = cache / f"{key}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            with suitecosts.step(suitecosts.HELM_PACKAGE, released.name):
+                out = helm_.run("package", str(released), f"--destination={tmp}")
+            made = Path(out.strip().rsplit(": ", 1)[-1])
+            target.parent.mkdir(parents=True, exist_ok=True)
+            made.replace(target)
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def package_chart(helm_: Helm, destination: Path, chart: Path = GPUSPAWNER_CHART) -> Path:

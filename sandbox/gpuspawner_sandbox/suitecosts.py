@@ -34,10 +34,21 @@ KUEUE = "Kueue deploy"
 IMAGE_BUILD = "image build"
 HUB = "hub start"
 HELM_INSTALL = "Helm install or upgrade"
+HELM_PACKAGE = "Helm dependency packaged"
 GO_BUILD = "Go build"
 DOCKER_ENGINE = "Docker engine start"
 
-KINDS = (CONTROL_PLANE, REAL_NODES, KUEUE, IMAGE_BUILD, HUB, HELM_INSTALL, GO_BUILD, DOCKER_ENGINE)
+KINDS = (
+    CONTROL_PLANE,
+    REAL_NODES,
+    KUEUE,
+    IMAGE_BUILD,
+    HUB,
+    HELM_INSTALL,
+    HELM_PACKAGE,
+    GO_BUILD,
+    DOCKER_ENGINE,
+)
 
 
 @contextlib.contextmanager

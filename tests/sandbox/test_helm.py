@@ -278,3 +278,27 @@ def test_user_scheduler_rbac_is_what_our_kube_scheduler_is_granted(real_helm, ch
     finally:
         for kind, doc in (("clusterrolebindings", binding), ("clusterroles", docs["ClusterRole"])):
             api.delete(f"/apis/rbac.authorization.k8s.io/v1/{kind}/{doc['metadata']['name']}")
+
+
+def test_the_dependency_is_packaged_once_and_copied_after(real_helm, chart, tmp_path, monkeypatch):
+    """`make chart`, the chart's tests and the chart installs of a run share one `helm package`."""
+    import json
+
+    from gpuspawner_sandbox import suitecosts
+
+    steps = tmp_path / "steps.jsonl"
+    monkeypatch.setenv(suitecosts.ENV, str(steps))
+    cache = tmp_path / "cache"
+    first = helm.packaged_release(real_helm, chart, cache)
+    second = helm.packaged_release(real_helm, chart, cache)
+    assert first == second and first.is_file()
+    packaged = [json.loads(line) for line in steps.read_text().splitlines()]
+    assert [s["kind"] for s in packaged if s["kind"] == suitecosts.HELM_PACKAGE] == [
+        suitecosts.HELM_PACKAGE
+    ]
+    # another content is another archive
+    (chart / "values.yaml").write_text((chart / "values.yaml").read_text() + "\n# changed\n")
+    try:
+        assert helm.packaged_release(real_helm, chart, cache) != first
+    finally:
+        helm.release_chart(helm.Z2JH_CHART, chart)
