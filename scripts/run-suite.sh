@@ -123,7 +123,7 @@ echo "== JupyterHub 6.1 + KubeSpawner 7.1 ($VENV): real nodes, Docker, Helm (the
 step "machine tests" "$VENV/bin/pytest" --time-table=machine --durations=30 \
 	--basetemp="$MACHINE_BASETEMP" $MACHINE_TESTS
 
-until wait $unit; do :; done
+while kill -0 $unit 2>/dev/null; do wait $unit; done  # again after a trapped signal
 wait $prebuild_go_and_kueue  # long done: the Kueue tests waited for it
 cp "$logs/prebuild-kueue" build/prebuild-kueue.log 2>/dev/null
 echo "== unit and hub-level tests: JupyterHub 6.1 + KubeSpawner 7.1 ($VENV), run beside =="
