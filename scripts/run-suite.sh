@@ -37,8 +37,12 @@ verdict() {  # verdict EXIT-STATUS WHAT
 	fi
 }
 
+started=$(date +%s)
 mkdir -p build
 rm -rf build/test-times build/test-times.md
+mkdir -p build/test-times
+# The prebuild's Go and image builds go into the time table too (gpuspawner_sandbox.suitecosts).
+prebuild_steps=$PWD/build/test-times/prebuild.main.steps.jsonl
 logs=$(mktemp -d)
 interrupted=""
 trap 'interrupted=1; failed=1' INT TERM
@@ -57,12 +61,15 @@ step() {
 # 1. Beside everything: the machine tests' Go programs and images.
 # Kueue after the rest: few machine tests need it, and they wait on its build's lock.
 (
-	"$PY" -m gpuspawner_sandbox.prebuild go >"$logs/prebuild-go" 2>&1
+	GPUSPAWNER_SUITE_COSTS=$prebuild_steps "$PY" -m gpuspawner_sandbox.prebuild go \
+		>"$logs/prebuild-go" 2>&1
 	echo $? >"$logs/prebuild-go.rc"
-	"$PY" -m gpuspawner_sandbox.prebuild kueue >"$logs/prebuild-kueue" 2>&1
+	GPUSPAWNER_SUITE_COSTS=$prebuild_steps "$PY" -m gpuspawner_sandbox.prebuild kueue \
+		>"$logs/prebuild-kueue" 2>&1
 ) &
 prebuild_go_and_kueue=$!
-"$PY" -m gpuspawner_sandbox.prebuild images >"$logs/prebuild-images" 2>&1 &
+GPUSPAWNER_SUITE_COSTS=$prebuild_steps "$PY" -m gpuspawner_sandbox.prebuild images \
+	>"$logs/prebuild-images" 2>&1 &
 prebuild_images=$!
 
 # 2. Beside everything, niced: the unit and hub-level tests of both JupyterHub lines.
@@ -114,7 +121,8 @@ echo "== the chart: its dependency packaged, helm lint --strict, helm package ==
 step "chart" "$PY" -m gpuspawner_sandbox.helm chart --destination build/chart
 echo "== waiting for the images (notebook, GPU check), then the chart's images =="
 show_prebuild $prebuild_images images
-"$PY" -m gpuspawner_sandbox.prebuild chart-images >"$logs/prebuild-chart-images" 2>&1 &
+GPUSPAWNER_SUITE_COSTS=$prebuild_steps "$PY" -m gpuspawner_sandbox.prebuild chart-images \
+	>"$logs/prebuild-chart-images" 2>&1 &
 show_prebuild $! chart-images
 
 # 4. The machine tests: real nodes, Docker, Helm; one at a time on the machine.
@@ -137,5 +145,5 @@ rm -rf "$logs"
 if [ $failed -ne 0 ]; then
 	echo "== FAILED: ${failed_parts[*]:-interrupted} =="
 fi
-"$PY" scripts/test_times.py
+"$PY" scripts/test_times.py --started "$started"
 exit $failed

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -210,9 +211,20 @@ def waited_for(test: Test) -> str:
     )
 
 
-def table(records: Records, budget: Mapping[str, Mapping[str, float]]) -> list[str]:
-    """The time table as Markdown lines, its verdict lines last."""
+def table(
+    records: Records,
+    budget: Mapping[str, Mapping[str, float]],
+    started: float | None = None,
+    ended: float | None = None,
+) -> list[str]:
+    """The time table as Markdown lines, its verdict lines last; ``started`` and ``ended``
+    (epoch seconds) are the whole run's, from the first install to the table."""
     out = ["# The test suite's time table", ""]
+    if started is not None and ended is not None:
+        out += [
+            f"The whole run (`make test`'s suite, from its start to this table): {minutes(ended - started)}.",
+            "",
+        ]
     out += [
         "## Runs",
         "",
@@ -299,11 +311,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--records", type=Path, default=RECORDS)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--budget", type=Path, default=BUDGET)
+    parser.add_argument("--started", type=float, help="the run's start (epoch seconds)")
     args = parser.parse_args(argv)
     if not args.records.is_dir() or not any(args.records.glob("*.session.json")):
         print(f"No time table: nothing recorded in {args.records} (pytest --time-table=LABEL).")
         return 2
-    lines = table(read_records(args.records), read_budget(args.budget))
+    ended = time.time() if args.started is not None else None
+    lines = table(read_records(args.records), read_budget(args.budget), args.started, ended)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     print(f"== the suite's time table (also in {args.out}) ==")
