@@ -44,13 +44,14 @@ from benchlib import Steps, add_arguments, guarded, run, sizes, work_dir
 
 from gpuspawner.images.matrix import load_matrix
 from gpuspawner.images.plan import image_ref
+from gpuspawner_sandbox.build import image_cache_dir
 from gpuspawner_sandbox.dockerd import PrivateEngine
 
 REPO = Path(__file__).resolve().parent.parent
 
 STEPS = ["engine", "hub", "runs"]
 #: The data root the image tests build into (tests/images/conftest.py, CACHE).
-DATA_ROOT = REPO / ".cache" / "images" / "engine"
+DATA_ROOT = image_cache_dir(REPO) / "engine"
 #: A start that has not answered by then is reported as a failure, not measured.
 ANSWER_TIMEOUT_S = 240
 USER = "bench"

@@ -75,6 +75,9 @@ from .plan import (
 )
 from .release import VERSION_FILES, ReleaseError, release, set_version
 
+#: Moves the default --cache-dir of `base` (the local cluster's harness reads it too).
+IMAGE_CACHE_ENV = "GPUSPAWNER_IMAGE_CACHE"
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_UNUSABLE = 2
@@ -234,7 +237,8 @@ def _parser() -> argparse.ArgumentParser:
     base.add_argument(
         "--cache-dir",
         metavar="DIR",
-        help="where the root filesystems are cached (default: .cache/images in the repository)",
+        help=f"where the root filesystems are cached (default: ${IMAGE_CACHE_ENV}, else "
+        ".cache/images in the repository)",
     )
     base.add_argument("--refresh", action="store_true", help="run debootstrap again")
     b = sub.add_parser(
@@ -418,7 +422,7 @@ def parse_binaries(values: list[str]) -> dict[str, str]:
 def cmd_base(args, matrix: Matrix, root: Path, names: list[str], out: TextIO) -> int:
     plans = [plan_base(image) for image in base_images(matrix)]
     client = engine.connect()
-    cache = Path(args.cache_dir) if args.cache_dir else root / ".cache" / "images"
+    cache = Path(args.cache_dir or os.environ.get(IMAGE_CACHE_ENV) or root / ".cache" / "images")
     for plan in plans:
         print(f"==> making {plan.image} from Debian {plan.suite}", file=out, flush=True)
         image_id = make_base(

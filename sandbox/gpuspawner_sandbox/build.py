@@ -65,6 +65,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("GPUSPAWNER_SANDBOX_CACHE", DEFAULT_CACHE_DIR))
 
 
+#: Moves the images' cache (the private Docker engine's data root with its layers, the
+#: Debian base, the archives the nodes import) out of the checkout; ``gpuspawner-images``
+#: reads the same variable. CI's fresh clones share one this way (.ci/run).
+IMAGE_CACHE_ENV = "GPUSPAWNER_IMAGE_CACHE"
+
+
+def image_cache_dir(repo: Path = REPO_ROOT) -> Path:
+    """Where images are built and cached: ``$GPUSPAWNER_IMAGE_CACHE``, else the checkout's
+    ``.cache/images``."""
+    return Path(os.environ.get(IMAGE_CACHE_ENV) or repo / ".cache" / "images")
+
+
 def kubernetes_version(go_mod: str) -> str:
     """The pinned ``k8s.io/kubernetes`` version in a go.mod's text."""
     match = re.search(r"^\s*k8s\.io/kubernetes\s+(v\S+)", go_mod, re.MULTILINE)

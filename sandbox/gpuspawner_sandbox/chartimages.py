@@ -262,7 +262,7 @@ def ensure_deploy_images(
         raise ChartImageError(f"The values files cannot be read: {e}") from None
     check_hub_values(hub, values)
     state = Path(tempfile.mkdtemp(prefix="gs-dockerd-"))  # a short socket path
-    engine = PrivateEngine(state=state, data_root=repo / ".cache" / "images" / "engine")
+    engine = PrivateEngine(state=state, data_root=build.image_cache_dir(repo) / "engine")
     log_path = cache_dir / "z2jh-build.log"
     try:
         emit("Hub and chart images: starting a private Docker engine (dockerd)")
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     repo = build.REPO_ROOT
     # A short socket path (unix sockets: 107 bytes): a fresh /tmp directory.
     state = Path(tempfile.mkdtemp(prefix="gs-dockerd-"))
-    engine = PrivateEngine(state=state, data_root=repo / ".cache" / "images" / "engine")
+    engine = PrivateEngine(state=state, data_root=build.image_cache_dir(repo) / "engine")
     try:
         engine.start()
         run_image_tool(repo, engine, ["base"], io.StringIO(), print)

@@ -45,7 +45,7 @@ KUEUE_QUEUES_ENV = "GPUSPAWNER_SANDBOX_KUEUE_CLUSTER_QUEUES"
 SANDBOX_HUB_CONFIG = REPO / "config" / "sandbox" / "jupyterhub_config.py"
 SANDBOX_CATALOG = REPO / "config" / "sandbox" / "catalog.yaml"
 #: Where the notebook image's layers (the private engine's data root) and archive are cached.
-IMAGE_CACHE = REPO / ".cache" / "images"
+IMAGE_CACHE = build.image_cache_dir(REPO)
 #: Tells config/sandbox/jupyterhub_config.py the address the hub listens on
 #: (nodeconfig.HUB_ADDRESS), which notebooks reach.
 HUB_ADDRESS_ENV = "GPUSPAWNER_SANDBOX_HUB_ADDRESS"

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import suitecosts
+from . import build, suitecosts
 from .dockerd import HarnessError, PrivateEngine, need
 from .imagefacts import ImageFactsError, image_facts
 
@@ -197,7 +197,7 @@ def ensure_notebook_images(
     emit(f"Notebook image [1/{total}]: starting a private Docker engine (dockerd)")
     # The socket's path must stay short (unix sockets: 107 bytes): a fresh /tmp directory.
     state = Path(tempfile.mkdtemp(prefix="gs-dockerd-"))
-    engine = PrivateEngine(state=state, data_root=repo / ".cache" / "images" / "engine")
+    engine = PrivateEngine(state=state, data_root=build.image_cache_dir(repo) / "engine")
     log_path = cache_dir / "notebook-build.log"
     try:
         try:

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import build
 from .dockerd import HarnessError, PrivateEngine
 from .imagefacts import ImageFactsError, image_facts
 from .notebookimage import Emit, NotebookImageError, run_image_tool, save_archive, tool_build
@@ -57,7 +58,7 @@ def ensure_validation_image(cache_dir: Path, repo: Path, emit: Emit = print) -> 
     name, ref = check
     # A short socket path (unix sockets: 107 bytes): a fresh /tmp directory.
     state = Path(tempfile.mkdtemp(prefix="gs-dockerd-"))
-    engine = PrivateEngine(state=state, data_root=repo / ".cache" / "images" / "engine")
+    engine = PrivateEngine(state=state, data_root=build.image_cache_dir(repo) / "engine")
     log_path = cache_dir / "validation-build.log"
     try:
         emit(f"GPU check image: {ref} (images/validation/Dockerfile; cached after the first)")

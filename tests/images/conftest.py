@@ -17,6 +17,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from gpuspawner.images.matrix import Matrix, load_matrix
 from gpuspawner_sandbox import machineclaim, suitecosts
+from gpuspawner_sandbox.build import image_cache_dir
 from gpuspawner_sandbox.dockerd import (
     SHIM_SOCKET_DIRS,
     HarnessError,
@@ -56,7 +57,7 @@ def matrix() -> Matrix:
 
 # --- the real engine: a private dockerd, a local registry, the built images ---------
 
-CACHE = REPO / ".cache" / "images"
+CACHE = image_cache_dir(REPO)
 
 
 def tool_on_engine(

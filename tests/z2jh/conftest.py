@@ -38,7 +38,7 @@ from gpuspawner_sandbox.notebookimage import ensure_notebook_images
 from gpuspawner_sandbox.topology import load_topology
 
 TOPOLOGY = Path(__file__).parent / "topology.yaml"
-IMAGE_CACHE = build.REPO_ROOT / ".cache" / "images"
+IMAGE_CACHE = build.image_cache_dir()
 #: config/sandbox/z2jh-hub-db-pv.yaml's directory, which an admin makes before installing.
 HUB_DB_DIR = Path("/var/lib/gpuspawner-sandbox/hub-db")
 #: What the local cluster provides before any release: the hub database's static volume, and
