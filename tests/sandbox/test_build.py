@@ -203,3 +203,10 @@ def test_a_second_builder_of_the_same_target_waits_for_the_first(tmp_path):
     # another target is not held up by it
     with build.exclusive(tmp_path / "bin" / "helm-v3"):
         pass
+
+
+def test_the_image_cache_is_the_checkouts_unless_moved(monkeypatch, tmp_path):
+    monkeypatch.delenv(build.IMAGE_CACHE_ENV, raising=False)
+    assert build.image_cache_dir(tmp_path) == tmp_path / ".cache" / "images"
+    monkeypatch.setenv(build.IMAGE_CACHE_ENV, str(tmp_path / "shared"))
+    assert build.image_cache_dir(tmp_path) == tmp_path / "shared"
