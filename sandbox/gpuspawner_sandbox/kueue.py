@@ -757,12 +757,12 @@ class Kueue:
         want = preemption_policy(preemption)
 
         def applied() -> bool:
-            queues = [
-                self.api.get(f"/apis/{API_VERSION}/clusterqueues/{n}") for n in self.cluster_queues
-            ]
-            return all(q["spec"].get("preemption") == want for q in queues) and _active(
-                self.api, self.cluster_queues
-            )
+            # Kueue's CRD defaults more fields (borrowWithinCohort): ours must be there.
+            for name in self.cluster_queues:
+                got = self.api.get(f"/apis/{API_VERSION}/clusterqueues/{name}")["spec"]
+                if any((got.get("preemption") or {}).get(k) != v for k, v in want.items()):
+                    return False
+            return _active(self.api, self.cluster_queues)
 
         wait_for(
             "the ClusterQueues' new preemption", applied, timeout, interval=0.5, error=KueueError

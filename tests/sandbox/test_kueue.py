@@ -621,3 +621,37 @@ def test_a_ready_pod_is_left_alone(monkeypatch):
     clock[0] += 60
     remount.check()
     assert api.deleted == []
+
+
+class _DefaultingApi:
+    """ClusterQueues as the API server keeps them: a merge patch applied, then Kueue's CRD
+    defaults (``borrowWithinCohort``) filled in, and Kueue's Active condition."""
+
+    def __init__(self, names):
+        self.queues = {
+            n: {"spec": {"preemption": kq.preemption_policy(False)}, "status": {}} for n in names
+        }
+        for q in self.queues.values():
+            q["spec"]["preemption"]["borrowWithinCohort"] = {"policy": "Never"}
+            q["status"]["conditions"] = [{"type": "Active", "status": "True"}]
+
+    def request(self, method, path, body=None, **kw):
+        assert method == "PATCH" and kw["content_type"] == "application/merge-patch+json"
+        spec = self.queues[path.rsplit("/", 1)[1]]["spec"]
+        spec["preemption"] = {**spec["preemption"], **body["spec"]["preemption"]}
+
+    def get(self, path, query=None):
+        return self.queues[path.rsplit("/", 1)[1]]
+
+
+def test_preemption_switches_on_a_running_kueue_whose_crd_adds_defaults():
+    api = _DefaultingApi(kq.Kueue(None, "jupyterhub", [], []).cluster_queues)
+    running = kq.Kueue(api, "jupyterhub", [], [])
+    running.set_preemption(True, timeout=2)
+    for q in api.queues.values():
+        assert q["spec"]["preemption"]["reclaimWithinCohort"] == "Any"
+        assert q["spec"]["preemption"]["withinClusterQueue"] == "LowerPriority"
+    running.set_preemption(False, timeout=2)
+    assert all(
+        q["spec"]["preemption"]["reclaimWithinCohort"] == "Never" for q in api.queues.values()
+    )
