@@ -52,27 +52,21 @@ def test_skipped():
 """
 
 
-def run_with_time_table(tmp_path: Path, label: str) -> subprocess.CompletedProcess:
-    (tmp_path / "test_sample.py").write_text(SAMPLE_TESTS)
+def run_with_time_table(
+    tmp_path: Path, label: str | None, source: str = SAMPLE_TESTS
+) -> subprocess.CompletedProcess:
+    """pytest on ``source`` with the time table's plugin, asked for ``label`` (or not)."""
+    (tmp_path / "test_sample.py").write_text(source)
     env = {
         **os.environ,
         "GPUSPAWNER_TEST_TIMES_DIR": str(tmp_path / "records"),
         "PYTHONPATH": str(REPO),
     }
     env.pop("GPUSPAWNER_SUITE_COSTS", None)
+    asked = [f"--time-table={label}"] if label else []
+    plugins = ["-p", "tests.timetable", "-p", "no:cacheprovider"]
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "tests.timetable",
-            f"--time-table={label}",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            str(tmp_path / "test_sample.py"),
-        ],
+        [sys.executable, "-m", "pytest", *plugins, *asked, "-q", str(tmp_path / "test_sample.py")],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -113,30 +107,7 @@ def test_a_run_records_each_test_its_steps_and_its_counts(tmp_path):
 
 
 def test_without_the_option_nothing_is_recorded(tmp_path):
-    (tmp_path / "test_sample.py").write_text("def test_one():\n    pass\n")
-    env = {
-        **os.environ,
-        "GPUSPAWNER_TEST_TIMES_DIR": str(tmp_path / "records"),
-        "PYTHONPATH": str(REPO),
-    }
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "tests.timetable",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            str(tmp_path / "test_sample.py"),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_with_time_table(tmp_path, None, "def test_one():\n    pass\n")
     assert proc.returncode == 0, proc.stdout
     assert not (tmp_path / "records").exists()
 
