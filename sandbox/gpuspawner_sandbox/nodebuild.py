@@ -207,6 +207,16 @@ def _prune(current: Path, stem: str) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def _promote(
+    tmp: Path, target: Path, name: str, out: TextIO, compiled: int, elapsed: float
+) -> None:
+    """A finished build's directory becomes the cached one; older ones go."""
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    _prune(target, name)
+    print(f"Built {name} in {elapsed:.0f}s ({compiled} packages compiled).", file=out, flush=True)
+
+
 def build_tool(tool: GoTool, cache: Path | None = None, *, out: TextIO | None = None) -> Path:
     """Install a tool's binaries into its cache directory if missing; return the directory."""
     out = out if out is not None else sys.stderr
@@ -237,14 +247,7 @@ def build_tool(tool: GoTool, cache: Path | None = None, *, out: TextIO | None = 
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
-        _prune(target, tool.name)
-        print(
-            f"Built {tool.name} in {elapsed:.0f}s ({compiled} packages compiled).",
-            file=out,
-            flush=True,
-        )
+        _promote(tmp, target, tool.name, out, compiled, elapsed)
         return target
 
 
@@ -356,14 +359,7 @@ def build_local(
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
-        _prune(target, program.name)
-        print(
-            f"Built {program.name} in {elapsed:.0f}s ({compiled} packages compiled).",
-            file=out,
-            flush=True,
-        )
+        _promote(tmp, target, program.name, out, compiled, elapsed)
         return target / program.binary
 
 
